@@ -1,0 +1,107 @@
+# Third-party dependencies. Everything but LibTorch comes from Debian packages (scripts/setup.sh).
+
+# ---- ccache ---------------------------------------------------------------------------------
+find_program(MEMRT_CCACHE ccache)
+if(MEMRT_CCACHE AND NOT CMAKE_CXX_COMPILER_LAUNCHER)
+  # Precompiled headers need these sloppiness settings or ccache never hits.
+  set(CMAKE_CXX_COMPILER_LAUNCHER
+      ${CMAKE_COMMAND} -E env
+      "CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime"
+      ${MEMRT_CCACHE})
+  message(STATUS "memrt: compiling through ccache (${MEMRT_CCACHE})")
+endif()
+
+# ---- LibTorch ---------------------------------------------------------------------------------
+# Either Torch_DIR / CMAKE_PREFIX_PATH point at a LibTorch, or MEMRT_PYTHON is the interpreter of
+# a venv holding the `torch` wheel, which ships LibTorch's headers, libraries and CMake package.
+if(NOT Torch_DIR AND MEMRT_PYTHON)
+  execute_process(
+    COMMAND ${MEMRT_PYTHON} -c "import torch.utils; print(torch.utils.cmake_prefix_path)"
+    OUTPUT_VARIABLE _memrt_torch_prefix OUTPUT_STRIP_TRAILING_WHITESPACE
+    RESULT_VARIABLE _memrt_rc)
+  if(NOT _memrt_rc EQUAL 0)
+    message(FATAL_ERROR "memrt: ${MEMRT_PYTHON} cannot import torch; run scripts/setup.sh "
+                        "or pass -DTorch_DIR=<libtorch>/share/cmake/Torch")
+  endif()
+  list(APPEND CMAKE_PREFIX_PATH ${_memrt_torch_prefix})
+endif()
+find_package(Torch REQUIRED)
+get_filename_component(MEMRT_TORCH_LIB_DIR "${TORCH_LIBRARY}" DIRECTORY)
+
+# LibTorch's version and whether it was built with CUDA, for the plugin handshake.
+set(MEMRT_TORCH_VERSION ${Torch_VERSION})
+if(TARGET torch_cuda OR TORCH_CUDA_LIBRARIES)
+  set(MEMRT_TORCH_HAS_CUDA ON)
+else()
+  set(MEMRT_TORCH_HAS_CUDA OFF)
+endif()
+message(STATUS "memrt: LibTorch ${MEMRT_TORCH_VERSION} at ${TORCH_INSTALL_PREFIX} (CUDA: ${MEMRT_TORCH_HAS_CUDA})")
+
+# The wheel's CUDA libraries (libnccl, cuBLAS, ...) live beside torch in site-packages/nvidia and
+# are found at run time through libtorch_cuda's RUNPATH. At link time the toolkit's own (older)
+# copies would win, so point the linker at the wheel's first.
+file(GLOB _memrt_wheel_cuda_libs LIST_DIRECTORIES true "${TORCH_INSTALL_PREFIX}/../nvidia/*/lib")
+set(MEMRT_TORCH_LINK_OPTIONS "")
+if(_memrt_wheel_cuda_libs)
+  list(JOIN _memrt_wheel_cuda_libs ":" _memrt_rpath_link)
+  set(MEMRT_TORCH_LINK_OPTIONS "LINKER:-rpath-link,${_memrt_rpath_link}")
+endif()
+
+# c10d's Gloo backend header includes Gloo's headers, which the wheel does not ship; Debian's
+# libgloo-dev provides them (only the declarations are used; the code is inside libtorch_cpu).
+find_path(MEMRT_GLOO_INCLUDE_DIR gloo/algorithm.h)
+if(NOT MEMRT_GLOO_INCLUDE_DIR)
+  message(FATAL_ERROR "memrt: Gloo headers not found; install Debian's libgloo-dev (scripts/setup.sh does)")
+endif()
+
+# One target for everything torch: headers marked SYSTEM (their warnings are not ours to fix).
+add_library(memrt_torch INTERFACE)
+target_link_libraries(memrt_torch INTERFACE ${TORCH_LIBRARIES})
+target_include_directories(memrt_torch SYSTEM INTERFACE ${TORCH_INCLUDE_DIRS} ${MEMRT_GLOO_INCLUDE_DIR})
+target_compile_definitions(memrt_torch INTERFACE USE_C10D_GLOO)
+target_link_options(memrt_torch INTERFACE ${MEMRT_TORCH_LINK_OPTIONS})
+# find_package(Torch) adds its include dirs as non-system through the imported targets too.
+foreach(_t torch torch_cpu c10 torch_cuda c10_cuda torch_library)
+  if(TARGET ${_t})
+    get_target_property(_inc ${_t} INTERFACE_INCLUDE_DIRECTORIES)
+    if(_inc)
+      set_property(TARGET ${_t} APPEND PROPERTY INTERFACE_SYSTEM_INCLUDE_DIRECTORIES ${_inc})
+    endif()
+  endif()
+endforeach()
+
+# ---- CUDA sources -----------------------------------------------------------------------------
+# .cu files build only where the LibTorch found has CUDA and nvcc exists; nothing here runs them.
+set(MEMRT_BUILD_CUDA OFF)
+if(MEMRT_TORCH_HAS_CUDA)
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    enable_language(CUDA)
+    set(MEMRT_BUILD_CUDA ON)
+  endif()
+endif()
+if(MEMRT_BUILD_CUDA)
+  message(STATUS "memrt: CUDA sources will be compiled with ${CMAKE_CUDA_COMPILER}")
+else()
+  message(STATUS "memrt: CUDA sources skipped (LibTorch without CUDA, or no nvcc)")
+endif()
+
+# ---- the rest ---------------------------------------------------------------------------------
+find_package(RapidJSON REQUIRED)
+find_package(yaml-cpp REQUIRED)
+find_package(Boost 1.74 REQUIRED COMPONENTS filesystem program_options)
+find_package(Threads REQUIRED)
+if(MEMRT_BUILD_TESTS)
+  find_package(GTest REQUIRED)
+endif()
+# Debian's RapidJSON config exports only variables.
+if(NOT TARGET memrt_rapidjson)
+  add_library(memrt_rapidjson INTERFACE)
+  target_include_directories(memrt_rapidjson SYSTEM INTERFACE ${RapidJSON_INCLUDE_DIRS} ${RAPIDJSON_INCLUDE_DIRS})
+endif()
+if(TARGET yaml-cpp::yaml-cpp)
+  set(MEMRT_YAML_TARGET yaml-cpp::yaml-cpp)
+else()
+  set(MEMRT_YAML_TARGET yaml-cpp)
+endif()

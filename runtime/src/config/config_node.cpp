@@ -1,0 +1,2 @@
+// placeholder: the config area of the memrt runtime
+namespace memrt {}

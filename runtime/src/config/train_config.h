@@ -1,0 +1,103 @@
+// The fully resolved configuration of one run: ds_config.json + train.yaml + command-line
+// overrides, with DeepSpeed's defaults and derivations applied and every "auto" resolved.
+// Host-internal: plugins never see this struct, only their own ConfigNode subtree.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "memrt/config_node.h"
+
+namespace memrt {
+
+struct OptimizerConfig {
+  std::string type = "AdamW";  // canonical: "Adam", "AdamW", "SGD"
+  double lr = 1e-3;
+  double beta1 = 0.9, beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  bool bias_correction = true;
+  // DeepSpeed: "Adam" with weight decay is decoupled (AdamW) unless adam_w_mode is false.
+  bool adam_w_mode = true;
+  double momentum = 0.0, dampening = 0.0;  // SGD
+  bool nesterov = false;                   // SGD
+};
+
+struct SchedulerConfig {
+  // "" (constant lr), DeepSpeed's "WarmupLR", "WarmupDecayLR", "WarmupCosineLR", or, when the
+  // ds_config has no scheduler, Hugging Face's lr_scheduler_type: "linear", "cosine", "constant",
+  // "constant_with_warmup".
+  std::string type;
+  double warmup_min_lr = 0.0;
+  double warmup_max_lr = 1e-3;  // resolved (null -> optimizer lr)
+  int64_t warmup_num_steps = 0;
+  std::string warmup_type = "log";  // "log" | "linear"
+  int64_t total_num_steps = 0;
+  double warmup_min_ratio = 0.0;  // WarmupCosineLR
+  double cos_min_ratio = 1e-4;    // WarmupCosineLR
+};
+
+struct ModelConfig {
+  std::string arch = "gpt2";  // "gpt2" | "llama"
+  // A local Hugging Face checkpoint directory (config.json + safetensors); empty: random init.
+  std::string name_or_path;
+  int64_t n_layer = 4;
+  int64_t n_head = 4;
+  int64_t n_kv_head = 4;     // llama: grouped-query attention
+  int64_t d_model = 128;
+  int64_t d_ff = 512;        // MLP width
+  int64_t vocab_size = 256;  // byte-level default corpus
+  int64_t n_ctx = 128;       // max positions
+  double norm_eps = 1e-5;
+  double rope_theta = 10000.0;
+  bool tie_embeddings = true;
+  double init_std = 0.02;
+};
+
+struct DataConfig {
+  std::string train_file;  // empty: the built-in corpus
+  int64_t block_size = 128;  // tokens per sample (context length)
+};
+
+// A plugin to load: a built-in one claimed by a ds_config section, or a third-party library named
+// in the ds_config's "plugins" array.
+struct PluginSpec {
+  std::string name;          // "precision", "zero", ..., or the third-party plugin's name
+  std::string library;       // a path, or empty for a built-in (resolved by the loader)
+  std::string config_key;    // the ds_config key the plugin owns ("fp16", "plugins[0]")
+  ConfigNode options;        // its config subtree, "auto" already resolved
+};
+
+struct TrainConfig {
+  std::string ds_config_path;
+  std::string train_yaml_path;
+
+  // Batch triple, consistent: train_batch_size == micro_batch_size * grad_accum_steps * world_size.
+  int64_t train_batch_size = 0;
+  int64_t micro_batch_size = 0;
+  int64_t grad_accum_steps = 0;
+  int world_size = 1;
+
+  double gradient_clipping = 0.0;  // 0: off
+  int64_t steps_per_print = 10;    // log cadence (train.yaml logging_steps when set)
+  int64_t max_steps = 0;           // resolved: from max_steps, or num_train_epochs * steps_per_epoch
+  double num_train_epochs = 1.0;
+  int64_t save_steps = 0;          // 0: no periodic checkpoints
+  std::string output_dir = "output";
+  uint64_t seed = 42;
+
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
+  ModelConfig model;
+  DataConfig data;
+  std::vector<PluginSpec> plugins;
+
+  // Both input files and the overrides as parsed, for --print-config.
+  ConfigNode ds_config;
+  ConfigNode train_yaml;
+  std::vector<std::string> warnings;
+};
+
+}  // namespace memrt

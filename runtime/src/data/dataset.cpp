@@ -1,0 +1,2 @@
+// placeholder: the data area of the memrt runtime
+namespace memrt {}

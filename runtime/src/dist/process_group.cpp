@@ -1,0 +1,2 @@
+// placeholder: the dist area of the memrt runtime
+namespace memrt {}

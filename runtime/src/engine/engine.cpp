@@ -1,0 +1,2 @@
+// placeholder: the engine area of the memrt runtime
+namespace memrt {}

@@ -1,0 +1,2 @@
+// placeholder: the io area of the memrt runtime
+namespace memrt {}

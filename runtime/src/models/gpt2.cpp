@@ -1,0 +1,2 @@
+// placeholder: the models area of the memrt runtime
+namespace memrt {}

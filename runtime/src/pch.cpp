@@ -1,0 +1,1 @@
+// Compiles src/pch.h once for the build tree (see runtime/CMakeLists.txt).

@@ -1,0 +1,2 @@
+// placeholder: the plugin area of the memrt runtime
+namespace memrt {}

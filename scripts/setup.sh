@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Installs what memrt needs to build and run, and nothing that is already there.
+#
+#   scripts/setup.sh            # prints the Python interpreter of the LibTorch venv on its last line
+#
+# Debian packages come from apt-get; LibTorch comes from the `torch` wheel on PyPI, installed into
+# a virtual environment outside the source tree ($MEMRT_VENV, default ~/.cache/memrt/venv-torch<ver>)
+# so that every clone and every run reuses it. A second run with everything in place takes < 1 s.
+set -euo pipefail
+
+# torch 2.13.0 is the newest wheel whose headers still accept C++17 (2.14+ require C++20) and whose
+# CUDA runtime (13.0) matches the CUDA toolkit our machines carry.
+MEMRT_TORCH_VERSION=2.13.0
+venv=${MEMRT_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/memrt/venv-torch${MEMRT_TORCH_VERSION}}
+
+log() { echo "[setup] $*" >&2; }
+
+debs=(g++ cmake ninja-build ccache git python3 python3-venv
+      rapidjson-dev libyaml-cpp-dev libboost-dev libboost-filesystem-dev
+      libboost-program-options-dev libgtest-dev libgmock-dev libgloo-dev)
+missing=()
+for p in "${debs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || { log "need root (or sudo) to install: ${missing[*]}"; exit 1; }
+    sudo=sudo
+  fi
+  log "installing Debian packages: ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+fi
+
+want_torch() {
+  "$venv/bin/python" - "$MEMRT_TORCH_VERSION" <<'PY' 2>/dev/null
+import sys, torch, safetensors, numpy
+sys.exit(0 if torch.__version__.split("+")[0] == sys.argv[1] else 1)
+PY
+}
+stamp="$venv/.memrt-torch-$MEMRT_TORCH_VERSION"   # written once the venv has been verified
+if [ ! -f "$stamp" ] && ! want_torch; then
+  log "creating $venv with torch==$MEMRT_TORCH_VERSION (a few GiB, once)"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check \
+      "torch==${MEMRT_TORCH_VERSION}" numpy safetensors >&2
+  want_torch || { log "torch==$MEMRT_TORCH_VERSION did not import from $venv"; exit 1; }
+fi
+touch "$stamp"
+echo "$venv/bin/python"
