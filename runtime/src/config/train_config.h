@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "memrt/config_node.h"
+#include "memrt/model_shape.h"
 
 namespace memrt {
 
@@ -40,19 +41,10 @@ struct SchedulerConfig {
 };
 
 struct ModelConfig {
-  std::string arch = "gpt2";  // "gpt2" | "llama"
-  // A local Hugging Face checkpoint directory (config.json + safetensors); empty: random init.
+  // A local Hugging Face checkpoint directory (config.json + safetensors); empty: random init
+  // from `shape`. When set, `shape` is read from its config.json.
   std::string name_or_path;
-  int64_t n_layer = 4;
-  int64_t n_head = 4;
-  int64_t n_kv_head = 4;     // llama: grouped-query attention
-  int64_t d_model = 128;
-  int64_t d_ff = 512;        // MLP width
-  int64_t vocab_size = 256;  // byte-level default corpus
-  int64_t n_ctx = 128;       // max positions
-  double norm_eps = 1e-5;
-  double rope_theta = 10000.0;
-  bool tie_embeddings = true;
+  ModelShape shape;
   double init_std = 0.02;
 };
 
@@ -82,7 +74,9 @@ struct TrainConfig {
 
   double gradient_clipping = 0.0;  // 0: off
   int64_t steps_per_print = 10;    // log cadence (train.yaml logging_steps when set)
-  int64_t max_steps = 0;           // resolved: from max_steps, or num_train_epochs * steps_per_epoch
+  // > 0: train this many optimizer steps. -1: derive from num_train_epochs once the dataset's
+  // size is known (the engine does; a scheduler's total_num_steps of -1 follows it).
+  int64_t max_steps = -1;
   double num_train_epochs = 1.0;
   int64_t save_steps = 0;          // 0: no periodic checkpoints
   std::string output_dir = "output";

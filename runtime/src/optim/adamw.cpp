@@ -1,0 +1,2 @@
+// placeholder: the optim area of the memrt runtime
+namespace memrt {}
