@@ -1,0 +1,87 @@
+// loss_guard — skips optimizer steps whose loss jumps above `factor` times the running mean of
+// the last `window` accepted steps (after `warmup_steps` steps that are never skipped).
+//
+//   "plugins": [{"name": "loss_guard", "library": "libloss_guard.so",
+//                "options": {"factor": 3.0, "window": 20, "warmup_steps": 10}}]
+//
+// Phases: after_forward (adds up this step's micro-batch losses), before_optimizer_step (votes to
+// skip; the host agrees the vote across ranks), after_optimizer_step (updates the running mean
+// with accepted steps only), add_metrics ("loss_guard_skips").
+#include <deque>
+#include <numeric>
+#include <sstream>
+
+#include <memrt/plugin.h>
+
+namespace {
+
+class LossGuard final : public memrt::Plugin {
+ public:
+  void configure(const memrt::ConfigNode& options, memrt::ConfigDiagnostics& diag,
+                 const memrt::RunInfo& /*run*/) override {
+    memrt::ConfigReader r(options, diag);
+    factor_ = r.get<double>("factor", 3.0);
+    window_ = r.get<int64_t>("window", 20);
+    warmup_steps_ = r.get<int64_t>("warmup_steps", 10);
+    r.finish();
+    if (factor_ < 0.0) throw options.error("factor must be >= 0, got " + std::to_string(factor_));
+    if (window_ < 1) throw options.error("window must be >= 1, got " + std::to_string(window_));
+  }
+
+  void before_forward(memrt::MicroStepContext& ctx) override {
+    if (ctx.micro_step == 0) step_loss_ = 0.0;
+  }
+
+  void after_forward(memrt::MicroStepContext& ctx) override {
+    step_loss_ += ctx.loss.item<double>();  // already divided by the accumulation steps
+  }
+
+  void before_optimizer_step(memrt::StepContext& ctx) override {
+    if (ctx.step < warmup_steps_ || history_.empty()) return;
+    const double mean = std::accumulate(history_.begin(), history_.end(), 0.0) /
+                        static_cast<double>(history_.size());
+    if (step_loss_ > factor_ * mean) {
+      std::ostringstream why;
+      why << "loss_guard: loss " << step_loss_ << " > " << factor_ << " x running mean " << mean;
+      ctx.control.skip_step = true;
+      ctx.control.skip_reason = why.str();
+    }
+  }
+
+  void after_optimizer_step(memrt::StepContext& ctx) override {
+    if (ctx.skipped) {
+      ++skips_;
+      return;
+    }
+    history_.push_back(step_loss_);
+    if (static_cast<int64_t>(history_.size()) > window_) history_.pop_front();
+  }
+
+  void add_metrics(memrt::Metrics& metrics) override {
+    metrics["loss_guard_skips"] = static_cast<double>(skips_);
+  }
+
+  // Resuming continues with the same running mean and skip count.
+  memrt::TensorMap state_dict() const override {
+    std::vector<double> h(history_.begin(), history_.end());
+    return {{"history", at::tensor(h, at::kDouble)}, {"skips", at::scalar_tensor(skips_, at::kLong)}};
+  }
+  void load_state_dict(const memrt::TensorMap& state, int /*version*/) override {
+    const at::Tensor h = state.at("history").contiguous();
+    history_.assign(h.data_ptr<double>(), h.data_ptr<double>() + h.numel());
+    skips_ = state.at("skips").item<int64_t>();
+  }
+
+ private:
+  double factor_ = 3.0;
+  int64_t window_ = 20;
+  int64_t warmup_steps_ = 10;
+  double step_loss_ = 0.0;
+  std::deque<double> history_;
+  int64_t skips_ = 0;
+};
+
+}  // namespace
+
+MEMRT_PLUGIN(LossGuard, "loss_guard", "1.0.0",
+             "skips steps whose loss jumps above a multiple of its running mean")

@@ -1,0 +1,303 @@
+// memrt/plugin.h — the plugin SDK: the training loop, its phases, and what each phase may change.
+//
+// A plugin is a shared library exporting one C entry symbol (MEMRT_PLUGIN, at the bottom) whose
+// object overrides the phases it needs. The host loads every plugin named by the configuration,
+// orders them by priority, prints the order, and calls them at these points — this pseudocode is
+// the engine's step function (runtime/src/engine/engine.cpp), line for line:
+//
+//   for plugin in plugins:            configure(options, diag, run)        # own config subtree only
+//   model = build_model(...)          # blocks materialised one by one:
+//       for each block:               on_block_ready(BlockReady)           # quantize/partition early
+//   for plugin in plugins:            transform_model(ModelContext)        # surgery, dtypes, freezing
+//   optimizer = build from config
+//   for plugin in plugins:            build_optimizer(OptimizerContext)    # wrap or replace it
+//   for plugin in plugins:            on_train_begin(TrainContext)
+//   while step < max_steps:
+//       for micro in 0 .. grad_accum_steps-1:
+//           for plugin:               before_forward(MicroStepContext)
+//           h = model.embed(tokens)                 ─┐ each segment (embedding, block i, head):
+//           for each block i: h = block_i(h)         │   before_segment_forward(SegmentContext)
+//           logits = model.head(h)                   │   run through run_segment() wrappers
+//                                                   ─┘   after_segment_forward(SegmentContext)   [reverse]
+//           loss = cross_entropy(logits, targets) / grad_accum_steps
+//           for plugin reversed:      after_forward(MicroStepContext)      # loss readable
+//           for plugin:               before_backward(BackwardContext)     # may replace the loss
+//           loss.backward()                         ─┐ as the gradient reaches each segment:
+//                                                    │   before_segment_backward(SegmentContext)
+//                                                    │   (segment backward; recompute if wrapped)
+//                                                   ─┘   after_segment_backward(SegmentContext)  [reverse]
+//           for plugin reversed:      after_backward(MicroStepContext)
+//       for plugin:                   after_gradient_accumulation(StepContext)  # grads complete
+//       host: all-reduce gradients (data parallel) unless a plugin reduces them itself
+//       for plugin:                   before_optimizer_step(StepContext)   # check, unscale, vote skip
+//       host: agree on skip across ranks; if not skipped: clip to gradient_clipping, optimizer.step(lr)
+//       for plugin reversed:          after_optimizer_step(StepContext)    # gather, scale, copy back
+//       host: zero grads; step += 1; log every steps_per_print (plugins add fields in add_metrics)
+//   for plugin reversed:              on_train_end(TrainContext)
+//   on any exception:                 on_error(ErrorContext), every plugin, reversed, then rethrow
+//
+// Before-phases run in ascending priority, after-phases ([reverse]) in descending priority, so a
+// plugin can undo in an after-phase what it did in the matching before-phase (composer's rule).
+//
+// What each phase may change is what its context hands out as non-const: the model and its
+// parameters only in on_block_ready and transform_model; the optimizer only in build_optimizer;
+// the loss that is backpropagated only in before_backward; gradients from after_backward through
+// before_optimizer_step; parameters again in after_optimizer_step. Observers (loggers, profilers)
+// are plugins that only read.
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <torch/version.h>
+
+#include "memrt/build_info.h"
+#include "memrt/comm.h"
+#include "memrt/config_node.h"
+#include "memrt/error.h"
+#include "memrt/model.h"
+#include "memrt/optimizer.h"
+
+namespace memrt {
+
+// ---- facts of the run, fixed at start -----------------------------------------------------------
+struct RunInfo {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int64_t train_batch_size = 0;
+  int64_t micro_batch_size = 0;
+  int64_t grad_accum_steps = 1;
+  int64_t block_size = 0;   // tokens per sample (T)
+  int64_t max_steps = 0;    // optimizer steps this run will take
+  ModelShape shape;
+  std::string output_dir;
+  at::Device device = at::kCPU;
+};
+
+// ---- flow control: a small struct of flags, not a handle on the trainer ------------------------
+struct Control {
+  // Vote to skip this step's optimizer update (e.g. inf/NaN gradients, a loss spike). The host
+  // agrees on it across ranks: if any rank votes, every rank skips. Parameters and optimizer
+  // state stay untouched, the LR schedule does not advance, `step` still does (as in DeepSpeed).
+  bool skip_step = false;
+  std::string skip_reason;
+  // Stop after this step (like Hugging Face's TrainerControl.should_training_stop).
+  bool stop_training = false;
+};
+
+// ---- per-block segments -------------------------------------------------------------------------
+enum class SegmentKind { kEmbedding, kBlock, kHead };
+const char* to_string(SegmentKind kind);
+
+struct SegmentContext {
+  SegmentKind kind;
+  int64_t index;                // block index; -1 for the embedding, num_blocks for the head
+  torch::nn::Module& module;    // the segment's parameters live here
+  int64_t step;                 // optimizer steps taken so far
+  int64_t micro_step;           // 0 .. grad_accum_steps-1
+  const RunInfo& run;
+  Communicator& comm;
+};
+
+// run_segment() wrappers form a chain: each may run `next` differently (under no_grad with a
+// recompute in backward, with gathered parameters, ...) and must return its result.
+using SegmentFn = std::function<at::Tensor(const at::Tensor&)>;
+
+// ---- phase contexts -------------------------------------------------------------------------------
+struct BlockReady {
+  int64_t index;
+  Block& block;  // may be modified in place (quantize, partition, cast)
+  const RunInfo& run;
+  Communicator& comm;
+};
+
+struct ModelContext {
+  CausalLM& model;  // may be modified: swap modules, inject adapters, cast, freeze, partition
+  const RunInfo& run;
+  Communicator& comm;
+};
+
+struct OptimizerContext {
+  CausalLM& model;
+  // The optimizer the host built from the config, over the trainable parameters; replace or wrap it.
+  std::unique_ptr<Optimizer>& optimizer;
+  const RunInfo& run;
+  Communicator& comm;
+};
+
+struct TrainContext {
+  CausalLM& model;
+  Optimizer& optimizer;
+  const RunInfo& run;
+  Communicator& comm;
+  int64_t step;  // optimizer steps taken so far (resume: > 0)
+};
+
+struct MicroStepContext {
+  CausalLM& model;
+  const RunInfo& run;
+  Communicator& comm;
+  int64_t step;
+  int64_t micro_step;
+  const at::Tensor& inputs;   // (B, T) int64
+  const at::Tensor& targets;  // (B, T) int64
+  at::Tensor loss;            // after_forward/after_backward: this micro-batch's loss (already / GAS)
+  Control& control;
+};
+
+struct BackwardContext {
+  const RunInfo& run;
+  int64_t step;
+  int64_t micro_step;
+  // The tensor backward() starts from; replace it to scale the loss (fp16 loss scaling).
+  at::Tensor& loss;
+};
+
+struct StepContext {
+  CausalLM& model;
+  Optimizer& optimizer;
+  const RunInfo& run;
+  Communicator& comm;
+  int64_t step;  // the step being taken (0-based)
+  double lr;     // the learning rate this step uses
+  Control& control;
+  // after_optimizer_step only: whether the update was skipped (by any rank's vote).
+  bool skipped = false;
+  // The gradients the host clips and measures: by default every trainable parameter's .grad,
+  // replicated on every rank. A plugin that partitions gradients (ZeRO) replaces the list with the
+  // tensors this rank owns and sets grads_partitioned, so the norm is summed across ranks.
+  std::vector<at::Tensor>& grads;
+  bool& grads_partitioned;
+  // Set by the host before the step when gradient_clipping is on: the global L2 norm.
+  double grad_norm = 0.0;
+};
+
+struct ErrorContext {
+  const RunInfo& run;
+  int64_t step;
+  const std::exception& error;
+};
+
+// Extra fields for the log line and metrics.jsonl (e.g. "loss_scale", "skipped_steps").
+using Metrics = std::map<std::string, double>;
+
+// ---- the plugin -----------------------------------------------------------------------------------
+// Priority bands of the built-in plugins; third-party plugins default to kObserver and may pick any
+// value. Lower runs first in before-phases. Model transforms apply in this order: quantize base
+// weights, inject adapters, set precision, wrap blocks for recompute, then partition.
+namespace priority {
+constexpr int kQuant = 100;
+constexpr int kLora = 200;
+constexpr int kPrecision = 300;
+constexpr int kCheckpoint = 400;
+constexpr int kZero = 500;
+constexpr int kObserver = 1000;
+}  // namespace priority
+
+class Plugin {
+ public:
+  virtual ~Plugin() = default;
+
+  virtual int priority() const { return priority::kObserver; }
+  // Plugins this one cannot run with (by name); the host refuses to start, naming both.
+  virtual std::vector<std::string> conflicts_with() const { return {}; }
+  // True if this plugin reduces gradients across ranks itself (ZeRO); the host's data-parallel
+  // all-reduce is then off. At most one plugin may say so.
+  virtual bool reduces_gradients() const { return false; }
+
+  // Receives only its own config subtree; must reject keys it does not know (ConfigReader::finish).
+  virtual void configure(const ConfigNode& /*options*/, ConfigDiagnostics& /*diag*/,
+                         const RunInfo& /*run*/) {}
+
+  virtual void on_block_ready(BlockReady& /*ctx*/) {}
+  virtual void transform_model(ModelContext& /*ctx*/) {}
+  virtual void build_optimizer(OptimizerContext& /*ctx*/) {}
+  virtual void on_train_begin(TrainContext& /*ctx*/) {}
+
+  virtual void before_forward(MicroStepContext& /*ctx*/) {}
+  virtual void before_segment_forward(SegmentContext& /*ctx*/) {}
+  // Wraps how a segment runs. Override wraps_segments() to return true to be put in the chain.
+  virtual bool wraps_segments() const { return false; }
+  virtual at::Tensor run_segment(SegmentContext& /*ctx*/, const at::Tensor& x, const SegmentFn& next) {
+    return next(x);
+  }
+  virtual void after_segment_forward(SegmentContext& /*ctx*/) {}
+  virtual void after_forward(MicroStepContext& /*ctx*/) {}
+  virtual void before_backward(BackwardContext& /*ctx*/) {}
+  virtual void before_segment_backward(SegmentContext& /*ctx*/) {}
+  virtual void after_segment_backward(SegmentContext& /*ctx*/) {}
+  virtual void after_backward(MicroStepContext& /*ctx*/) {}
+
+  virtual void after_gradient_accumulation(StepContext& /*ctx*/) {}
+  virtual void before_optimizer_step(StepContext& /*ctx*/) {}
+  virtual void after_optimizer_step(StepContext& /*ctx*/) {}
+  virtual void add_metrics(Metrics& /*metrics*/) {}
+
+  // Checkpoint state, versioned: a plugin bumps state_version() when the layout changes and
+  // refuses (with a clear error) versions it cannot read.
+  virtual int state_version() const { return 1; }
+  virtual TensorMap state_dict() const { return {}; }
+  virtual void load_state_dict(const TensorMap& /*state*/, int /*version*/) {}
+
+  virtual void on_train_end(TrainContext& /*ctx*/) {}
+  virtual void on_error(ErrorContext& /*ctx*/) {}
+};
+
+}  // namespace memrt
+
+// ---- the handshake ------------------------------------------------------------------------------
+// The one exported symbol. Plain C layout; fields are only ever appended (struct_size tells the
+// host which ones exist). The host refuses a plugin whose ABI major differs, whose ABI minor is
+// newer than the host's, or whose LibTorch version, C++ ABI flag or CUDA flag differ from its own
+// — plugins pass at::Tensor and nn::Module across the boundary, the same contract as PyTorch C++
+// extensions.
+#define MEMRT_PLUGIN_ABI_MAJOR 1
+#define MEMRT_PLUGIN_ABI_MINOR 0
+#define MEMRT_PLUGIN_ENTRY_SYMBOL "memrt_plugin_entry"
+
+extern "C" {
+struct memrt_plugin_info {
+  uint32_t struct_size;
+  uint32_t abi_major;
+  uint32_t abi_minor;
+  const char* torch_version;  // TORCH_VERSION the plugin was compiled against
+  int32_t cxx11_abi;          // _GLIBCXX_USE_CXX11_ABI
+  int32_t cuda;               // compiled against a CUDA LibTorch
+  const char* name;           // unique; what the config and the printed plan call it
+  const char* version;
+  const char* description;
+  memrt::Plugin* (*create)(void);
+  void (*destroy)(memrt::Plugin*);
+};
+typedef const memrt_plugin_info* (*memrt_plugin_entry_fn)(void);
+}
+
+#ifndef _GLIBCXX_USE_CXX11_ABI
+#define MEMRT_CXX11_ABI 0
+#else
+#define MEMRT_CXX11_ABI _GLIBCXX_USE_CXX11_ABI
+#endif
+// Whether the LibTorch this plugin compiles against has CUDA: memrt_add_plugin() defines it from
+// the Torch package it finds; otherwise assume the SDK's own build.
+#ifndef MEMRT_PLUGIN_TORCH_CUDA
+#define MEMRT_PLUGIN_TORCH_CUDA MEMRT_TORCH_HAS_CUDA
+#endif
+
+// MEMRT_PLUGIN(MyPlugin, "my_plugin", "1.0", "what it does") in exactly one .cpp of the plugin.
+#define MEMRT_PLUGIN(Class, Name, Version, Description)                                   \
+  extern "C" __attribute__((visibility("default"))) const memrt_plugin_info*              \
+  memrt_plugin_entry(void) {                                                              \
+    static const memrt_plugin_info info = {                                               \
+        sizeof(memrt_plugin_info), MEMRT_PLUGIN_ABI_MAJOR, MEMRT_PLUGIN_ABI_MINOR,        \
+        TORCH_VERSION, MEMRT_CXX11_ABI, MEMRT_PLUGIN_TORCH_CUDA, Name, Version,             \
+        Description, []() -> memrt::Plugin* { return new Class(); },                      \
+        [](memrt::Plugin* p) { delete p; }};                                              \
+    return &info;                                                                         \
+  }

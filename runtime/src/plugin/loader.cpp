@@ -1,2 +1,0 @@
-// placeholder: the plugin area of the memrt runtime
-namespace memrt {}

@@ -1,0 +1,80 @@
+// Loads plugin libraries, checks their handshake, orders them, and dispatches phases with every
+// failure attributed to the plugin, phase and step that raised it.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config/train_config.h"
+#include "memrt/plugin.h"
+
+namespace memrt {
+
+// One loaded plugin: its library stays loaded for the life of the process (code, vtables and
+// deleters of a plugin must never dangle — see Boost.DLL's "missuses").
+struct LoadedPlugin {
+  std::string name;
+  std::string version;
+  std::string description;
+  std::string library;     // absolute path of the shared library
+  std::string config_key;  // what claimed it in the config ("fp16", "plugins[0]")
+  int priority = 0;
+  std::unique_ptr<Plugin, void (*)(Plugin*)> plugin{nullptr, nullptr};
+};
+
+// What the host was built with, compared against every plugin's memrt_plugin_info.
+struct HostAbi {
+  uint32_t abi_major = MEMRT_PLUGIN_ABI_MAJOR;
+  uint32_t abi_minor = MEMRT_PLUGIN_ABI_MINOR;
+  std::string torch_version = TORCH_VERSION;
+  int cxx11_abi = MEMRT_CXX11_ABI;
+  int cuda = MEMRT_TORCH_HAS_CUDA;
+};
+
+// Checks one plugin's handshake against the host; throws PluginError naming both sides.
+void check_plugin_abi(const memrt_plugin_info& info, const std::string& library, const HostAbi& host);
+
+// The folder holding the built-in plugins: <dir of libmemrt>/memrt/plugins, or $MEMRT_PLUGIN_DIR.
+std::string builtin_plugin_dir();
+
+class PluginHost {
+ public:
+  PluginHost() = default;
+  PluginHost(PluginHost&&) = default;
+  PluginHost& operator=(PluginHost&&) = default;
+
+  // Loads and instantiates every spec (built-ins from builtin_plugin_dir()), then orders them.
+  // Throws PluginError for: library not found, not loadable, entry symbol missing, ABI/LibTorch
+  // mismatch, two plugins with one name, declared conflicts, two plugins reducing gradients.
+  static PluginHost load(const std::vector<PluginSpec>& specs, const HostAbi& host = HostAbi());
+
+  // Adds an already constructed plugin (tests, plugins linked into the executable); call order()
+  // after the last one.
+  void add(std::string name, std::string config_key, std::unique_ptr<Plugin> plugin);
+  // Stable sort by priority; validates conflicts. Called by load().
+  void order();
+
+  const std::vector<LoadedPlugin>& plugins() const { return plugins_; }
+  bool empty() const { return plugins_.empty(); }
+  bool any_reduces_gradients() const;
+  bool any_wraps_segments() const;
+  // The resolved order as printed at start.
+  std::string describe() const;
+
+  // Calls fn(plugin) in priority order (or reversed). An exception from a plugin becomes a
+  // PluginError "plugin 'x' failed in <phase> at step S: <what>"; `step` < 0 omits the step.
+  void each(const char* phase, int64_t step, const std::function<void(Plugin&)>& fn);
+  void each_reversed(const char* phase, int64_t step, const std::function<void(Plugin&)>& fn);
+
+  // Prints "<plugin>/<phase>" for every hook call (MEMRT_TRACE_HOOKS=1 or set_trace(true)).
+  void set_trace(bool on) { trace_ = on; }
+
+ private:
+  void call(LoadedPlugin& p, const char* phase, int64_t step, const std::function<void(Plugin&)>& fn);
+  std::vector<LoadedPlugin> plugins_;
+  bool trace_ = false;
+};
+
+}  // namespace memrt
