@@ -63,6 +63,9 @@ class ConfigNode {
   bool contains(std::string_view key) const;
   const ConfigNode* find(std::string_view key) const;  // nullptr when absent or not an object
   ConfigNode* find(std::string_view key);
+  // A descendant by key path: "zero_optimization.offload_optimizer.device",
+  // "plugins[1].options.factor". nullptr when any step is absent or of the wrong kind.
+  const ConfigNode* at_path(std::string_view key_path) const;
 
   // ---- mutation ----
   ConfigNode& set(const std::string& key, ConfigNode value);  // object: insert or replace
@@ -94,6 +97,10 @@ ConfigNode parse_json_text(const std::string& text, const std::string& file_labe
 // YAML (block and flow style). An empty value (`key:`) is null.
 ConfigNode parse_yaml_file(const std::string& path);
 ConfigNode parse_yaml_text(const std::string& text, const std::string& file_label);
+// One value as a YAML scalar or flow collection ("20" -> number, "true" -> bool, "[a, b]" -> array),
+// as used for command-line overrides; `path` becomes the node's key path.
+ConfigNode parse_yaml_value(const std::string& text, const std::string& file_label,
+                            const std::string& path);
 
 // Child path: join_key_path("a.b", "c") == "a.b.c"; join_key_path("", "c") == "c".
 std::string join_key_path(const std::string& parent, std::string_view key);

@@ -33,9 +33,12 @@ struct SchedulerConfig {
   std::string type;
   double warmup_min_lr = 0.0;
   double warmup_max_lr = 1e-3;  // resolved (null -> optimizer lr)
+  // -1: not known yet — ceil(warmup_ratio * total_num_steps), filled by the engine once
+  // total_num_steps is (train.yaml warmup_ratio with max_steps derived from epochs).
   int64_t warmup_num_steps = 0;
+  double warmup_ratio = 0.0;
   std::string warmup_type = "log";  // "log" | "linear"
-  int64_t total_num_steps = 0;
+  int64_t total_num_steps = 0;  // -1: follows TrainConfig::max_steps once the engine knows it
   double warmup_min_ratio = 0.0;  // WarmupCosineLR
   double cos_min_ratio = 1e-4;    // WarmupCosineLR
 };
@@ -53,13 +56,26 @@ struct DataConfig {
   int64_t block_size = 128;  // tokens per sample (context length)
 };
 
-// A plugin to load: a built-in one claimed by a ds_config section, or a third-party library named
-// in the ds_config's "plugins" array.
+// A plugin to load: a built-in one claimed by ds_config sections and/or train.yaml keys, or a
+// third-party library named in the ds_config's "plugins" array.
+//
+// Built-in plugins own several keys; their `options` is an object holding, under their own names,
+// the ds_config sections and train.yaml keys they own, with aliases normalised, "auto" resolved and
+// the keys memrt accepts-but-ignores removed (docs/configuration.md, "Plugin sections"):
+//   precision  {"fp16": {...}, "bf16": {...}, "data_types": {...}}   (bfloat16 -> bf16)
+//   zero       {"zero_optimization": {...}}
+//   checkpoint {"activation_checkpointing": {...}, "gradient_checkpointing": bool,
+//               "gradient_checkpointing_kwargs": {...}}
+//   lora       {"lora_r": 8, "lora_alpha": 16, "lora_dropout": 0.05, "lora_target_modules": [...]
+//               or "all-linear", "lora_model_dir": "..."}
+//   quant      {"load_in_4bit": true, "bnb_4bit_quant_type": "nf4", ..., "optim": "adamw_8bit"}
+// A third-party plugin's `options` is its entry's "options" object as written.
 struct PluginSpec {
   std::string name;          // "precision", "zero", ..., or the third-party plugin's name
   std::string library;       // a path, or empty for a built-in (resolved by the loader)
-  std::string config_key;    // the ds_config key the plugin owns ("fp16", "plugins[0]")
+  std::string config_key;    // the first key the plugin owns ("fp16", "plugins[0]", "lora_r")
   ConfigNode options;        // its config subtree, "auto" already resolved
+  std::vector<std::string> config_keys;  // every key it owns, "file: key" ("train.yaml: lora_r")
 };
 
 struct TrainConfig {
@@ -79,6 +95,10 @@ struct TrainConfig {
   int64_t max_steps = -1;
   double num_train_epochs = 1.0;
   int64_t save_steps = 0;          // 0: no periodic checkpoints
+  // "fp32", "fp16" or "bf16": what the precision plugin will train in (fp16/bf16 sections or
+  // train.yaml fp16/bf16). Informational: the precision plugin does the work.
+  std::string compute_dtype = "fp32";
+  int zero_stage = 0;              // zero_optimization.stage (0: plain data parallel)
   std::string output_dir = "output";
   uint64_t seed = 42;
 

@@ -1,0 +1,1577 @@
+// ds_config.json + train.yaml + overrides -> TrainConfig. The decisions (which key is supported,
+// accepted with a warning or rejected, and every default) are tabled in docs/configuration.md;
+// keep the two in step.
+#include "config/load_config.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "config/batch_triple.h"
+
+namespace memrt {
+namespace {
+
+namespace fs = std::filesystem;
+
+const char* const kCommandLine = "command line";
+
+// ---- small helpers ------------------------------------------------------------------------------
+
+std::string where(const ConfigNode& n) {
+  return (n.file().empty() ? std::string("config") : n.file()) + " '" + n.path() + "'";
+}
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+bool same_number(double a, double b) {
+  return a == b || std::fabs(a - b) <= 1e-12 * std::max(std::fabs(a), std::fabs(b));
+}
+
+std::string num_text(double v) { return ConfigNode::number(v).to_json(0); }
+
+// A value of the ds_config (`ds`) that contradicts an explicit train.yaml value (`yaml`).
+[[noreturn]] void contradiction(const ConfigNode& ds, const std::string& ds_value, const ConfigNode& yaml,
+                                const std::string& yaml_value, const std::string& advice) {
+  throw ConfigError(ds.file(), ds.path(),
+                    "is " + ds_value + " but " + where(yaml) + " is " + yaml_value + ": " + advice);
+}
+
+const std::string kSetAuto = "make them equal, or set the ds_config value to \"auto\" so train.yaml decides";
+
+enum class Ty { Bool, Int, Num, Str, Obj, Any };
+
+void check_type(const ConfigNode& n, Ty t) {
+  switch (t) {
+    case Ty::Bool: n.as_bool(); break;
+    case Ty::Int: n.as_int(); break;
+    case Ty::Num: n.as_double(); break;
+    case Ty::Str: n.as_string(); break;
+    case Ty::Obj:
+      if (!n.is_object()) throw n.error("expected an object, found " + n.describe());
+      break;
+    case Ty::Any: break;
+  }
+}
+
+// Reads `key` and copies it (type-checked, "auto" kept for the final check) into `out` as `as`.
+const ConfigNode* pass(ConfigReader& r, ConfigNode& out, const char* key, Ty t, const char* as = nullptr) {
+  const ConfigNode* n = r.child(key);
+  if (!n || n->is_null()) return nullptr;
+  if (!n->is_auto()) check_type(*n, t);
+  const std::string name = as ? as : key;
+  if (out.contains(name)) {
+    throw n->error("gives '" + name + "' a second time (it is an alias of '" + name + "'): keep one");
+  }
+  out.set(name, *n);
+  return n;
+}
+
+// Known-but-not-honoured keys whose default is what memrt does: `false` (or absent) is fine,
+// `true` is an error.
+void reject_if_true(ConfigReader& r, const char* key, const std::string& instead) {
+  const ConfigNode* n = r.child(key);
+  if (n && !n->is_null() && !n->is_auto() && n->as_bool()) throw n->error("is not supported by memrt: " + instead);
+}
+
+// A section with an "enabled" flag: disabled -> one warning; enabled -> error.
+void reject_if_enabled(ConfigReader& r, ConfigDiagnostics& diag, const char* key, const std::string& instead) {
+  const ConfigNode* n = r.child(key);
+  if (!n || n->is_null()) return;
+  const ConfigNode* enabled = n->is_object() ? n->find("enabled") : nullptr;
+  if (enabled && enabled->is_bool() && !enabled->as_bool()) {
+    diag.warnings.push_back(where(*n) + " is accepted but ignored: it is disabled, and memrt does not support it (" +
+                            instead + ")");
+    return;
+  }
+  throw n->error("is not supported by memrt: " + instead);
+}
+
+void scan_for_auto(const ConfigNode& n) {
+  if (n.is_auto()) {
+    throw n.error(
+        "\"auto\" could not be resolved: memrt resolves \"auto\" from train.yaml only for the keys "
+        "Hugging Face fills (see docs/configuration.md, \"auto\" values); write the value explicitly");
+  }
+  if (n.is_array()) {
+    for (const auto& item : n.as_array()) scan_for_auto(item);
+  } else if (n.is_object()) {
+    for (const auto& m : n.members()) scan_for_auto(m.second);
+  }
+}
+
+// ---- train.yaml ---------------------------------------------------------------------------------
+
+// Canonical train.yaml key -> the spellings accepted for it (canonical first).
+const std::vector<std::pair<std::string, std::vector<std::string>>> kYamlKeys = {
+    {"model_name_or_path", {"model_name_or_path", "base_model"}},
+    {"model", {"model"}},
+    {"train_file", {"train_file"}},
+    {"block_size", {"block_size", "sequence_len", "max_seq_length", "cutoff_len", "max_length"}},
+    {"output_dir", {"output_dir"}},
+    {"seed", {"seed"}},
+    {"logging_steps", {"logging_steps"}},
+    {"save_steps", {"save_steps"}},
+    {"max_steps", {"max_steps"}},
+    {"num_train_epochs", {"num_train_epochs", "num_epochs"}},
+    {"per_device_train_batch_size", {"per_device_train_batch_size", "micro_batch_size"}},
+    {"gradient_accumulation_steps", {"gradient_accumulation_steps"}},
+    {"learning_rate", {"learning_rate"}},
+    {"weight_decay", {"weight_decay"}},
+    {"adam_beta1", {"adam_beta1"}},
+    {"adam_beta2", {"adam_beta2"}},
+    {"adam_epsilon", {"adam_epsilon"}},
+    {"max_grad_norm", {"max_grad_norm"}},
+    {"lr_scheduler_type", {"lr_scheduler_type", "lr_scheduler"}},
+    {"warmup_steps", {"warmup_steps"}},
+    {"warmup_ratio", {"warmup_ratio"}},
+    {"bf16", {"bf16"}},
+    {"fp16", {"fp16"}},
+    {"torch_dtype", {"torch_dtype"}},
+    {"gradient_checkpointing", {"gradient_checkpointing"}},
+    {"gradient_checkpointing_kwargs", {"gradient_checkpointing_kwargs"}},
+    {"optim", {"optim", "optimizer"}},
+    {"lora_r", {"lora_r", "lora_rank"}},
+    {"lora_alpha", {"lora_alpha"}},
+    {"lora_dropout", {"lora_dropout"}},
+    {"lora_target_modules", {"lora_target_modules"}},
+    {"lora_target", {"lora_target"}},
+    {"lora_target_linear", {"lora_target_linear"}},
+    {"lora_model_dir", {"lora_model_dir"}},
+    {"use_peft", {"use_peft"}},
+    {"adapter", {"adapter"}},
+    {"finetuning_type", {"finetuning_type"}},
+    {"load_in_4bit", {"load_in_4bit"}},
+    {"load_in_8bit", {"load_in_8bit"}},
+    {"bnb_4bit_quant_type", {"bnb_4bit_quant_type"}},
+    {"bnb_4bit_use_double_quant", {"bnb_4bit_use_double_quant"}},
+    {"bnb_4bit_compute_dtype", {"bnb_4bit_compute_dtype"}},
+    {"quantization_bit", {"quantization_bit"}},
+    {"quantization_method", {"quantization_method"}},
+    {"deepspeed", {"deepspeed"}},
+    {"resume_from_checkpoint", {"resume_from_checkpoint"}},
+    {"stage", {"stage"}},
+    {"val_set_size", {"val_set_size"}},
+    {"gptq_model_v1", {"gptq_model_v1"}},
+};
+
+// Keys of other tools that do not change what memrt trains: accepted with one warning each.
+const std::vector<std::pair<const char*, const char*>> kYamlIgnored = {
+    {"report_to", "metrics go to output_dir/metrics.jsonl"},
+    {"run_name", "metrics go to output_dir/metrics.jsonl"},
+    {"logging_dir", "metrics go to output_dir/metrics.jsonl"},
+    {"logging_strategy", "memrt logs every logging_steps steps"},
+    {"logging_first_step", "memrt logs every logging_steps steps"},
+    {"wandb_project", "no Weights & Biases logging"},
+    {"wandb_entity", "no Weights & Biases logging"},
+    {"wandb_watch", "no Weights & Biases logging"},
+    {"wandb_name", "no Weights & Biases logging"},
+    {"wandb_log_model", "no Weights & Biases logging"},
+    {"hub_model_id", "nothing is pushed to the Hugging Face Hub"},
+    {"hub_strategy", "nothing is pushed to the Hugging Face Hub"},
+    {"hub_private_repo", "nothing is pushed to the Hugging Face Hub"},
+    {"push_to_hub", "nothing is pushed to the Hugging Face Hub"},
+    {"push_dataset_to_hub", "nothing is pushed to the Hugging Face Hub"},
+    {"model_revision", "models are local directories"},
+    {"trust_remote_code", "memrt runs its own built-in architectures, never remote code"},
+    {"attn_implementation", "memrt has one attention implementation"},
+    {"flash_attention", "memrt has one attention implementation"},
+    {"tf32", "TF32 matmul is a GPU setting; memrt keeps fp32 matmul exact"},
+    {"save_strategy", "checkpoints follow save_steps"},
+    {"save_total_limit", "memrt keeps every checkpoint"},
+    {"save_only_model", "checkpoints always hold the full training state"},
+    {"saves_per_epoch", "checkpoints follow save_steps"},
+    {"overwrite_output_dir", "memrt writes into output_dir"},
+    {"do_train", "memrt always trains"},
+    {"do_eval", "memrt has no evaluation loop"},
+    {"eval_strategy", "memrt has no evaluation loop"},
+    {"evaluation_strategy", "memrt has no evaluation loop"},
+    {"eval_steps", "memrt has no evaluation loop"},
+    {"evals_per_epoch", "memrt has no evaluation loop"},
+    {"per_device_eval_batch_size", "memrt has no evaluation loop"},
+    {"eval_sample_packing", "memrt has no evaluation loop"},
+    {"sample_packing", "memrt always packs text into contiguous block_size samples"},
+    {"pad_to_sequence_len", "memrt always packs text into contiguous block_size samples"},
+    {"dataloader_num_workers", "memrt's data loader has no worker processes"},
+    {"preprocessing_num_workers", "memrt's data loader has no worker processes"},
+    {"dataset_num_proc", "memrt's data loader has no worker processes"},
+    {"ddp_timeout", "a dead rank is detected by memrt's own bounded timeout"},
+    {"ddp_find_unused_parameters", "every parameter of memrt's models gets a gradient"},
+    {"log_level", "memrt logs at one level"},
+    {"plot_loss", "metrics.jsonl holds the loss curve"},
+    {"low_cpu_mem_usage", "memrt always materialises models one block at a time"},
+    {"special_tokens", "memrt's tokenizer is byte-level"},
+    {"eot_tokens", "memrt's tokenizer is byte-level"},
+    {"tokenizer_type", "memrt's tokenizer is byte-level"},
+    {"template", "memrt trains on plain text"},
+    {"chat_template", "memrt trains on plain text"},
+    {"model_type", "the architecture comes from the model block or the checkpoint's config.json"},
+    {"dataset_prepared_path", "memrt reads train_file directly"},
+    {"torchdistx_path", "not needed"},
+    {"loss_watchdog_threshold", "not implemented; see the loss-spike guard example plugin"},
+    {"loss_watchdog_patience", "not implemented; see the loss-spike guard example plugin"},
+    {"disable_tqdm", "the progress bar shows only on a terminal"},
+};
+
+// Keys of other tools whose meaning memrt cannot honour: ignoring them would change the training.
+const std::vector<std::pair<const char*, const char*>> kYamlRejected = {
+    {"datasets", "memrt reads a local train_file (text, .bin tokens or JSONL with a \"text\" field); set train_file"},
+    {"dataset", "memrt reads a local train_file (text, .bin tokens or JSONL with a \"text\" field); set train_file"},
+    {"dataset_name", "memrt reads a local train_file (text, .bin tokens or JSONL with a \"text\" field); set train_file"},
+    {"dataset_mixer", "memrt reads a local train_file (text, .bin tokens or JSONL with a \"text\" field); set train_file"},
+    {"dataset_mixture", "memrt reads a local train_file (text, .bin tokens or JSONL with a \"text\" field); set train_file"},
+    {"dataset_splits", "memrt reads a local train_file; set train_file"},
+    {"max_samples", "memrt trains on the whole train_file; cut the file instead, or set max_steps"},
+    {"unfrozen_parameters", "memrt trains every parameter, or only LoRA adapters (lora_r / use_peft)"},
+    {"beta", "DPO is not supported: memrt trains causal language modelling"},
+    {"max_prompt_length", "DPO is not supported: memrt trains causal language modelling"},
+    {"gptq_groupsize", "GPTQ is not supported; 4-bit weights come from load_in_4bit (NF4/FP4)"},
+};
+
+struct YamlValues {
+  std::map<std::string, const ConfigNode*> v;  // canonical -> node (absent or null: missing)
+  const ConfigNode* get(const std::string& key) const {
+    auto it = v.find(key);
+    return it == v.end() ? nullptr : it->second;
+  }
+};
+
+YamlValues read_yaml(const ConfigNode& ty, ConfigDiagnostics& diag) {
+  YamlValues y;
+  ConfigReader r(ty, diag);
+  for (const auto& [canonical, names] : kYamlKeys) {
+    const ConfigNode* first = nullptr;
+    for (const auto& name : names) {
+      const ConfigNode* n = r.child(name);
+      if (!n || n->is_null()) continue;
+      if (first && first->to_json(0) != n->to_json(0)) {
+        throw ConfigError(n->file(), n->path(),
+                          "is " + n->to_json(0) + " but " + where(*first) + " is " + first->to_json(0) +
+                              ": they are two names of one setting (" + canonical + "); keep one");
+      }
+      if (!first) first = n;
+    }
+    if (first) y.v[canonical] = first;
+  }
+  for (const auto& [key, why] : kYamlIgnored) r.ignore(key, why);
+  for (const auto& [key, instead] : kYamlRejected) r.reject(key, instead);
+  r.finish();
+  return y;
+}
+
+// Applies "--key=value" / "--key value" words to the train.yaml tree. Dotted keys reach into
+// blocks ("--model.n_layer=2").
+void apply_overrides(ConfigNode& ty, const std::vector<std::string>& words) {
+  for (size_t i = 0; i < words.size(); ++i) {
+    const std::string& w = words[i];
+    if (w.size() < 3 || w.compare(0, 2, "--") != 0) {
+      throw ConfigError(kCommandLine, "",
+                        "unexpected word '" + w + "' after the train.yaml: overrides are written "
+                        "--key=value or --key value (for example --max_steps=20)");
+    }
+    std::string key = w.substr(2), value;
+    const size_t eq = key.find('=');
+    if (eq != std::string::npos) {
+      value = key.substr(eq + 1);
+      key = key.substr(0, eq);
+    } else if (i + 1 < words.size() && words[i + 1].compare(0, 2, "--") != 0) {
+      value = words[++i];
+    } else {
+      value = "true";  // a bare flag, as Hugging Face's argument parser reads `--bf16`
+    }
+    if (key.empty()) throw ConfigError(kCommandLine, "", "empty key in '" + w + "'");
+    ConfigNode node = parse_yaml_value(value, kCommandLine, key);
+    if (ty.is_null()) ty = ConfigNode::object(kCommandLine, "");
+    ConfigNode* parent = &ty;
+    size_t start = 0;
+    for (size_t dot = key.find('.'); dot != std::string::npos; dot = key.find('.', start)) {
+      const std::string part = key.substr(start, dot - start);
+      ConfigNode* child = parent->find(part);
+      if (!child || !child->is_object()) {
+        child = &parent->set(part, ConfigNode::object(kCommandLine, key.substr(0, dot)));
+      }
+      parent = child;
+      start = dot + 1;
+    }
+    parent->set(key.substr(start), std::move(node));
+  }
+}
+
+// ---- the loader -------------------------------------------------------------------------------
+
+struct Loader {
+  const ConfigSources& src;
+  ConfigDiagnostics diag;
+  TrainConfig cfg;
+  YamlValues y;
+  ConfigNode ty;  // the train.yaml tree with the overrides applied (`y` points into it)
+  ConfigNode ds;  // the ds_config tree (an empty object when there is none)
+  std::string ds_file;
+  std::string yaml_file;
+
+  explicit Loader(const ConfigSources& s) : src(s) {}
+
+  const ConfigNode* yv(const char* key) const { return y.get(key); }
+  double ynum(const char* key, double fallback) const {
+    const ConfigNode* n = yv(key);
+    return n ? n->as_double() : fallback;
+  }
+
+  void run();
+  void read_inputs();
+  void read_ds_top(ConfigReader& dr);
+  void resolve_batch(const ConfigNode* tbs, const ConfigNode* mbs, const ConfigNode* gas);
+  double resolve_value(ConfigReader& r, const char* key, const char* yaml_key, double hf_default,
+                       double ds_default, bool resolve_absent_from_yaml = true);
+  void resolve_optimizer(const ConfigNode* opt);
+  void resolve_scheduler(const ConfigNode* sch);
+  void resolve_precision(const ConfigNode* fp16, const ConfigNode* bf16, const ConfigNode* dtypes);
+  void resolve_zero(const ConfigNode* zero);
+  void resolve_checkpoint(const ConfigNode* ac);
+  void resolve_lora_and_quant();
+  void resolve_plugins(const ConfigNode* plugins);
+  void resolve_model_and_data();
+  int64_t model_width() const;
+  void add_plugin(const std::string& name, std::string first_key, std::vector<std::string> keys,
+                  ConfigNode options);
+};
+
+void Loader::read_inputs() {
+  ty = ConfigNode::object(src.train_yaml_path, "");
+  if (!src.train_yaml_path.empty()) {
+    ty = parse_yaml_file(src.train_yaml_path);
+    if (ty.is_null()) ty = ConfigNode::object(src.train_yaml_path, "");  // an empty file
+    if (!ty.is_object()) {
+      throw ConfigError(src.train_yaml_path, "", "expected a map of keys at the top, found " + ty.describe());
+    }
+  }
+  yaml_file = src.train_yaml_path.empty() ? std::string("train.yaml") : src.train_yaml_path;
+  apply_overrides(ty, src.overrides);
+  y = read_yaml(ty, diag);
+  cfg.train_yaml = ty;
+  cfg.train_yaml_path = src.train_yaml_path;
+
+  // The ds_config: --deepspeed, or train.yaml's `deepspeed:` key; both must name one file.
+  std::string path = src.ds_config_path;
+  if (const ConfigNode* d = yv("deepspeed")) {
+    const std::string& named = d->as_string();
+    if (path.empty()) {
+      path = named;
+    } else {
+      std::error_code ec;
+      const bool same = fs::equivalent(fs::path(named), fs::path(path), ec);
+      if (!same) {
+        throw d->error("names '" + named + "' but the ds_config given on the command line (--deepspeed) is '" +
+                       path + "': they must be the same file; remove the key or make them agree");
+      }
+    }
+  }
+  ds_file = path;
+  ds = ConfigNode::object(path, "");
+  if (!path.empty()) {
+    ds = parse_json_file(path);
+    if (!ds.is_object()) throw ConfigError(path, "", "expected a JSON object at the top, found " + ds.describe());
+  }
+  cfg.ds_config = ds;
+  cfg.ds_config_path = path;
+}
+
+void Loader::run() {
+  if (src.world_size <= 0) {
+    throw ConfigError(kCommandLine, "world_size", "must be at least 1, got " + std::to_string(src.world_size));
+  }
+  cfg.world_size = src.world_size;
+  read_inputs();
+
+  ConfigReader dr(ds, diag);
+  const ConfigNode* tbs = dr.child("train_batch_size");
+  const ConfigNode* mbs = dr.child("train_micro_batch_size_per_gpu");
+  const ConfigNode* gas = dr.child("gradient_accumulation_steps");
+  const ConfigNode* opt = dr.child("optimizer");
+  const ConfigNode* sch = dr.child("scheduler");
+  const ConfigNode* fp16 = dr.child("fp16");
+  const ConfigNode* bf16 = dr.child("bf16");
+  const ConfigNode* bfloat16 = dr.child("bfloat16");
+  const ConfigNode* dtypes = dr.child("data_types");
+  const ConfigNode* zero = dr.child("zero_optimization");
+  const ConfigNode* ac = dr.child("activation_checkpointing");
+  const ConfigNode* plugins = dr.child("plugins");
+  if (bf16 && bfloat16) {
+    throw bfloat16->error("and '" + bf16->path() + "' are the same section (bfloat16 is the old name of bf16): keep bf16");
+  }
+  if (bfloat16) bf16 = bfloat16;
+  read_ds_top(dr);  // the other top-level keys, then finish()
+
+  resolve_batch(tbs, mbs, gas);
+  resolve_model_and_data();  // before the optimizer: ZeRO's "auto" bucket sizes need the width
+  resolve_optimizer(opt);
+  resolve_scheduler(sch);
+  resolve_precision(fp16, bf16, dtypes);
+  resolve_zero(zero);
+  resolve_checkpoint(ac);
+  resolve_lora_and_quant();
+  resolve_plugins(plugins);
+  for (const auto& p : cfg.plugins) scan_for_auto(p.options);
+  cfg.warnings = diag.warnings;
+}
+
+void Loader::read_ds_top(ConfigReader& dr) {
+  // gradient_clipping: DeepSpeed's code default is 1.0 (v0.19.3+); "auto" -> max_grad_norm (HF 1.0).
+  cfg.gradient_clipping = resolve_value(dr, "gradient_clipping", "max_grad_norm", 1.0, 1.0);
+  if (cfg.gradient_clipping < 0) {
+    throw ConfigError(ds_file, "gradient_clipping", "must be >= 0 (0 turns clipping off), got " + num_text(cfg.gradient_clipping));
+  }
+  // steps_per_print: train.yaml logging_steps wins when set (it is the Hugging Face user's setting).
+  if (const ConfigNode* n = dr.child("steps_per_print"); n && !n->is_null()) cfg.steps_per_print = n->as_int();
+  if (const ConfigNode* n = yv("logging_steps")) cfg.steps_per_print = n->as_int();
+  if (cfg.steps_per_print <= 0) {
+    throw ConfigError(ds_file, "steps_per_print", "must be positive, got " + std::to_string(cfg.steps_per_print));
+  }
+  if (const ConfigNode* n = dr.child("gradient_allreduce_op"); n && !n->is_null() && n->as_string() != "mean") {
+    throw n->error("is not supported by memrt with value \"" + n->as_string() +
+                   "\": memrt averages gradients across ranks (\"mean\", DeepSpeed's default)");
+  }
+  if (const ConfigNode* n = dr.child("sequence_parallel_size"); n && !n->is_null()) {
+    if (n->as_int() > 1) {
+      throw n->error("is not supported by memrt (sequence parallelism): memrt is data parallel; use ZeRO "
+                     "(zero_optimization.stage) and activation checkpointing to fit long sequences");
+    }
+    diag.warnings.push_back(where(*n) + " is accepted but ignored: 1 means no sequence parallelism");
+  }
+
+  static const std::vector<std::pair<const char*, const char*>> ignored = {
+      {"wall_clock_breakdown", "memrt's log line always has tokens/s; it has no per-phase timers"},
+      {"memory_breakdown", "memrt always writes output_dir/memory_report.json"},
+      {"dump_state", "use launcher --print-config"},
+      {"tensorboard", "metrics go to output_dir/metrics.jsonl"},
+      {"wandb", "metrics go to output_dir/metrics.jsonl"},
+      {"csv_monitor", "metrics go to output_dir/metrics.jsonl"},
+      {"comet", "metrics go to output_dir/metrics.jsonl"},
+      {"monitor_config", "metrics go to output_dir/metrics.jsonl"},
+      {"comms_logger", "memrt has no communication logger"},
+      {"comms_config", "memrt has no communication logger"},
+      {"flops_profiler", "memrt has no FLOPs profiler"},
+      {"autotuning", "memrt has no autotuner"},
+      {"timers", "memrt has no per-phase timers"},
+      {"compile", "memrt runs LibTorch eagerly (no torch.compile)"},
+      {"prescale_gradients", "memrt averages after the all-reduce; the result is the same up to rounding"},
+      {"gradient_predivide_factor", "memrt averages after the all-reduce; the result is the same up to rounding"},
+      {"communication_data_type", "memrt reduces gradients in their own dtype"},
+      {"seq_parallel_communication_data_type", "memrt has no sequence parallelism"},
+      {"sparse_gradients", "embedding gradients are reduced densely (same values)"},
+      {"disable_allgather", "legacy DeepSpeed switch"},
+      {"allgather_size", "legacy DeepSpeed switch"},
+      {"zero_allow_untested_optimizer", "memrt has no optimizer whitelist"},
+      {"zero_force_ds_cpu_optimizer", "memrt's offload always steps with its own CPU optimizer"},
+      {"dataloader_drop_last", "memrt's data loader is configured in train.yaml"},
+      {"vocabulary_size", "the vocabulary size comes from the model"},
+      {"log_level", "memrt logs at one level"},
+      {"checkpoint", "memrt's checkpoints are always written atomically and verified on load"},
+      {"aio", "NVMe offload is not supported, so asynchronous I/O settings have no use"},
+      {"eigenvalue", "memrt computes no Hessian eigenvalues"},
+      {"nebula", "no Nebula checkpoint service"},
+  };
+  for (const auto& [key, why] : ignored) dr.ignore(key, why);
+
+  static const std::vector<std::pair<const char*, const char*>> rejected = {
+      {"amp", "apex AMP; use the \"fp16\" or \"bf16\" section"},
+      {"tensor_parallel", "tensor parallelism; memrt is data parallel (ZeRO stages 1-3 partition the model state instead)"},
+      {"pipeline", "pipeline parallelism; memrt is data parallel (ZeRO-3 partitions the parameters instead)"},
+      {"expert_parallel", "mixture-of-experts parallelism; memrt trains dense GPT-2/Llama models"},
+      {"compression_training", "compression training; 4-bit weights come from train.yaml load_in_4bit, 8-bit optimizer states from optim: adamw_8bit"},
+      {"weight_quantization", "weight quantization; 4-bit weights come from train.yaml load_in_4bit"},
+      {"sparse_attention", "sparse attention; memrt's models use dense causal attention"},
+  };
+  for (const auto& [key, instead] : rejected) dr.reject(key, instead);
+  reject_if_enabled(dr, diag, "quantize_training", "MoQ quantize-aware training; 4-bit weights come from train.yaml load_in_4bit");
+  reject_if_enabled(dr, diag, "curriculum_learning", "curriculum learning; memrt reads train_file in seeded random order");
+  reject_if_enabled(dr, diag, "data_efficiency", "data efficiency (curriculum / random-LTD); memrt reads train_file in seeded random order");
+  reject_if_enabled(dr, diag, "progressive_layer_drop", "progressive layer drop; every layer runs every step");
+  reject_if_enabled(dr, diag, "elasticity", "elastic batch sizes; set the batch triple explicitly");
+  reject_if_enabled(dr, diag, "hybrid_engine", "the RLHF hybrid engine; memrt trains causal language models");
+  reject_if_enabled(dr, diag, "torch_autocast", "torch autocast; use the \"bf16\" or \"fp16\" section");
+
+  // Comment keys ("_comment", "comment") carry no setting.
+  for (const auto& m : ds.members()) {
+    if (!m.first.empty() && (m.first[0] == '_' || lower(m.first) == "comment")) dr.ignore(m.first, "a comment");
+  }
+  dr.finish();
+}
+
+// A numeric ds value that "auto" and train.yaml may decide: auto -> the yaml value or the Hugging
+// Face default; a number -> must agree with an explicit yaml value; absent -> the yaml value if
+// explicit (memrt's rule: never silently prefer a DeepSpeed default over what the user wrote),
+// else DeepSpeed's default.
+double Loader::resolve_value(ConfigReader& r, const char* key, const char* yaml_key, double hf_default,
+                             double ds_default, bool resolve_absent_from_yaml) {
+  const ConfigNode* n = r.child(key);
+  const ConfigNode* yn = yaml_key ? yv(yaml_key) : nullptr;
+  if (!n || n->is_null()) return yn && resolve_absent_from_yaml ? yn->as_double() : ds_default;
+  if (n->is_auto()) return yn ? yn->as_double() : hf_default;
+  const double v = n->as_double();
+  if (yn && !same_number(v, yn->as_double())) contradiction(*n, num_text(v), *yn, num_text(yn->as_double()), kSetAuto);
+  return v;
+}
+
+void Loader::resolve_batch(const ConfigNode* tbs, const ConfigNode* mbs, const ConfigNode* gas) {
+  const ConfigNode* y_mbs = yv("per_device_train_batch_size");
+  const ConfigNode* y_gas = yv("gradient_accumulation_steps");
+  const int n = src.world_size;
+  std::optional<int64_t> t, m, g;
+  std::vector<std::string> origin;  // where each value came from, for the error message
+  const auto present = [](const ConfigNode* x) { return x && !x->is_null(); };
+
+  // Micro batch and accumulation first: "auto" train_batch_size is computed from them.
+  const auto one = [&](const ConfigNode* ds_node, const ConfigNode* y_node, int64_t hf_default,
+                       const char* ds_key, std::optional<int64_t>& out) {
+    if (present(ds_node) && !ds_node->is_auto()) {
+      out = ds_node->as_int();
+      if (y_node && y_node->as_int() != *out) {
+        throw ConfigError(ds_node->file(), ds_node->path(),
+                          "is " + std::to_string(*out) + " but " + where(*y_node) + " is " +
+                              std::to_string(y_node->as_int()) + ": " + kSetAuto);
+      }
+      origin.push_back(std::string(ds_key) + " = " + std::to_string(*out) + " from " + where(*ds_node));
+    } else if (y_node) {
+      out = y_node->as_int();
+      origin.push_back(std::string(ds_key) + " = " + std::to_string(*out) + " from " + where(*y_node));
+    } else if (present(ds_node)) {  // "auto" with nothing in train.yaml: Hugging Face's default
+      out = hf_default;
+      origin.push_back(std::string(ds_key) + " = " + std::to_string(*out) + " (\"auto\" in " + ds_file +
+                       ", Hugging Face's default)");
+    }
+  };
+  one(mbs, y_mbs, 8, "train_micro_batch_size_per_gpu", m);
+  one(gas, y_gas, 1, "gradient_accumulation_steps", g);
+  if (present(tbs)) {
+    if (tbs->is_auto()) {
+      t = m.value_or(8) * g.value_or(1) * n;
+      if (!m) m = 8;
+      if (!g) g = 1;
+      origin.push_back("train_batch_size = " + std::to_string(*t) + " (\"auto\": micro batch * accumulation * N)");
+    } else {
+      t = tbs->as_int();
+      origin.push_back("train_batch_size = " + std::to_string(*t) + " from " + where(*tbs));
+    }
+  }
+  if (!t && !m) {  // neither file gives a batch size: Hugging Face's per_device_train_batch_size
+    m = 8;
+    diag.warnings.push_back(yaml_file + ": no batch size in either file: per_device_train_batch_size = 8 "
+                            "(Hugging Face's default); set it in train.yaml");
+  }
+  BatchTriple b;
+  const std::string err = derive_batch_triple(t, m, g, n, b);
+  if (!err.empty()) {
+    std::string from;
+    for (const auto& o : origin) from += (from.empty() ? "" : "; ") + o;
+    const std::string files = ds_file.empty() ? yaml_file : ds_file + " and " + yaml_file;
+    throw ConfigError(ds_file.empty() ? yaml_file : ds_file, "train_batch_size",
+                      "inconsistent batch sizes in " + files + " with N = " + std::to_string(n) +
+                          " data-parallel ranks: " + err + (from.empty() ? "" : " [" + from + "]") +
+                          ". Fix: give train_micro_batch_size_per_gpu and gradient_accumulation_steps "
+                          "and leave train_batch_size out (or \"auto\"), so it follows N");
+  }
+  cfg.train_batch_size = b.train_batch_size;
+  cfg.micro_batch_size = b.micro_batch_size;
+  cfg.grad_accum_steps = b.grad_accum_steps;
+
+  // Training length and the other train.yaml scalars.
+  if (const ConfigNode* x = yv("max_steps")) cfg.max_steps = x->as_int();
+  if (cfg.max_steps == 0 || cfg.max_steps < -1) {
+    throw yv("max_steps")->error("must be positive, or -1 to train num_train_epochs epochs, got " +
+                                 std::to_string(cfg.max_steps));
+  }
+  cfg.num_train_epochs = ynum("num_train_epochs", 3.0);  // Hugging Face's default
+  if (cfg.num_train_epochs <= 0) throw yv("num_train_epochs")->error("must be positive");
+  if (const ConfigNode* x = yv("save_steps")) {
+    cfg.save_steps = x->as_int();
+    if (cfg.save_steps < 0) throw x->error("must be >= 0 (0: no periodic checkpoints)");
+  }
+  if (const ConfigNode* x = yv("output_dir")) cfg.output_dir = x->as_string();
+  if (const ConfigNode* x = yv("seed")) {
+    const int64_t s = x->as_int();
+    if (s < 0) throw x->error("must be >= 0");
+    cfg.seed = static_cast<uint64_t>(s);
+  }
+  if (const ConfigNode* x = yv("resume_from_checkpoint")) {
+    if (!(x->is_bool() && !x->as_bool())) {
+      throw x->error("is not supported in train.yaml: resume with `launcher ... --resume` (newest "
+                     "checkpoint in output_dir) or `--resume=TAG`");
+    }
+  }
+  if (const ConfigNode* x = yv("stage")) {
+    if (x->as_string() != "pt") {
+      throw x->error("is \"" + x->as_string() + "\", which memrt does not support: memrt trains causal "
+                     "language modelling on the whole text (LLaMA-Factory's stage: pt)");
+    }
+  }
+  if (const ConfigNode* x = yv("val_set_size")) {
+    if (x->as_double() != 0) throw x->error("is not supported: memrt has no evaluation split; use 0 or remove it");
+  }
+  if (const ConfigNode* x = yv("gptq_model_v1")) {
+    if (x->as_bool()) throw x->error("is not supported: GPTQ models cannot be loaded; use load_in_4bit");
+  }
+}
+
+// ---- optimizer --------------------------------------------------------------------------------
+
+// "adamw" (decoupled decay), "adam" (L2 decay), "sgd", or "adamw_8bit" (the quant plugin).
+std::string optim_family(const ConfigNode& optim, ConfigDiagnostics& diag) {
+  const std::string o = lower(optim.as_string());
+  if (o == "adamw_torch" || o == "adamw_torch_fused" || o == "adamw_hf" || o == "adamw" ||
+      o == "adamw_apex_fused" || o == "adamw_torch_xla" || o == "adamw_torch_npu_fused") {
+    return "adamw";
+  }
+  if (o == "paged_adamw_32bit" || o == "paged_adamw") {
+    diag.warnings.push_back(where(optim) + " is \"" + o + "\": trained as plain AdamW (paging is a CUDA "
+                            "memory feature; optimizer offload is zero_optimization.offload_optimizer)");
+    return "adamw";
+  }
+  if (o == "adam") return "adam";
+  if (o == "sgd") return "sgd";
+  if (o == "adamw_8bit" || o == "adamw_bnb_8bit" || o == "paged_adamw_8bit") return "adamw_8bit";
+  throw optim.error("is \"" + optim.as_string() + "\", which memrt does not support; supported: adamw_torch, "
+                    "adamw_torch_fused, adamw_hf, paged_adamw_32bit (all AdamW), adam, sgd, and the 8-bit "
+                    "adamw_8bit, adamw_bnb_8bit, paged_adamw_8bit");
+}
+
+void Loader::resolve_optimizer(const ConfigNode* opt) {
+  OptimizerConfig& o = cfg.optimizer;
+  const ConfigNode* y_optim = yv("optim");
+  const std::string y_family = y_optim ? optim_family(*y_optim, diag) : "adamw";
+  if (y_family == "adamw_8bit") {
+    ConfigNode options = ConfigNode::object(yaml_file, "");
+    options.set("optim", *y_optim);
+    add_plugin("quant", "optim", {yaml_file + ": " + y_optim->path()}, options);
+  }
+
+  if (!opt || opt->is_null()) {  // Hugging Face builds the optimizer from train.yaml
+    o.type = y_family == "sgd" ? "SGD" : y_family == "adam" ? "Adam" : "AdamW";
+    o.adam_w_mode = y_family != "adam";
+    o.lr = ynum("learning_rate", 5e-5);
+    o.beta1 = ynum("adam_beta1", 0.9);
+    o.beta2 = ynum("adam_beta2", 0.999);
+    o.eps = ynum("adam_epsilon", 1e-8);
+    o.weight_decay = ynum("weight_decay", 0.0);
+  } else {
+    ConfigDiagnostics& d = diag;
+    ConfigReader r(*opt, d);
+    const ConfigNode* type_node = r.child("type");
+    if (!type_node) throw ConfigError(opt->file(), join_key_path(opt->path(), "type"), "is required: \"AdamW\", \"Adam\" or \"SGD\"");
+    const std::string t = lower(type_node->as_string());
+    static const std::set<std::string> deepspeed_only = {"lamb", "onebitadam", "zerooneadam", "onebitlamb",
+                                                         "adagrad", "lion", "muon", "muadam", "muadamw", "musgd"};
+    if (deepspeed_only.count(t)) {
+      throw type_node->error("is \"" + type_node->as_string() + "\", which memrt does not support; supported: "
+                             "\"Adam\", \"AdamW\", \"SGD\" (and 8-bit AdamW with train.yaml optim: adamw_8bit)");
+    }
+    if (t != "adam" && t != "adamw" && t != "sgd") {
+      throw type_node->error("is \"" + type_node->as_string() + "\", an unknown optimizer; supported: \"Adam\", "
+                             "\"AdamW\", \"SGD\" (case-insensitive, as in DeepSpeed)");
+    }
+    o.type = t == "adam" ? "Adam" : t == "adamw" ? "AdamW" : "SGD";
+    r.ignore("legacy_fusion", "memrt has one fused path");
+    static const ConfigNode kAbsent;
+    const ConfigNode* params = r.child("params");
+    ConfigReader p(params ? *params : kAbsent, d);
+    o.lr = resolve_value(p, "lr", "learning_rate", ynum("learning_rate", 5e-5), 1e-3);
+    o.weight_decay = resolve_value(p, "weight_decay", "weight_decay", 0.0, 0.0);
+    if (o.type == "SGD") {
+      o.momentum = p.get<double>("momentum", 0.0);
+      o.dampening = p.get<double>("dampening", 0.0);
+      o.nesterov = p.get<bool>("nesterov", false);
+      reject_if_true(p, "maximize", "memrt minimises the loss");
+    } else {
+      o.eps = resolve_value(p, "eps", "adam_epsilon", 1e-8, 1e-8);
+      const ConfigNode* betas = p.child("betas");
+      const ConfigNode* yb1 = yv("adam_beta1");
+      const ConfigNode* yb2 = yv("adam_beta2");
+      if (!betas || betas->is_null() || betas->is_auto()) {
+        o.beta1 = yb1 ? yb1->as_double() : 0.9;
+        o.beta2 = yb2 ? yb2->as_double() : 0.999;
+      } else {
+        const auto& b = betas->as_array();
+        if (b.size() != 2) throw betas->error("expected two numbers [beta1, beta2], found " + std::to_string(b.size()));
+        o.beta1 = b[0].as_double();
+        o.beta2 = b[1].as_double();
+        if (yb1 && !same_number(o.beta1, yb1->as_double())) contradiction(b[0], num_text(o.beta1), *yb1, num_text(yb1->as_double()), kSetAuto);
+        if (yb2 && !same_number(o.beta2, yb2->as_double())) contradiction(b[1], num_text(o.beta2), *yb2, num_text(yb2->as_double()), kSetAuto);
+      }
+      o.bias_correction = p.get<bool>("bias_correction", true);
+      // DeepSpeed: effective AdamW = type AdamW or adam_w_mode (default true).
+      o.adam_w_mode = p.get<bool>("adam_w_mode", true) || o.type == "AdamW";
+      p.get<bool>("torch_adam", false);               // implementation choice only: same math
+      p.get<bool>("fp32_optimizer_states", true);     // memrt's states are fp32 unless 8-bit
+      reject_if_true(p, "amsgrad", "AMSGrad; use Adam or AdamW");
+      p.reject("max_grad_norm", "'max_grad_norm' is not supported as an optimizer parameter, please switch to "
+                                "using the deepspeed parameter 'gradient_clipping' (top level of the ds_config)");
+    }
+    p.finish();
+    r.finish();
+    if (o.lr <= 0) throw ConfigError(opt->file(), join_key_path(opt->path(), "params.lr"), "must be positive, got " + num_text(o.lr));
+    // train.yaml `optim` and the ds_config optimizer must describe the same optimizer.
+    if (y_optim) {
+      const std::string ds_family = o.type == "SGD" ? "sgd" : o.adam_w_mode ? "adamw" : "adam";
+      if (ds_family != y_family) {
+        throw ConfigError(type_node->file(), type_node->path(),
+                          "is \"" + type_node->as_string() + "\"" +
+                              (o.type == "Adam" ? std::string(o.adam_w_mode ? " (decoupled weight decay: adam_w_mode)" : " (adam_w_mode false)") : "") +
+                              " but " + where(*y_optim) + " is \"" + y_optim->as_string() +
+                              "\": they name different optimizers; remove one (an 8-bit optimizer is chosen "
+                              "in train.yaml only, with no ds_config optimizer section)");
+      }
+    }
+  }
+  if (o.lr <= 0) throw ConfigError(yaml_file, "learning_rate", "must be positive, got " + num_text(o.lr));
+  if (o.beta1 < 0 || o.beta1 >= 1 || o.beta2 < 0 || o.beta2 >= 1) {
+    throw ConfigError(opt ? opt->file() : yaml_file, opt ? "optimizer.params.betas" : "adam_beta1",
+                      "betas must be in [0, 1), got [" + num_text(o.beta1) + ", " + num_text(o.beta2) + "]");
+  }
+}
+
+// ---- scheduler --------------------------------------------------------------------------------
+
+void Loader::resolve_scheduler(const ConfigNode* sch) {
+  SchedulerConfig& s = cfg.scheduler;
+  const ConfigNode* y_type = yv("lr_scheduler_type");
+  const ConfigNode* y_warm = yv("warmup_steps");
+  const ConfigNode* y_ratio = yv("warmup_ratio");
+  if (y_ratio && (y_ratio->as_double() < 0 || y_ratio->as_double() > 1)) {
+    throw y_ratio->error("must be in [0, 1], got " + num_text(y_ratio->as_double()));
+  }
+  if (y_warm && y_warm->as_int() < 0) throw y_warm->error("must be >= 0");
+  // Hugging Face's warmup: warmup_steps if > 0, else ceil(warmup_ratio * total steps).
+  s.warmup_ratio = y_ratio ? y_ratio->as_double() : 0.0;
+  int64_t hf_warmup = 0;
+  if (y_warm && y_warm->as_int() > 0) {
+    hf_warmup = y_warm->as_int();
+    s.warmup_ratio = 0;
+    if (y_ratio && y_ratio->as_double() > 0) {
+      diag.warnings.push_back(where(*y_ratio) + " is ignored: warmup_steps is set and takes precedence (as in Hugging Face)");
+    }
+  } else if (s.warmup_ratio > 0) {
+    hf_warmup = cfg.max_steps > 0 ? static_cast<int64_t>(std::ceil(s.warmup_ratio * static_cast<double>(cfg.max_steps))) : -1;
+  }
+  const int64_t hf_total = cfg.max_steps;  // -1: the engine fills it from the epochs
+  const double lr = cfg.optimizer.lr;
+
+  if (!sch || sch->is_null()) {
+    const std::string t = y_type ? y_type->as_string() : "linear";  // Hugging Face's default
+    static const std::set<std::string> supported = {"linear", "cosine", "constant", "constant_with_warmup"};
+    if (!supported.count(t)) {
+      throw y_type->error("is \"" + t + "\", which memrt does not support; supported: linear (the default), "
+                          "cosine, constant, constant_with_warmup; or a ds_config scheduler WarmupLR, "
+                          "WarmupDecayLR, WarmupCosineLR");
+    }
+    s.type = t;
+    s.warmup_min_lr = 0;
+    s.warmup_max_lr = lr;
+    s.warmup_num_steps = t == "constant" ? 0 : hf_warmup;
+    s.warmup_type = "linear";
+    s.total_num_steps = hf_total;
+    return;
+  }
+
+  ConfigReader r(*sch, diag);
+  const ConfigNode* type_node = r.child("type");
+  if (!type_node) {
+    throw ConfigError(sch->file(), join_key_path(sch->path(), "type"),
+                      "is required: \"WarmupLR\", \"WarmupDecayLR\" or \"WarmupCosineLR\"");
+  }
+  const std::string t = type_node->as_string();
+  if (t == "OneCycle" || t == "LRRangeTest") {
+    throw type_node->error("is \"" + t + "\", which memrt does not support; supported: \"WarmupLR\", "
+                           "\"WarmupDecayLR\", \"WarmupCosineLR\"");
+  }
+  if (t != "WarmupLR" && t != "WarmupDecayLR" && t != "WarmupCosineLR") {
+    const std::string near = nearest_key(t, {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"});
+    throw type_node->error("is \"" + t + "\", an unknown scheduler" +
+                           (near.empty() ? std::string() : "; did you mean \"" + near + "\"?") +
+                           " Supported: \"WarmupLR\", \"WarmupDecayLR\", \"WarmupCosineLR\"");
+  }
+  s.type = t;
+  if (y_type) {  // both files name a scheduler: they must be the same shape
+    static const std::map<std::string, std::set<std::string>> compatible = {
+        {"WarmupLR", {"constant", "constant_with_warmup"}},
+        {"WarmupDecayLR", {"linear"}},
+        {"WarmupCosineLR", {"cosine"}}};
+    if (!compatible.at(t).count(y_type->as_string())) {
+      throw ConfigError(type_node->file(), type_node->path(),
+                        "is \"" + t + "\" but " + where(*y_type) + " is \"" + y_type->as_string() +
+                            "\": they name different schedules; remove one");
+    }
+  }
+  static const ConfigNode kAbsent;
+  const ConfigNode* params = r.child("params");
+  ConfigReader p(params ? *params : kAbsent, diag);
+  // warmup_num_steps (DeepSpeed default 1000; "auto" -> train.yaml warmup).
+  {
+    const ConfigNode* n = p.child("warmup_num_steps");
+    if (!n || n->is_null()) {
+      s.warmup_num_steps = y_warm || y_ratio ? hf_warmup : 1000;
+    } else if (n->is_auto()) {
+      s.warmup_num_steps = hf_warmup;
+    } else {
+      s.warmup_num_steps = n->as_int();
+      if (s.warmup_num_steps < 0) throw n->error("must be >= 0");
+      if (y_warm && y_warm->as_int() > 0 && y_warm->as_int() != s.warmup_num_steps) {
+        contradiction(*n, std::to_string(s.warmup_num_steps), *y_warm, std::to_string(y_warm->as_int()), kSetAuto);
+      }
+      s.warmup_ratio = 0;
+    }
+  }
+  if (t == "WarmupLR" || t == "WarmupDecayLR") {
+    s.warmup_min_lr = resolve_value(p, "warmup_min_lr", nullptr, 0.0, 0.0);
+    // WarmupLR: null -> the optimizer's lr (DeepSpeed v0.17.2+); WarmupDecayLR: 0.001.
+    const ConfigNode* n = p.child("warmup_max_lr");
+    const ConfigNode* y_lr = yv("learning_rate");
+    if (!n || n->is_null()) {
+      s.warmup_max_lr = t == "WarmupLR" || y_lr ? lr : 0.001;
+    } else if (n->is_auto()) {
+      s.warmup_max_lr = lr;
+    } else {
+      s.warmup_max_lr = n->as_double();
+      if (y_lr && !same_number(s.warmup_max_lr, y_lr->as_double())) {
+        contradiction(*n, num_text(s.warmup_max_lr), *y_lr, num_text(y_lr->as_double()), kSetAuto);
+      }
+    }
+  } else {
+    s.warmup_min_ratio = p.get<double>("warmup_min_ratio", 0.0);
+    s.cos_min_ratio = p.get<double>("cos_min_ratio", 1e-4);
+    s.warmup_min_lr = 0;
+    s.warmup_max_lr = lr;
+  }
+  if (t == "WarmupDecayLR" || t == "WarmupCosineLR") {
+    const ConfigNode* n = p.child("total_num_steps");
+    const ConfigNode* y_max = yv("max_steps");
+    if (!n || n->is_null()) {
+      if (!y_max) {
+        throw ConfigError(sch->file(), join_key_path(sch->path(), "params.total_num_steps"),
+                          "is required by " + t + ": give a number, or \"auto\" (train.yaml max_steps, or the "
+                          "steps of num_train_epochs)");
+      }
+      s.total_num_steps = hf_total;
+    } else if (n->is_auto()) {
+      s.total_num_steps = hf_total;
+    } else {
+      s.total_num_steps = n->as_int();
+      if (s.total_num_steps <= 0) throw n->error("must be positive");
+      if (y_max && cfg.max_steps > 0 && cfg.max_steps != s.total_num_steps) {
+        contradiction(*n, std::to_string(s.total_num_steps), *y_max, std::to_string(cfg.max_steps), kSetAuto);
+      }
+    }
+    if (s.total_num_steps > 0 && s.warmup_num_steps > s.total_num_steps) {
+      diag.warnings.push_back(where(*sch) + ": total_num_steps " + std::to_string(s.total_num_steps) +
+                              " is less than warmup_num_steps " + std::to_string(s.warmup_num_steps) +
+                              " (DeepSpeed warns the same)");
+    }
+  }
+  if (const ConfigNode* n = p.child("warmup_type"); n && !n->is_null()) {
+    s.warmup_type = n->as_string();
+    if (s.warmup_type != "log" && s.warmup_type != "linear") {
+      throw n->error("is \"" + s.warmup_type + "\"; expected \"log\" (DeepSpeed's default) or \"linear\"");
+    }
+  }
+  if (const ConfigNode* n = p.child("last_batch_iteration"); n && !n->is_null() && n->as_int() != -1) {
+    throw n->error("must be -1 (memrt restores the schedule position from its checkpoints; resume with --resume)");
+  }
+  p.finish();
+  r.finish();
+}
+
+// ---- plugin sections ----------------------------------------------------------------------------
+
+void Loader::add_plugin(const std::string& name, std::string first_key, std::vector<std::string> keys,
+                        ConfigNode options) {
+  for (auto& p : cfg.plugins) {
+    if (p.name == name) {  // a second owner of the same built-in plugin: merge
+      for (const auto& m : options.members()) p.options.set(m.first, m.second);
+      p.config_keys.insert(p.config_keys.end(), keys.begin(), keys.end());
+      return;
+    }
+  }
+  PluginSpec spec;
+  spec.name = name;
+  spec.config_key = std::move(first_key);
+  spec.config_keys = std::move(keys);
+  spec.options = std::move(options);
+  cfg.plugins.push_back(std::move(spec));
+}
+
+void Loader::resolve_precision(const ConfigNode* fp16, const ConfigNode* bf16, const ConfigNode* dtypes) {
+  ConfigNode options = ConfigNode::object(ds_file, "");
+  std::vector<std::string> keys;
+  // enabled: "auto" -> train.yaml fp16 / bf16; a value must agree with an explicit train.yaml one.
+  const auto section = [&](const ConfigNode* sec, const char* name, const char* yaml_key, bool is_fp16) -> bool {
+    const ConfigNode* y_flag = yv(yaml_key);
+    if (y_flag && y_flag->is_auto()) {  // axolotl's `bf16: auto`: bf16 where the GPU supports it
+      diag.warnings.push_back(where(*y_flag) + " is \"auto\": resolved to false (memrt decides at config time, "
+                              "before any device is known); write true to train in " + yaml_key);
+      y_flag = nullptr;
+    }
+    const bool y_value = y_flag ? y_flag->as_bool() : false;
+    if (!sec || sec->is_null()) {
+      if (y_value) {
+        ConfigNode s = ConfigNode::object(y_flag->file(), name);
+        s.set("enabled", ConfigNode::boolean(true, y_flag->file(), y_flag->path()));
+        options.set(name, s);
+        keys.push_back(y_flag->file() + ": " + y_flag->path());
+      }
+      return y_value;
+    }
+    ConfigReader r(*sec, diag);
+    ConfigNode out = ConfigNode::object(sec->file(), sec->path());
+    bool enabled = false;
+    const ConfigNode* en = r.child("enabled");
+    if (en && en->is_auto()) {
+      enabled = y_value;
+    } else if (en && !en->is_null()) {
+      enabled = en->as_bool();
+      if (y_flag && y_flag->as_bool() != enabled) {
+        contradiction(*en, enabled ? "true" : "false", *y_flag, y_value ? "true" : "false", kSetAuto);
+      }
+    }
+    out.set("enabled", ConfigNode::boolean(enabled, en ? en->file() : sec->file(), join_key_path(sec->path(), "enabled")));
+    if (is_fp16) {
+      pass(r, out, "loss_scale", Ty::Num);
+      pass(r, out, "initial_scale_power", Ty::Int);
+      pass(r, out, "loss_scale_window", Ty::Int);
+      pass(r, out, "hysteresis", Ty::Int);
+      pass(r, out, "consecutive_hysteresis", Ty::Bool);
+      pass(r, out, "min_loss_scale", Ty::Num);
+      r.ignore("auto_cast", "memrt's model inputs are token ids; the precision plugin casts the model itself");
+      reject_if_true(r, "fp16_master_weights_and_grads", "memrt keeps fp32 master weights; to save memory use ZeRO or 8-bit optimizer states");
+    } else {
+      pass(r, out, "check_grad_overflow", Ty::Bool);
+      r.ignore("immediate_grad_update", "memrt accumulates gradients in the precision plugin's own way");
+      reject_if_true(r, "bf16_master_weights_and_grads", "memrt keeps fp32 master weights; to save memory use ZeRO or 8-bit optimizer states (optim: adamw_8bit)");
+      reject_if_true(r, "bf16_optimizer_states", "memrt keeps fp32 optimizer states; use optim: adamw_8bit for smaller states");
+    }
+    r.finish();
+    options.set(name, out);
+    keys.push_back(ds_file + ": " + sec->path());
+    return enabled;
+  };
+  const bool fp16_on = section(fp16, "fp16", "fp16", true);
+  const bool bf16_on = section(bf16, "bf16", "bf16", false);
+  if (fp16_on && bf16_on) {
+    // Name both sides, wherever each was switched on.
+    const auto side = [&](const ConfigNode* sec, const char* yaml_key) {
+      const ConfigNode* en = sec && sec->is_object() ? sec->find("enabled") : nullptr;
+      if (en && en->is_bool()) return where(*en);
+      const ConfigNode* yn = yv(yaml_key);
+      return yn ? where(*yn) : std::string(yaml_key);
+    };
+    throw ConfigError(ds_file.empty() ? yaml_file : ds_file, "fp16.enabled",
+                      "fp16 is enabled by " + side(fp16, "fp16") + " and bf16 by " + side(bf16, "bf16") +
+                          ": bfloat16 and fp16 modes cannot be simultaneously enabled; choose one");
+  }
+  cfg.compute_dtype = fp16_on ? "fp16" : bf16_on ? "bf16" : "fp32";
+  if (const ConfigNode* td = yv("torch_dtype")) {
+    const std::string v = td->as_string();
+    const std::string want = v == "bfloat16" ? "bf16" : v == "float16" ? "fp16" : v == "float32" ? "fp32" : v;
+    if (v != "auto" && want != cfg.compute_dtype) {
+      if (want != "bf16" && want != "fp16" && want != "fp32") {
+        throw td->error("is \"" + v + "\"; expected \"auto\", \"float32\", \"bfloat16\" or \"float16\"");
+      }
+      throw td->error("is \"" + v + "\" but the run trains in " + cfg.compute_dtype +
+                      " (set by bf16/fp16 in train.yaml or the ds_config): make them agree, e.g. bf16: true with "
+                      "torch_dtype: bfloat16");
+    }
+  }
+  if (dtypes && !dtypes->is_null()) {
+    ConfigReader r(*dtypes, diag);
+    ConfigNode out = ConfigNode::object(dtypes->file(), dtypes->path());
+    for (const char* key : {"grad_accum_dtype", "param_dtype"}) {
+      if (const ConfigNode* n = pass(r, out, key, Ty::Str)) {
+        if (n->as_string() != "fp32" && n->as_string() != "fp16" && n->as_string() != "bf16") {
+          throw n->error("is \"" + n->as_string() + "\"; expected \"fp32\", \"fp16\" or \"bf16\"");
+        }
+      }
+    }
+    if (const ConfigNode* n = out.find("param_dtype"); n && n->as_string() != cfg.compute_dtype) {
+      throw n->error("is \"" + n->as_string() + "\" but fp16/bf16 say the run trains in " + cfg.compute_dtype +
+                     ": they must agree (DeepSpeed asserts the same)");
+    }
+    r.ignore("buffer_dtype", "buffers keep the dtype the precision plugin gives them");
+    r.finish();
+    options.set("data_types", out);
+    keys.push_back(ds_file + ": " + dtypes->path());
+  }
+  if (!options.members().empty()) add_plugin("precision", keys.front(), keys, options);
+}
+
+int64_t Loader::model_width() const { return cfg.model.shape.d_model; }
+
+void Loader::resolve_zero(const ConfigNode* zero) {
+  if (!zero || zero->is_null()) return;
+  ConfigNode section = ConfigNode::object(zero->file(), zero->path());
+  if (zero->is_bool()) {  // legacy: true -> stage 1, false -> stage 0
+    section.set("stage", ConfigNode::number(zero->as_bool() ? 1 : 0, zero->file(), join_key_path(zero->path(), "stage")));
+    diag.warnings.push_back(where(*zero) + " is a boolean (deprecated DeepSpeed form): read as {\"stage\": " +
+                            std::string(zero->as_bool() ? "1" : "0") + "}; write a section with \"stage\" instead");
+    zero = &section;
+  }
+  ConfigReader r(*zero, diag);
+  ConfigNode out = ConfigNode::object(zero->file(), zero->path());
+  const ConfigNode* stage_node = pass(r, out, "stage", Ty::Int);
+  const int64_t stage = stage_node ? stage_node->as_int() : 0;
+  if (stage < 0 || stage > 3) throw stage_node->error("must be 0, 1, 2 or 3 (maximum supported ZeRO stage is 3)");
+  cfg.zero_stage = static_cast<int>(stage);
+
+  pass(r, out, "contiguous_gradients", Ty::Bool);
+  pass(r, out, "overlap_comm", Ty::Bool);
+  pass(r, out, "reduce_scatter", Ty::Bool);
+  pass(r, out, "allgather_partitions", Ty::Bool);
+  pass(r, out, "allgather_bucket_size", Ty::Int);
+  pass(r, out, "round_robin_gradients", Ty::Bool);
+  pass(r, out, "load_from_fp32_weights", Ty::Bool);
+  pass(r, out, "ignore_unused_parameters", Ty::Bool);
+  pass(r, out, "use_multi_rank_bucket_allreduce", Ty::Bool);
+  pass(r, out, "sub_group_size", Ty::Int);
+  pass(r, out, "stage3_max_live_parameters", Ty::Int);
+  pass(r, out, "max_live_parameters", Ty::Int, "stage3_max_live_parameters");
+  pass(r, out, "stage3_max_reuse_distance", Ty::Int);
+  pass(r, out, "max_reuse_distance", Ty::Int, "stage3_max_reuse_distance");
+  pass(r, out, "stage3_model_persistence_threshold", Ty::Int);
+  pass(r, out, "model_persistence_threshold", Ty::Int, "stage3_model_persistence_threshold");
+  pass(r, out, "stage3_gather_16bit_weights_on_model_save", Ty::Bool);
+  pass(r, out, "gather_16bit_weights_on_model_save", Ty::Bool, "stage3_gather_16bit_weights_on_model_save");
+  pass(r, out, "stage3_gather_fp16_weights_on_model_save", Ty::Bool, "stage3_gather_16bit_weights_on_model_save");
+  // Bucket sizes: "auto" -> from the model width h (Hugging Face: h*h, 0.9*h*h, 10*h).
+  const double h = static_cast<double>(model_width());
+  const auto bucket = [&](const char* key, const char* alias, double auto_value) {
+    for (const char* k : {key, alias}) {
+      if (!k) continue;
+      const ConfigNode* n = r.child(k);
+      if (!n || n->is_null()) continue;
+      if (out.contains(key)) throw n->error("gives '" + std::string(key) + "' a second time (alias): keep one");
+      if (n->is_auto()) {
+        out.set(key, ConfigNode::number(std::floor(auto_value), n->file(), n->path()));
+      } else {
+        check_type(*n, Ty::Int);
+        out.set(key, *n);
+      }
+    }
+  };
+  bucket("reduce_bucket_size", nullptr, h * h);
+  bucket("stage3_prefetch_bucket_size", "prefetch_bucket_size", 0.9 * h * h);
+  bucket("stage3_param_persistence_threshold", "param_persistence_threshold", 10 * h);
+
+  // Offload sections (and their legacy booleans).
+  const auto offload = [&](const char* key, const char* legacy, bool is_param) {
+    const ConfigNode* sec = r.child(key);
+    const ConfigNode* old = r.child(legacy);
+    if (old && !old->is_null()) {
+      if (sec && !sec->is_null()) {
+        throw old->error("cannot be given together with its replacement '" + sec->path() + "': keep " + key);
+      }
+      diag.warnings.push_back(where(*old) + " is deprecated: read as \"" + key + "\": {\"device\": \"" +
+                              (old->as_bool() ? "cpu" : "none") + "\"}");
+      ConfigNode o = ConfigNode::object(old->file(), join_key_path(zero->path(), key));
+      o.set("device", ConfigNode::string(old->as_bool() ? "cpu" : "none", old->file(), old->path()));
+      out.set(key, o);
+      return;
+    }
+    if (!sec || sec->is_null()) return;
+    ConfigReader o(*sec, diag);
+    ConfigNode oo = ConfigNode::object(sec->file(), sec->path());
+    const ConfigNode* device = pass(o, oo, "device", Ty::Str);
+    const std::string dev = device ? device->as_string() : "none";
+    if (dev == "nvme") {
+      throw device->error("is \"nvme\", which memrt does not support: offload to \"cpu\" (or \"none\")");
+    }
+    if (dev != "cpu" && dev != "none") throw device->error("is \"" + dev + "\"; expected \"cpu\" or \"none\"");
+    pass(o, oo, "pin_memory", Ty::Bool);
+    if (!is_param) {
+      pass(o, oo, "ratio", Ty::Num);
+      reject_if_true(o, "super_offload", "SuperOffload (Grace-Hopper); use device \"cpu\"");
+      o.ignore("cpuadam_cores_perc", "memrt's CPU optimizer uses the threads LibTorch is given");
+      for (const char* k : {"buffer_count", "pipeline_read", "pipeline_write", "fast_init"}) {
+        o.ignore(k, "an NVMe swapping setting; memrt offloads to CPU memory only");
+      }
+    } else {
+      for (const char* k : {"buffer_count", "buffer_size", "max_in_cpu"}) {
+        o.ignore(k, "an NVMe swapping setting; memrt offloads to CPU memory only");
+      }
+    }
+    if (const ConfigNode* np = o.child("nvme_path"); np && !np->is_null()) {
+      diag.warnings.push_back(where(*np) + " is accepted but ignored: device is \"" + dev + "\", not NVMe");
+    }
+    o.finish();
+    if (dev == "cpu" && stage == 0) {
+      throw device->error("is \"cpu\" but '" + (stage_node ? stage_node->path() : std::string("zero_optimization.stage")) +
+                          "' is 0: offloading needs ZeRO stage 1-3 (" + std::string(is_param ? "3" : "1, 2 or 3") + ")");
+    }
+    if (is_param && dev == "cpu" && stage < 3) {
+      throw device->error("is \"cpu\" but '" + (stage_node ? stage_node->path() : std::string("zero_optimization.stage")) +
+                          "' is " + std::to_string(stage) + ": parameter offload needs stage 3 (DeepSpeed silently "
+                          "ignores it below 3; memrt refuses instead)");
+    }
+    out.set(key, oo);
+  };
+  offload("offload_optimizer", "cpu_offload", false);
+  offload("offload_param", "cpu_offload_param", true);
+
+  for (const char* k : {"elastic_checkpoint", "log_trace_cache_warnings", "enable_sanity_checks",
+                        "memory_efficient_linear", "override_module_apply", "pipeline_loading_checkpoint",
+                        "stage3_module_granularity_threshold", "stage3_use_all_reduce_for_fetch_params",
+                        "stage3_allgather_sequential", "cpu_offload_use_pin_memory",
+                        "save_muon_momentum_buffer_in_memory"}) {
+    r.ignore(k, "a DeepSpeed implementation detail with no counterpart in memrt");
+  }
+  reject_if_true(r, "legacy_stage1", "legacy stage 1 was removed from DeepSpeed too; use \"stage\": 1");
+  reject_if_true(r, "zero_quantized_weights", "ZeRO++ quantized weights; memrt gathers full-precision weights");
+  reject_if_true(r, "zero_quantized_gradients", "ZeRO++ quantized gradients; memrt reduces full-precision gradients");
+  reject_if_true(r, "zero_quantized_nontrainable_weights", "use train.yaml load_in_4bit for frozen 4-bit base weights");
+  reject_if_true(r, "mics_hierarchical_params_gather", "MiCS; memrt partitions over all data-parallel ranks");
+  if (const ConfigNode* n = r.child("zero_hpz_partition_size"); n && !n->is_null() && n->as_int() > 1) {
+    throw n->error("is not supported by memrt (ZeRO++ hierarchical partitioning): remove it or set 1");
+  }
+  if (const ConfigNode* n = r.child("mics_shard_size"); n && !n->is_null() && n->as_int() > 0) {
+    throw n->error("is not supported by memrt (MiCS): partitions span all data-parallel ranks; remove it or set -1");
+  }
+  for (const char* k : {"zeropp_loco_param", "zenflow", "leaf_module"}) {
+    if (const ConfigNode* n = r.child(k); n && !n->is_null()) {
+      throw n->error("is not supported by memrt: use plain ZeRO stages 1-3 with optional CPU offload");
+    }
+  }
+  if (const ConfigNode* n = r.child("aio")) {
+    throw n->error("is misplaced: 'aio' is a top-level ds_config section (and memrt needs no NVMe I/O settings)");
+  }
+  r.finish();
+  ConfigNode options = ConfigNode::object(zero->file(), "");
+  options.set("zero_optimization", out);
+  add_plugin("zero", "zero_optimization", {ds_file + ": zero_optimization"}, options);
+}
+
+void Loader::resolve_checkpoint(const ConfigNode* ac) {
+  const ConfigNode* y_gc = yv("gradient_checkpointing");
+  const ConfigNode* y_kw = yv("gradient_checkpointing_kwargs");
+  const bool has_section = ac && !ac->is_null();
+  if (!has_section && !(y_gc && y_gc->as_bool()) ) {
+    if (y_kw) diag.warnings.push_back(where(*y_kw) + " is accepted but ignored: gradient_checkpointing is off");
+    return;
+  }
+  ConfigNode options = ConfigNode::object(has_section ? ac->file() : yaml_file, "");
+  std::vector<std::string> keys;
+  if (has_section) {
+    ConfigReader r(*ac, diag);
+    ConfigNode out = ConfigNode::object(ac->file(), ac->path());
+    pass(r, out, "cpu_checkpointing", Ty::Bool);
+    pass(r, out, "profile", Ty::Bool);
+    if (const ConfigNode* n = r.child("partition_activations"); n && !n->is_null() && n->as_bool()) {
+      diag.warnings.push_back(where(*n) + " is accepted but ignored: it partitions over model-parallel ranks, "
+                              "and memrt has none (DeepSpeed saves nothing with pure data parallelism either)");
+    }
+    r.ignore("contiguous_memory_optimization", "memrt's recompute keeps no contiguous checkpoint buffers");
+    r.ignore("number_checkpoints", "memrt's recompute keeps no contiguous checkpoint buffers");
+    r.ignore("synchronize_checkpoint_boundary", "a device synchronisation for timing; not needed");
+    r.finish();
+    options.set("activation_checkpointing", out);
+    keys.push_back(ds_file + ": " + ac->path());
+  }
+  // On when train.yaml says so, or when the section is present and train.yaml does not say no.
+  const bool on = y_gc ? y_gc->as_bool() : true;
+  options.set("gradient_checkpointing",
+              ConfigNode::boolean(on, y_gc ? y_gc->file() : ac->file(), y_gc ? y_gc->path() : ac->path()));
+  if (y_gc) keys.push_back(y_gc->file() + ": " + y_gc->path());
+  if (y_kw) {
+    if (!y_kw->is_object()) throw y_kw->error("expected a map (e.g. use_reentrant: false), found " + y_kw->describe());
+    options.set("gradient_checkpointing_kwargs", *y_kw);
+    keys.push_back(y_kw->file() + ": " + y_kw->path());
+  }
+  add_plugin("checkpoint", keys.front(), keys, options);
+}
+
+void Loader::resolve_lora_and_quant() {
+  // ---- 4-bit base weights (bitsandbytes keys; LLaMA-Factory quantization_bit) ----
+  const ConfigNode* q4 = yv("load_in_4bit");
+  const ConfigNode* qbit = yv("quantization_bit");
+  if (const ConfigNode* q8 = yv("load_in_8bit"); q8 && q8->as_bool()) {
+    throw q8->error("is not supported by memrt (LLM.int8 weights): use load_in_4bit (NF4/FP4) for frozen base weights");
+  }
+  if (const ConfigNode* m = yv("quantization_method"); m && m->as_string() != "bnb") {
+    throw m->error("is \"" + m->as_string() + "\", which memrt does not support: use \"bnb\" (bitsandbytes-style NF4/FP4)");
+  }
+  bool load4 = q4 && q4->as_bool();
+  if (qbit) {
+    if (qbit->as_int() != 4) throw qbit->error("is " + std::to_string(qbit->as_int()) + "; memrt supports 4 (NF4/FP4 weights)");
+    if (q4 && !q4->as_bool()) {
+      throw ConfigError(qbit->file(), qbit->path(), "is 4 but " + where(*q4) + " is false: remove one");
+    }
+    load4 = true;
+  }
+  ConfigNode qopts = ConfigNode::object(yaml_file, "");
+  std::vector<std::string> qkeys;
+  const char* bnb_keys[] = {"bnb_4bit_quant_type", "bnb_4bit_use_double_quant", "bnb_4bit_compute_dtype"};
+  if (load4) {
+    const ConfigNode* src_node = q4 ? q4 : qbit;
+    qopts.set("load_in_4bit", ConfigNode::boolean(true, src_node->file(), src_node->path()));
+    qkeys.push_back(src_node->file() + ": " + src_node->path());
+    for (const char* k : bnb_keys) {
+      if (const ConfigNode* n = yv(k)) {
+        check_type(*n, std::string(k) == "bnb_4bit_use_double_quant" ? Ty::Bool : Ty::Str);
+        qopts.set(k, *n);
+        qkeys.push_back(n->file() + ": " + n->path());
+      }
+    }
+    add_plugin("quant", qkeys.front(), qkeys, qopts);
+  } else {
+    for (const char* k : bnb_keys) {
+      if (const ConfigNode* n = yv(k)) {
+        diag.warnings.push_back(where(*n) + " is accepted but ignored: load_in_4bit is not true");
+      }
+    }
+  }
+
+  // ---- LoRA: on when use_peft / adapter / finetuning_type say so, or when LoRA keys are given
+  // without any switch.
+  std::optional<bool> lora_switch;
+  const ConfigNode* switch_node = nullptr;
+  if (const ConfigNode* n = yv("use_peft")) {
+    lora_switch = n->as_bool();
+    switch_node = n;
+  }
+  if (const ConfigNode* n = yv("adapter")) {
+    const std::string a = n->as_string();
+    if (a != "lora" && a != "qlora") throw n->error("is \"" + a + "\"; memrt supports \"lora\" and \"qlora\"");
+    if (a == "qlora" && !load4) {
+      throw n->error("is \"qlora\" but load_in_4bit is not true: QLoRA trains adapters on 4-bit base weights; set load_in_4bit: true");
+    }
+    if (lora_switch && !*lora_switch) {
+      throw ConfigError(n->file(), n->path(), "is \"" + a + "\" but " + where(*switch_node) + " is false: remove one");
+    }
+    lora_switch = true;
+    switch_node = n;
+  }
+  if (const ConfigNode* n = yv("finetuning_type")) {
+    const std::string f = n->as_string();
+    if (f != "lora" && f != "full") {
+      throw n->error("is \"" + f + "\"; memrt supports \"lora\" and \"full\" (freezing layers is not supported)");
+    }
+    if (lora_switch && *lora_switch != (f == "lora")) {
+      throw ConfigError(n->file(), n->path(), "is \"" + f + "\" but " + where(*switch_node) + " says otherwise: remove one");
+    }
+    lora_switch = f == "lora";
+    switch_node = n;
+  }
+  ConfigNode lopts = ConfigNode::object(yaml_file, "");
+  std::vector<std::string> lkeys;
+  if (switch_node) lkeys.push_back(switch_node->file() + ": " + switch_node->path());
+  const auto take = [&](const char* key, Ty t) {
+    if (const ConfigNode* n = yv(key)) {
+      check_type(*n, t);
+      lopts.set(key, *n);
+      lkeys.push_back(n->file() + ": " + n->path());
+    }
+  };
+  take("lora_r", Ty::Int);
+  take("lora_alpha", Ty::Num);
+  take("lora_dropout", Ty::Num);
+  take("lora_model_dir", Ty::Str);
+  // Target modules: a list, "all" (LLaMA-Factory) / lora_target_linear: true (axolotl) -> "all-linear"
+  // (PEFT's spelling), or a comma-separated string.
+  const ConfigNode* tm = yv("lora_target_modules");
+  const ConfigNode* tt = yv("lora_target");
+  const ConfigNode* tl = yv("lora_target_linear");
+  const ConfigNode* given = nullptr;
+  for (const ConfigNode* n : {tm, tt, tl}) {
+    if (!n || (n == tl && !n->as_bool())) continue;
+    if (given) throw ConfigError(n->file(), n->path(), "and " + where(*given) + " both choose the LoRA target modules: keep one");
+    given = n;
+  }
+  if (given) {
+    ConfigNode value = *given;
+    if (given == tl) {
+      value = ConfigNode::string("all-linear", given->file(), given->path());
+    } else if (given->is_string()) {
+      const std::string s = given->as_string();
+      if (s == "all" || s == "all-linear") {
+        value = ConfigNode::string("all-linear", given->file(), given->path());
+      } else {
+        value = ConfigNode::array(given->file(), given->path());
+        size_t start = 0;
+        while (start <= s.size()) {
+          size_t comma = s.find(',', start);
+          if (comma == std::string::npos) comma = s.size();
+          std::string name = s.substr(start, comma - start);
+          name.erase(0, name.find_first_not_of(' '));
+          name.erase(name.find_last_not_of(' ') + 1);
+          if (!name.empty()) value.push_back(ConfigNode::string(name, given->file(), given->path()));
+          start = comma + 1;
+        }
+      }
+    } else {
+      for (const auto& item : given->as_array()) item.as_string();
+    }
+    lopts.set("lora_target_modules", value);
+    lkeys.push_back(given->file() + ": " + given->path());
+  }
+  const bool has_lora_keys = !lopts.members().empty();
+  const bool lora_on = lora_switch.value_or(has_lora_keys);
+  if (lora_on) {
+    add_plugin("lora", lkeys.front(), lkeys, lopts);
+  } else if (has_lora_keys) {
+    diag.warnings.push_back(where(*switch_node) + " turns LoRA off: the lora_* keys are ignored");
+  }
+  if (load4 && !lora_on) {
+    const ConfigNode* src_node = q4 ? q4 : qbit;
+    throw src_node->error("freezes the base weights in 4 bits, but LoRA is off, so nothing would train: add "
+                          "LoRA (use_peft: true or adapter: qlora, with lora_r) or remove it");
+  }
+}
+
+void Loader::resolve_plugins(const ConfigNode* plugins) {
+  if (!plugins || plugins->is_null()) return;
+  const fs::path base = fs::path(ds_file).parent_path();
+  std::set<std::string> names;
+  size_t i = 0;
+  for (const auto& entry : plugins->as_array()) {
+    ConfigReader r(entry, diag);
+    const std::string name = r.required<std::string>("name");
+    const std::string library = r.required<std::string>("library");
+    const ConfigNode* options = r.child("options");
+    r.finish();
+    if (name.empty()) throw ConfigError(entry.file(), join_key_path(entry.path(), "name"), "must not be empty");
+    static const std::set<std::string> builtin = {"precision", "zero", "quant", "lora", "checkpoint"};
+    if (builtin.count(name)) {
+      throw ConfigError(entry.file(), join_key_path(entry.path(), "name"),
+                        "is \"" + name + "\", the name of a built-in plugin configured by its own section; choose another name");
+    }
+    if (!names.insert(name).second) {
+      throw ConfigError(entry.file(), join_key_path(entry.path(), "name"), "is \"" + name + "\" a second time: each plugin is listed once");
+    }
+    if (options && !options->is_null() && !options->is_object()) {
+      throw options->error("expected an object of the plugin's own keys, found " + options->describe());
+    }
+    PluginSpec spec;
+    spec.name = name;
+    fs::path lib(library);
+    spec.library = lib.is_absolute() || library.empty() ? library : (base / lib).lexically_normal().string();
+    spec.config_key = "plugins[" + std::to_string(i) + "]";
+    spec.config_keys = {ds_file + ": " + entry.path()};
+    spec.options = options && !options->is_null() ? *options : ConfigNode::object(entry.file(), join_key_path(entry.path(), "options"));
+    cfg.plugins.push_back(std::move(spec));
+    ++i;
+  }
+}
+
+// ---- model and data -----------------------------------------------------------------------------
+
+void Loader::resolve_model_and_data() {
+  const ConfigNode* path = yv("model_name_or_path");
+  const ConfigNode* block = yv("model");
+  const ConfigNode* bs = yv("block_size");
+  if (path && block) {
+    throw ConfigError(block->file(), block->path(),
+                      "and " + where(*path) + " both describe the model: use a model block (random init) or "
+                      "model_name_or_path (a local Hugging Face checkpoint directory), not both");
+  }
+  ModelShape& m = cfg.model.shape;
+  if (path) {
+    cfg.model.name_or_path = path->as_string();
+    std::error_code ec;
+    if (!fs::is_directory(cfg.model.name_or_path, ec)) {
+      throw path->error("is \"" + cfg.model.name_or_path + "\", which is not a local directory: memrt loads Hugging "
+                        "Face checkpoint directories (config.json + safetensors) from disk and does not download; "
+                        "download it first (e.g. huggingface-cli download ... --local-dir DIR) and name DIR");
+    }
+    // The shape comes from config.json (read by the model loader); the width is needed here for
+    // ZeRO's "auto" bucket sizes.
+    const fs::path cj = fs::path(cfg.model.name_or_path) / "config.json";
+    if (fs::exists(cj, ec)) {
+      const ConfigNode hf = parse_json_file(cj.string());
+      for (const char* k : {"hidden_size", "n_embd", "d_model"}) {
+        if (const ConfigNode* n = hf.find(k); n && n->is_number()) {
+          m.d_model = n->as_int();
+          break;
+        }
+      }
+    }
+  } else if (block) {
+    ConfigReader r(*block, diag);
+    m.arch = r.get<std::string>("arch", "gpt2");
+    if (m.arch != "gpt2" && m.arch != "llama") {
+      throw ConfigError(block->file(), join_key_path(block->path(), "arch"),
+                        "is \"" + m.arch + "\"; memrt's built-in architectures are \"gpt2\" and \"llama\"");
+    }
+    const bool llama = m.arch == "llama";
+    m.n_layer = r.get<int64_t>("n_layer", m.n_layer);
+    m.n_head = r.get<int64_t>("n_head", m.n_head);
+    m.n_kv_head = r.get<int64_t>("n_kv_head", m.n_head);
+    m.d_model = r.get<int64_t>("d_model", m.d_model);
+    // MLP width: GPT-2 4*C; Llama 8/3*C rounded up to a multiple of 256 (Meta's rule).
+    const int64_t ff_default = llama ? ((8 * m.d_model / 3 + 255) / 256) * 256 : 4 * m.d_model;
+    m.d_ff = r.get<int64_t>("d_ff", ff_default);
+    m.vocab_size = r.get<int64_t>("vocab_size", m.vocab_size);
+    const ConfigNode* n_ctx = r.child("n_ctx");
+    m.norm_eps = r.get<double>("norm_eps", m.norm_eps);
+    m.rope_theta = r.get<double>("rope_theta", m.rope_theta);
+    m.tie_embeddings = r.get<bool>("tie_embeddings", !llama);  // GPT-2 ties; Llama does not
+    cfg.model.init_std = r.get<double>("init_std", cfg.model.init_std);
+    r.finish();
+    const auto positive = [&](const char* key, int64_t v) {
+      if (v <= 0) throw ConfigError(block->file(), join_key_path(block->path(), key), "must be positive, got " + std::to_string(v));
+    };
+    positive("n_layer", m.n_layer);
+    positive("n_head", m.n_head);
+    positive("n_kv_head", m.n_kv_head);
+    positive("d_model", m.d_model);
+    positive("d_ff", m.d_ff);
+    positive("vocab_size", m.vocab_size);
+    if (m.d_model % m.n_head != 0) {
+      throw ConfigError(block->file(), join_key_path(block->path(), "n_head"),
+                        "is " + std::to_string(m.n_head) + ", which does not divide d_model " + std::to_string(m.d_model));
+    }
+    if (m.n_head % m.n_kv_head != 0) {
+      throw ConfigError(block->file(), join_key_path(block->path(), "n_kv_head"),
+                        "is " + std::to_string(m.n_kv_head) + ", which does not divide n_head " + std::to_string(m.n_head));
+    }
+    if (!llama && m.n_kv_head != m.n_head) {
+      throw ConfigError(block->file(), join_key_path(block->path(), "n_kv_head"),
+                        "differs from n_head, but GPT-2 has no grouped-query attention: use arch: llama or remove it");
+    }
+    if (llama && m.head_dim() % 2 != 0) {
+      throw ConfigError(block->file(), join_key_path(block->path(), "d_model"), "gives an odd head size; RoPE needs an even one");
+    }
+    if (m.norm_eps <= 0) throw ConfigError(block->file(), join_key_path(block->path(), "norm_eps"), "must be positive");
+    if (cfg.model.init_std <= 0) throw ConfigError(block->file(), join_key_path(block->path(), "init_std"), "must be positive");
+    if (n_ctx && !n_ctx->is_null()) {
+      m.n_ctx = n_ctx->as_int();
+      positive("n_ctx", m.n_ctx);
+    } else if (bs) {
+      m.n_ctx = bs->as_int();  // the context the data asks for
+    }
+    if (bs && bs->as_int() > m.n_ctx) {
+      throw ConfigError(bs->file(), bs->path(), "is " + std::to_string(bs->as_int()) + " but " +
+                        where(*n_ctx) + " is " + std::to_string(m.n_ctx) + ": a sample cannot be longer than the model's context");
+    }
+  }
+  cfg.data.block_size = bs ? bs->as_int() : (block ? m.n_ctx : cfg.data.block_size);
+  if (cfg.data.block_size <= 0) throw bs->error("must be positive");
+  if (const ConfigNode* f = yv("train_file")) {
+    cfg.data.train_file = f->as_string();
+    std::error_code ec;
+    if (!fs::exists(cfg.data.train_file, ec)) {
+      throw f->error("is \"" + cfg.data.train_file + "\", which does not exist (relative paths are relative to the "
+                     "current directory); leave train_file out to use the built-in corpus");
+    }
+  }
+}
+
+}  // namespace
+
+TrainConfig load_train_config(const ConfigSources& sources) {
+  Loader loader(sources);
+  loader.run();
+  return std::move(loader.cfg);
+}
+
+std::string resolved_config_json(const TrainConfig& cfg) {
+  const auto num = [](double v) { return ConfigNode::number(v); };
+  const auto str = [](const std::string& v) { return ConfigNode::string(v); };
+  ConfigNode root = ConfigNode::object();
+  root.set("ds_config", str(cfg.ds_config_path));
+  root.set("train_yaml", str(cfg.train_yaml_path));
+  ConfigNode batch = ConfigNode::object();
+  batch.set("train_batch_size", num(static_cast<double>(cfg.train_batch_size)));
+  batch.set("train_micro_batch_size_per_gpu", num(static_cast<double>(cfg.micro_batch_size)));
+  batch.set("gradient_accumulation_steps", num(static_cast<double>(cfg.grad_accum_steps)));
+  batch.set("world_size", num(cfg.world_size));
+  batch.set("equation", str(batch_equation({cfg.train_batch_size, cfg.micro_batch_size, cfg.grad_accum_steps}, cfg.world_size)));
+  root.set("batch", batch);
+  root.set("gradient_clipping", num(cfg.gradient_clipping));
+  root.set("steps_per_print", num(static_cast<double>(cfg.steps_per_print)));
+  root.set("max_steps", num(static_cast<double>(cfg.max_steps)));
+  root.set("num_train_epochs", num(cfg.num_train_epochs));
+  root.set("save_steps", num(static_cast<double>(cfg.save_steps)));
+  root.set("output_dir", str(cfg.output_dir));
+  root.set("seed", num(static_cast<double>(cfg.seed)));
+  root.set("compute_dtype", str(cfg.compute_dtype));
+  root.set("zero_stage", num(cfg.zero_stage));
+
+  const OptimizerConfig& o = cfg.optimizer;
+  ConfigNode opt = ConfigNode::object();
+  opt.set("type", str(o.type));
+  opt.set("lr", num(o.lr));
+  opt.set("weight_decay", num(o.weight_decay));
+  if (o.type == "SGD") {
+    opt.set("momentum", num(o.momentum));
+    opt.set("dampening", num(o.dampening));
+    opt.set("nesterov", ConfigNode::boolean(o.nesterov));
+  } else {
+    ConfigNode betas = ConfigNode::array();
+    betas.push_back(num(o.beta1));
+    betas.push_back(num(o.beta2));
+    opt.set("betas", betas);
+    opt.set("eps", num(o.eps));
+    opt.set("bias_correction", ConfigNode::boolean(o.bias_correction));
+    opt.set("adam_w_mode", ConfigNode::boolean(o.adam_w_mode));
+  }
+  root.set("optimizer", opt);
+
+  const SchedulerConfig& s = cfg.scheduler;
+  ConfigNode sch = ConfigNode::object();
+  sch.set("type", str(s.type.empty() ? "constant" : s.type));
+  sch.set("warmup_min_lr", num(s.warmup_min_lr));
+  sch.set("warmup_max_lr", num(s.warmup_max_lr));
+  sch.set("warmup_num_steps", num(static_cast<double>(s.warmup_num_steps)));
+  if (s.warmup_num_steps < 0) sch.set("warmup_ratio", num(s.warmup_ratio));
+  sch.set("warmup_type", str(s.warmup_type));
+  sch.set("total_num_steps", num(static_cast<double>(s.total_num_steps)));
+  if (s.type == "WarmupCosineLR") {
+    sch.set("warmup_min_ratio", num(s.warmup_min_ratio));
+    sch.set("cos_min_ratio", num(s.cos_min_ratio));
+  }
+  root.set("scheduler", sch);
+
+  ConfigNode model = ConfigNode::object();
+  if (!cfg.model.name_or_path.empty()) {
+    model.set("name_or_path", str(cfg.model.name_or_path));
+  } else {
+    const ModelShape& m = cfg.model.shape;
+    model.set("arch", str(m.arch));
+    model.set("n_layer", num(static_cast<double>(m.n_layer)));
+    model.set("n_head", num(static_cast<double>(m.n_head)));
+    model.set("n_kv_head", num(static_cast<double>(m.n_kv_head)));
+    model.set("d_model", num(static_cast<double>(m.d_model)));
+    model.set("d_ff", num(static_cast<double>(m.d_ff)));
+    model.set("vocab_size", num(static_cast<double>(m.vocab_size)));
+    model.set("n_ctx", num(static_cast<double>(m.n_ctx)));
+    model.set("norm_eps", num(m.norm_eps));
+    model.set("rope_theta", num(m.rope_theta));
+    model.set("tie_embeddings", ConfigNode::boolean(m.tie_embeddings));
+    model.set("init_std", num(cfg.model.init_std));
+  }
+  root.set("model", model);
+  ConfigNode data = ConfigNode::object();
+  data.set("train_file", str(cfg.data.train_file.empty() ? "(built-in corpus)" : cfg.data.train_file));
+  data.set("block_size", num(static_cast<double>(cfg.data.block_size)));
+  root.set("data", data);
+
+  ConfigNode plugins = ConfigNode::array();
+  for (const auto& p : cfg.plugins) {
+    ConfigNode e = ConfigNode::object();
+    e.set("name", str(p.name));
+    e.set("library", str(p.library.empty() ? "(built-in)" : p.library));
+    ConfigNode keys = ConfigNode::array();
+    for (const auto& k : p.config_keys) keys.push_back(str(k));
+    e.set("config_keys", keys);
+    e.set("options", p.options);
+    plugins.push_back(e);
+  }
+  root.set("plugins", plugins);
+  ConfigNode warnings = ConfigNode::array();
+  for (const auto& w : cfg.warnings) warnings.push_back(str(w));
+  root.set("warnings", warnings);
+  return root.to_json(2) + "\n";
+}
+
+}  // namespace memrt

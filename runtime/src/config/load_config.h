@@ -1,0 +1,29 @@
+// Loading a run's configuration: ds_config.json (DeepSpeed's schema and semantics) + train.yaml
+// (Hugging Face TrainingArguments names and common aliases) + command-line overrides, resolved
+// into one TrainConfig. Every key is supported, accepted with one warning, or an error; see
+// docs/configuration.md for the tables.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "config/train_config.h"
+
+namespace memrt {
+
+struct ConfigSources {
+  std::string ds_config_path;   // may be empty: no ds_config (or train.yaml's `deepspeed:` key)
+  std::string train_yaml_path;  // may be empty: no train.yaml
+  std::vector<std::string> overrides;  // the command-line words after the yaml: "--max_steps=20" or "--max_steps" "20"
+  int world_size = 1;                  // data-parallel ranks
+};
+
+// Reads, validates and resolves both files and the overrides. Throws ConfigError naming the file,
+// the key path, what was expected and how to fix it.
+TrainConfig load_train_config(const ConfigSources& sources);
+
+// What `launcher --print-config` prints: the resolved values (batch triple with its equation and N,
+// optimizer, scheduler, model, data, plugins with their options, warnings) as pretty JSON.
+std::string resolved_config_json(const TrainConfig& cfg);
+
+}  // namespace memrt

@@ -1,0 +1,496 @@
+// load_train_config: DeepSpeed's semantics where the ds_config speaks, Hugging Face's where
+// train.yaml speaks. Expected values are derived by hand from reference/deepspeed.md and Hugging
+// Face's TrainingArguments defaults (cited beside each).
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "config/batch_triple.h"
+#include "load_helper.h"
+
+using namespace memrt;
+using namespace memrt::test;
+
+// ---- the batch triple, deepspeed.md §1.1, row by row --------------------------------------------
+
+TEST(BatchTriple, DerivationTableRowByRow) {
+  BatchTriple b;
+  // all three: only asserted
+  EXPECT_EQ(derive_batch_triple(32, 4, 4, 2, b), "");
+  EXPECT_EQ(b.train_batch_size, 32);
+  // TBS, MBS: GAS = (TBS // MBS) // N
+  EXPECT_EQ(derive_batch_triple(64, 4, std::nullopt, 4, b), "");
+  EXPECT_EQ(b.grad_accum_steps, 4);
+  // TBS, GAS: MBS = (TBS // N) // GAS
+  EXPECT_EQ(derive_batch_triple(64, std::nullopt, 2, 4, b), "");
+  EXPECT_EQ(b.micro_batch_size, 8);
+  // MBS, GAS: TBS = MBS * GAS * N
+  EXPECT_EQ(derive_batch_triple(std::nullopt, 3, 5, 2, b), "");
+  EXPECT_EQ(b.train_batch_size, 30);
+  // TBS only: GAS = 1, MBS = TBS // N
+  EXPECT_EQ(derive_batch_triple(48, std::nullopt, std::nullopt, 3, b), "");
+  EXPECT_EQ(b.grad_accum_steps, 1);
+  EXPECT_EQ(b.micro_batch_size, 16);
+  // MBS only: GAS = 1, TBS = MBS * N
+  EXPECT_EQ(derive_batch_triple(std::nullopt, 6, std::nullopt, 4, b), "");
+  EXPECT_EQ(b.train_batch_size, 24);
+  EXPECT_EQ(b.grad_accum_steps, 1);
+  // GAS only / none
+  EXPECT_NE(derive_batch_triple(std::nullopt, std::nullopt, 4, 1, b).find("either train_batch_size or train_micro_batch_size_per_gpu"), std::string::npos);
+  EXPECT_NE(derive_batch_triple(std::nullopt, std::nullopt, std::nullopt, 1, b).find("needs to be provided"), std::string::npos);
+}
+
+TEST(BatchTriple, FloorDivisionIsCaughtByTheProductRule) {
+  BatchTriple b;
+  // The reference's example: TBS=10, MBS=3, N=1 -> GAS=3 -> 10 != 3 * 3 * 1.
+  EXPECT_EQ(derive_batch_triple(10, 3, std::nullopt, 1, b),
+            "train_batch_size is not equal to micro_batch_per_gpu * gradient_acc_step * world_size: 10 != 3 * 3 * 1");
+  EXPECT_EQ(derive_batch_triple(16, 8, 1, 1, b),
+            "train_batch_size is not equal to micro_batch_per_gpu * gradient_acc_step * world_size: 16 != 8 * 1 * 1");
+}
+
+TEST(BatchTriple, ZeroAfterDerivationIsAnError) {
+  BatchTriple b;
+  EXPECT_NE(derive_batch_triple(1, std::nullopt, std::nullopt, 2, b).find("train_micro_batch_size_per_gpu: 0 has to be greater than 0"), std::string::npos);
+  EXPECT_NE(derive_batch_triple(4, 8, std::nullopt, 1, b).find("gradient_accumulation_steps: 0 has to be greater than 0"), std::string::npos);
+  EXPECT_NE(derive_batch_triple(std::nullopt, 4, 1, 0, b).find("world size must be positive"), std::string::npos);
+}
+
+TEST(Batch, WorldSizeEntersTheRule) {
+  const std::string ds = R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 16})";
+  const TrainConfig two = load(ds, "max_steps: 5\n", {}, 2);
+  EXPECT_EQ(two.grad_accum_steps, 1);
+  const TrainConfig one = load(ds, "max_steps: 5\n", {}, 1);
+  EXPECT_EQ(one.grad_accum_steps, 2);  // (32 // 16) // 1
+}
+
+TEST(Batch, AutoFromTrainYamlAndHuggingFaceDefaults) {
+  const std::string ds = R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+                             "gradient_accumulation_steps": "auto"})";
+  const TrainConfig c = load(ds, "per_device_train_batch_size: 4\ngradient_accumulation_steps: 3\n", {}, 2);
+  EXPECT_EQ(c.micro_batch_size, 4);
+  EXPECT_EQ(c.grad_accum_steps, 3);
+  EXPECT_EQ(c.train_batch_size, 24);  // world_size * per_device * GAS
+  const TrainConfig d = load(ds, "max_steps: 3\n", {}, 1);
+  EXPECT_EQ(d.micro_batch_size, 8);  // TrainingArguments.per_device_train_batch_size default
+  EXPECT_EQ(d.grad_accum_steps, 1);
+  EXPECT_EQ(d.train_batch_size, 8);
+}
+
+TEST(Batch, AliasesFromOtherTools) {
+  const TrainConfig c = load("", "micro_batch_size: 2\ngradient_accumulation_steps: 4\nnum_epochs: 2\n"
+                                 "sequence_len: 64\nlr_scheduler: cosine\noptimizer: adamw_torch\n");
+  EXPECT_EQ(c.micro_batch_size, 2);
+  EXPECT_EQ(c.train_batch_size, 8);
+  EXPECT_DOUBLE_EQ(c.num_train_epochs, 2.0);
+  EXPECT_EQ(c.data.block_size, 64);
+  EXPECT_EQ(c.scheduler.type, "cosine");
+  EXPECT_EQ(c.optimizer.type, "AdamW");
+}
+
+// ---- the shipped configs ------------------------------------------------------------------------
+
+TEST(Shipped, MainJob) {
+  ConfigSources s;
+  s.ds_config_path = source("configs/ds_config.json");
+  s.train_yaml_path = source("configs/train.yaml");
+  const TrainConfig c = load_train_config(s);
+  EXPECT_EQ(c.micro_batch_size, 16);
+  EXPECT_EQ(c.grad_accum_steps, 1);
+  EXPECT_EQ(c.train_batch_size, 16);
+  EXPECT_EQ(c.max_steps, 200);
+  EXPECT_EQ(c.steps_per_print, 10);
+  EXPECT_DOUBLE_EQ(c.gradient_clipping, 1.0);
+  EXPECT_EQ(c.optimizer.type, "AdamW");
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 1e-3);
+  EXPECT_DOUBLE_EQ(c.optimizer.weight_decay, 0.1);
+  EXPECT_EQ(c.scheduler.type, "WarmupCosineLR");
+  EXPECT_EQ(c.scheduler.warmup_num_steps, 20);
+  EXPECT_EQ(c.scheduler.total_num_steps, 200);
+  EXPECT_EQ(c.scheduler.warmup_type, "linear");
+  EXPECT_EQ(c.model.shape.arch, "gpt2");
+  EXPECT_EQ(c.model.shape.n_layer, 4);
+  EXPECT_EQ(c.model.shape.n_head, 4);
+  EXPECT_EQ(c.model.shape.d_model, 256);
+  EXPECT_EQ(c.model.shape.d_ff, 1024);
+  EXPECT_EQ(c.model.shape.vocab_size, 256);
+  EXPECT_EQ(c.model.shape.n_ctx, 128);
+  EXPECT_EQ(c.data.block_size, 128);
+  EXPECT_TRUE(c.data.train_file.empty());
+  EXPECT_EQ(c.output_dir, "output/main");
+  EXPECT_EQ(c.compute_dtype, "fp32");
+  EXPECT_TRUE(c.plugins.empty());
+  EXPECT_TRUE(c.warnings.empty());
+}
+
+TEST(Shipped, EveryExampleLoads) {
+  struct Pair { const char* ds; const char* yaml; int n; };
+  for (const Pair& p : {Pair{"configs/ds_config.json", "configs/train_llama.yaml", 1},
+                        Pair{"configs/ds_auto.json", "configs/train_hf.yaml", 1},
+                        Pair{"configs/ds_zero0_2rank.json", "configs/train.yaml", 2},
+                        Pair{"configs/ds_zero3_offload.json", "configs/train_llama.yaml", 1},
+                        Pair{"configs/ds_fp16.json", "configs/train_llama.yaml", 1}}) {
+    SCOPED_TRACE(std::string(p.ds) + " + " + p.yaml);
+    ConfigSources s;
+    s.ds_config_path = source(p.ds);
+    s.train_yaml_path = source(p.yaml);
+    s.world_size = p.n;
+    TrainConfig c;
+    ASSERT_NO_THROW(c = load_train_config(s));
+    EXPECT_EQ(c.train_batch_size, c.micro_batch_size * c.grad_accum_steps * p.n);
+  }
+}
+
+TEST(Shipped, TwoRankConfigIsRejectedOnOneRankWithTheEquation) {
+  ConfigSources s;
+  s.ds_config_path = source("configs/ds_zero0_2rank.json");
+  s.train_yaml_path = source("configs/train.yaml");
+  expect_config_error([&] { load_train_config(s); },
+                      {"ds_zero0_2rank.json", "train.yaml", "N = 1", "32 != 16 * 1 * 1"});
+}
+
+TEST(Shipped, LlamaBlock) {
+  ConfigSources s;
+  s.ds_config_path = source("configs/ds_config.json");
+  s.train_yaml_path = source("configs/train_llama.yaml");
+  const TrainConfig c = load_train_config(s);
+  EXPECT_EQ(c.model.shape.arch, "llama");
+  EXPECT_EQ(c.model.shape.n_kv_head, 2);
+  EXPECT_EQ(c.model.shape.d_ff, 768);
+  EXPECT_FALSE(c.model.shape.tie_embeddings);
+  EXPECT_EQ(c.train_batch_size, 16);
+}
+
+// ---- "auto" resolved from train.yaml with Hugging Face's table ------------------------------------
+
+TEST(Auto, HuggingFaceStyleConfig) {
+  ConfigSources s;
+  s.ds_config_path = source("configs/ds_auto.json");
+  s.train_yaml_path = source("configs/train_hf.yaml");
+  const TrainConfig c = load_train_config(s);
+  EXPECT_EQ(c.train_batch_size, 16);
+  EXPECT_DOUBLE_EQ(c.gradient_clipping, 0.5);  // max_grad_norm
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 5e-4);
+  EXPECT_DOUBLE_EQ(c.optimizer.beta2, 0.95);
+  EXPECT_DOUBLE_EQ(c.optimizer.eps, 1e-8);
+  EXPECT_DOUBLE_EQ(c.optimizer.weight_decay, 0.01);
+  EXPECT_EQ(c.scheduler.type, "WarmupDecayLR");
+  EXPECT_DOUBLE_EQ(c.scheduler.warmup_min_lr, 0.0);
+  EXPECT_DOUBLE_EQ(c.scheduler.warmup_max_lr, 5e-4);
+  EXPECT_EQ(c.scheduler.warmup_num_steps, 10);  // ceil(0.1 * 100)
+  EXPECT_EQ(c.scheduler.total_num_steps, 100);
+  EXPECT_EQ(c.compute_dtype, "bf16");
+  const PluginSpec* prec = plugin(c, "precision");
+  ASSERT_NE(prec, nullptr);
+  EXPECT_TRUE(prec->options.at_path("bf16.enabled")->as_bool());
+  EXPECT_FALSE(prec->options.at_path("fp16.enabled")->as_bool());  // present, off
+  const PluginSpec* zero = plugin(c, "zero");
+  ASSERT_NE(zero, nullptr);
+  EXPECT_EQ(c.zero_stage, 2);
+  EXPECT_EQ(zero->options.at_path("zero_optimization.reduce_bucket_size")->as_int(), 256 * 256);  // h*h
+}
+
+TEST(Auto, DefaultsWhenTrainYamlIsSilent) {
+  const std::string ds = R"({"train_micro_batch_size_per_gpu": 2, "gradient_clipping": "auto",
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto", "warmup_num_steps": "auto"}}})";
+  const TrainConfig c = load(ds, "max_steps: 50\n");
+  EXPECT_DOUBLE_EQ(c.gradient_clipping, 1.0);      // max_grad_norm default
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 5e-5);          // learning_rate default
+  EXPECT_DOUBLE_EQ(c.optimizer.beta1, 0.9);
+  EXPECT_DOUBLE_EQ(c.optimizer.beta2, 0.999);
+  EXPECT_DOUBLE_EQ(c.optimizer.eps, 1e-8);
+  EXPECT_DOUBLE_EQ(c.optimizer.weight_decay, 0.0);
+  EXPECT_DOUBLE_EQ(c.scheduler.warmup_max_lr, 5e-5);
+  EXPECT_EQ(c.scheduler.warmup_num_steps, 0);
+}
+
+TEST(Auto, WarmupFromRatioWaitsForEpochSteps) {
+  const std::string ds = R"({"train_micro_batch_size_per_gpu": 2,
+    "scheduler": {"type": "WarmupCosineLR", "params": {"warmup_num_steps": "auto", "total_num_steps": "auto"}}})";
+  const TrainConfig c = load(ds, "num_train_epochs: 2\nwarmup_ratio: 0.1\n");
+  EXPECT_EQ(c.max_steps, -1);
+  EXPECT_EQ(c.scheduler.total_num_steps, -1);
+  EXPECT_EQ(c.scheduler.warmup_num_steps, -1);
+  EXPECT_DOUBLE_EQ(c.scheduler.warmup_ratio, 0.1);
+  const TrainConfig d = load(ds, "max_steps: 33\nwarmup_ratio: 0.1\n");
+  EXPECT_EQ(d.scheduler.warmup_num_steps, 4);  // ceil(3.3)
+  const TrainConfig e = load(ds, "max_steps: 33\nwarmup_ratio: 0.1\nwarmup_steps: 7\n");
+  EXPECT_EQ(e.scheduler.warmup_num_steps, 7);  // warmup_steps wins, as in Hugging Face
+  EXPECT_TRUE(has_warning(e, "warmup_ratio"));
+}
+
+TEST(Auto, ZeroBucketSizesFromTheModelWidth) {
+  const std::string ds = R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3,
+    "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto", "stage3_param_persistence_threshold": "auto"}})";
+  const TrainConfig c = load(ds, "model:\n  d_model: 64\n  n_head: 4\n");
+  const ConfigNode& z = *plugin(c, "zero")->options.find("zero_optimization");
+  EXPECT_EQ(z.find("reduce_bucket_size")->as_int(), 4096);              // h*h
+  EXPECT_EQ(z.find("stage3_prefetch_bucket_size")->as_int(), 3686);     // floor(0.9*h*h)
+  EXPECT_EQ(z.find("stage3_param_persistence_threshold")->as_int(), 640);  // 10*h
+}
+
+TEST(Auto, Fp16EnabledFromTrainYaml) {
+  const std::string ds = R"({"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": "auto", "loss_scale": 0,
+    "initial_scale_power": 12}, "bf16": {"enabled": "auto"}})";
+  const TrainConfig c = load(ds, "fp16: true\n");
+  EXPECT_EQ(c.compute_dtype, "fp16");
+  const PluginSpec* p = plugin(c, "precision");
+  ASSERT_NE(p, nullptr);
+  EXPECT_TRUE(p->options.at_path("fp16.enabled")->as_bool());
+  EXPECT_EQ(p->options.at_path("fp16.initial_scale_power")->as_int(), 12);
+  EXPECT_FALSE(p->options.at_path("bf16.enabled")->as_bool());
+  EXPECT_EQ(p->config_keys.size(), 2u);
+}
+
+// ---- optimizer and scheduler -------------------------------------------------------------------
+
+TEST(Optimizer, DeepSpeedAdamIsAdamWUnlessAdamWModeIsFalse) {
+  const TrainConfig a = load(R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "adam",
+    "params": {"lr": 2e-4, "weight_decay": 0.01, "bias_correction": false, "torch_adam": true}}})", "max_steps: 1\n");
+  EXPECT_EQ(a.optimizer.type, "Adam");
+  EXPECT_TRUE(a.optimizer.adam_w_mode);
+  EXPECT_FALSE(a.optimizer.bias_correction);
+  const TrainConfig b = load(R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "Adam",
+    "params": {"adam_w_mode": false}}})", "max_steps: 1\n");
+  EXPECT_FALSE(b.optimizer.adam_w_mode);
+  EXPECT_DOUBLE_EQ(b.optimizer.lr, 1e-3);  // FusedAdam's default lr
+}
+
+TEST(Optimizer, SgdParams) {
+  const TrainConfig c = load(R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "SGD",
+    "params": {"lr": 0.1, "momentum": 0.9, "nesterov": true, "weight_decay": 1e-4}}})", "max_steps: 1\n");
+  EXPECT_EQ(c.optimizer.type, "SGD");
+  EXPECT_DOUBLE_EQ(c.optimizer.momentum, 0.9);
+  EXPECT_TRUE(c.optimizer.nesterov);
+}
+
+TEST(Optimizer, FromTrainYamlWhenTheDsConfigHasNone) {
+  const TrainConfig c = load(R"({"train_micro_batch_size_per_gpu": 1})",
+                             "optim: adamw_torch_fused\nlearning_rate: 3e-4\nadam_beta2: 0.95\nweight_decay: 0.1\n");
+  EXPECT_EQ(c.optimizer.type, "AdamW");
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 3e-4);
+  EXPECT_DOUBLE_EQ(c.optimizer.beta2, 0.95);
+  EXPECT_EQ(plugin(c, "quant"), nullptr);
+  const TrainConfig s = load("", "optim: sgd\n");
+  EXPECT_EQ(s.optimizer.type, "SGD");
+}
+
+TEST(Optimizer, EightBitOptimizerLoadsTheQuantPlugin) {
+  const TrainConfig c = load("", "optim: paged_adamw_8bit\n");
+  EXPECT_EQ(c.optimizer.type, "AdamW");
+  const PluginSpec* q = plugin(c, "quant");
+  ASSERT_NE(q, nullptr);
+  EXPECT_EQ(q->options.find("optim")->as_string(), "paged_adamw_8bit");
+}
+
+TEST(Optimizer, AbsentDsParamsTakeExplicitTrainYamlValues) {
+  const TrainConfig c = load(R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW"}})",
+                             "learning_rate: 2e-4\n");
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 2e-4);
+}
+
+TEST(Scheduler, HuggingFaceTypesWhenTheDsConfigHasNone) {
+  const TrainConfig lin = load("", "max_steps: 100\nwarmup_steps: 5\n");
+  EXPECT_EQ(lin.scheduler.type, "linear");  // TrainingArguments default
+  EXPECT_EQ(lin.scheduler.warmup_num_steps, 5);
+  EXPECT_EQ(lin.scheduler.total_num_steps, 100);
+  EXPECT_DOUBLE_EQ(lin.scheduler.warmup_max_lr, 5e-5);
+  const TrainConfig cw = load("", "max_steps: 100\nwarmup_ratio: 0.05\nlr_scheduler_type: constant_with_warmup\n");
+  EXPECT_EQ(cw.scheduler.type, "constant_with_warmup");
+  EXPECT_EQ(cw.scheduler.warmup_num_steps, 5);
+}
+
+TEST(Scheduler, WarmupLRDefaults) {
+  const TrainConfig c = load(R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+    "scheduler": {"type": "WarmupLR"}})", "max_steps: 10\n");
+  EXPECT_EQ(c.scheduler.warmup_num_steps, 1000);   // DeepSpeed default
+  EXPECT_DOUBLE_EQ(c.scheduler.warmup_max_lr, 0.01);  // null -> optimizer lr (v0.17.2+)
+  EXPECT_EQ(c.scheduler.warmup_type, "log");
+  const TrainConfig d = load(R"({"train_micro_batch_size_per_gpu": 1, "scheduler": {"type": "WarmupDecayLR",
+    "params": {"total_num_steps": 500}}})", "");
+  EXPECT_DOUBLE_EQ(d.scheduler.warmup_max_lr, 0.001);  // WarmupDecayLR's own default
+  EXPECT_EQ(d.scheduler.total_num_steps, 500);
+  const TrainConfig e = load(R"({"train_micro_batch_size_per_gpu": 1, "scheduler": {"type": "WarmupCosineLR",
+    "params": {"total_num_steps": 500, "warmup_num_steps": 10, "warmup_min_ratio": 0.1}}})", "");
+  EXPECT_DOUBLE_EQ(e.scheduler.cos_min_ratio, 1e-4);
+  EXPECT_DOUBLE_EQ(e.scheduler.warmup_min_ratio, 0.1);
+}
+
+// ---- plugin sections --------------------------------------------------------------------------
+
+TEST(Plugins, PrecisionFromTrainYamlAlone) {
+  const TrainConfig c = load("", "bf16: true\n");
+  const PluginSpec* p = plugin(c, "precision");
+  ASSERT_NE(p, nullptr);
+  EXPECT_TRUE(p->options.at_path("bf16.enabled")->as_bool());
+  EXPECT_EQ(c.compute_dtype, "bf16");
+  EXPECT_EQ(plugin(load("", "max_steps: 1\n"), "precision"), nullptr);
+}
+
+TEST(Plugins, PrecisionPresentWhenDisabled) {
+  const TrainConfig c = load(R"({"train_micro_batch_size_per_gpu": 1, "bfloat16": {"enabled": false}})", "");
+  const PluginSpec* p = plugin(c, "precision");
+  ASSERT_NE(p, nullptr);
+  EXPECT_FALSE(p->options.at_path("bf16.enabled")->as_bool());  // the old name is normalised
+  EXPECT_EQ(c.compute_dtype, "fp32");
+}
+
+TEST(Plugins, LegacyZeroBooleanAndCpuOffload) {
+  const TrainConfig c = load(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": true})", "");
+  EXPECT_EQ(c.zero_stage, 1);
+  EXPECT_TRUE(has_warning(c, "deprecated"));
+  const TrainConfig d = load(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2, "cpu_offload": true}})", "");
+  EXPECT_EQ(plugin(d, "zero")->options.at_path("zero_optimization.offload_optimizer.device")->as_string(), "cpu");
+}
+
+TEST(Plugins, ZeroAliasesAreNormalised) {
+  const TrainConfig c = load(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3,
+    "prefetch_bucket_size": 5e7, "gather_16bit_weights_on_model_save": true, "sub_group_size": 1e9,
+    "offload_optimizer": {"device": "cpu", "pin_memory": true}}})", "");
+  const ConfigNode& z = *plugin(c, "zero")->options.find("zero_optimization");
+  EXPECT_EQ(z.find("stage3_prefetch_bucket_size")->as_int(), 50000000);
+  EXPECT_TRUE(z.find("stage3_gather_16bit_weights_on_model_save")->as_bool());
+  EXPECT_EQ(z.find("sub_group_size")->as_int(), 1000000000);
+  EXPECT_TRUE(z.at_path("offload_optimizer.pin_memory")->as_bool());
+}
+
+TEST(Plugins, CheckpointFromSectionOrTrainYaml) {
+  const TrainConfig a = load("", "gradient_checkpointing: true\ngradient_checkpointing_kwargs:\n  use_reentrant: false\n");
+  const PluginSpec* p = plugin(a, "checkpoint");
+  ASSERT_NE(p, nullptr);
+  EXPECT_TRUE(p->options.find("gradient_checkpointing")->as_bool());
+  EXPECT_FALSE(p->options.at_path("gradient_checkpointing_kwargs.use_reentrant")->as_bool());
+  const TrainConfig b = load(R"({"train_micro_batch_size_per_gpu": 1, "activation_checkpointing": {"cpu_checkpointing": true,
+    "contiguous_memory_optimization": false}})", "");
+  EXPECT_TRUE(plugin(b, "checkpoint")->options.at_path("activation_checkpointing.cpu_checkpointing")->as_bool());
+  EXPECT_TRUE(plugin(b, "checkpoint")->options.find("gradient_checkpointing")->as_bool());
+  EXPECT_TRUE(has_warning(b, "contiguous_memory_optimization"));
+  EXPECT_EQ(plugin(load("", "gradient_checkpointing: false\n"), "checkpoint"), nullptr);
+}
+
+TEST(Plugins, LoraKeysAndAliases) {
+  const TrainConfig a = load("", "adapter: lora\nlora_rank: 8\nlora_alpha: 16\nlora_dropout: 0.05\nlora_target: q_proj, v_proj\n");
+  const PluginSpec* p = plugin(a, "lora");
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(p->options.find("lora_r")->as_int(), 8);
+  EXPECT_EQ(p->options.at_path("lora_target_modules[1]")->as_string(), "v_proj");
+  const TrainConfig b = load("", "use_peft: true\nlora_r: 4\nlora_target_linear: true\n");
+  EXPECT_EQ(plugin(b, "lora")->options.find("lora_target_modules")->as_string(), "all-linear");
+  const TrainConfig c = load("", "finetuning_type: lora\nlora_target: all\n");
+  EXPECT_EQ(plugin(c, "lora")->options.find("lora_target_modules")->as_string(), "all-linear");
+  const TrainConfig d = load("", "use_peft: false\nlora_r: 4\n");
+  EXPECT_EQ(plugin(d, "lora"), nullptr);
+  EXPECT_TRUE(has_warning(d, "turns LoRA off"));
+}
+
+TEST(Plugins, QloraBuildsQuantAndLora) {
+  ConfigSources s;
+  s.train_yaml_path = source("configs/train_qlora.yaml");
+  const TrainConfig c = load_train_config(s);
+  const PluginSpec* q = plugin(c, "quant");
+  ASSERT_NE(q, nullptr);
+  EXPECT_TRUE(q->options.find("load_in_4bit")->as_bool());
+  EXPECT_EQ(q->options.find("bnb_4bit_quant_type")->as_string(), "nf4");
+  EXPECT_EQ(q->options.find("optim")->as_string(), "adamw_8bit");  // one plugin owns both keys
+  EXPECT_NE(plugin(c, "lora"), nullptr);
+  EXPECT_NE(plugin(c, "checkpoint"), nullptr);
+  const TrainConfig d = load("", "quantization_bit: 4\nfinetuning_type: lora\n");
+  EXPECT_TRUE(plugin(d, "quant")->options.find("load_in_4bit")->as_bool());
+}
+
+TEST(Plugins, ThirdPartyPluginsArray) {
+  const auto s = sources(R"({"train_micro_batch_size_per_gpu": 1, "plugins": [
+      {"name": "spike_guard", "library": "plugins/libspike.so", "options": {"factor": 4.0, "anything": [1]}},
+      {"name": "logger", "library": "/abs/liblog.so"}]})", "");
+  const TrainConfig c = load_train_config(s);
+  ASSERT_EQ(c.plugins.size(), 2u);
+  const std::string dir = std::filesystem::path(s.ds_config_path).parent_path().string();
+  EXPECT_EQ(c.plugins[0].library, dir + "/plugins/libspike.so");  // relative to the ds_config's folder
+  EXPECT_EQ(c.plugins[0].config_key, "plugins[0]");
+  EXPECT_DOUBLE_EQ(c.plugins[0].options.find("factor")->as_double(), 4.0);  // not validated here
+  EXPECT_EQ(c.plugins[0].options.at_path("factor")->path(), "plugins[0].options.factor");
+  EXPECT_EQ(c.plugins[1].library, "/abs/liblog.so");
+  EXPECT_TRUE(c.plugins[1].options.is_object());
+}
+
+// ---- warnings, overrides, misc ----------------------------------------------------------------
+
+TEST(Warnings, HarmlessKeysGiveOneLineEach) {
+  const TrainConfig c = load(R"({"train_micro_batch_size_per_gpu": 1, "wall_clock_breakdown": false,
+    "tensorboard": {"enabled": true}, "flops_profiler": {}, "steps_per_print": 100, "_comment": "x"})",
+                             "report_to: none\nwandb_project:\ntf32: false\n");
+  EXPECT_EQ(c.warnings.size(), 6u);  // wandb_project is null: nothing to ignore
+  EXPECT_TRUE(has_warning(c, "'wall_clock_breakdown' is accepted but ignored"));
+  EXPECT_TRUE(has_warning(c, "'report_to' is accepted but ignored"));
+  EXPECT_EQ(c.steps_per_print, 100);
+}
+
+TEST(Overrides, BothSyntaxesAndYamlTyping) {
+  const TrainConfig c = load("", "max_steps: 200\nlearning_rate: 1e-3\n",
+                             {"--max_steps=20", "--learning_rate", "2e-4", "--bf16", "--model.n_layer=2",
+                              "--output_dir", "out/x", "--warmup_steps", "5"},
+                             1);
+  EXPECT_EQ(c.max_steps, 20);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 2e-4);
+  EXPECT_EQ(c.compute_dtype, "bf16");
+  EXPECT_EQ(c.model.shape.n_layer, 2);
+  EXPECT_EQ(c.output_dir, "out/x");
+  EXPECT_EQ(c.train_yaml.find("max_steps")->file(), "command line");
+}
+
+TEST(Overrides, OverrideWinsOverYamlInContradictionChecks) {
+  // The override replaces the yaml value, so the ds_config agrees with the result.
+  const TrainConfig c = load(R"({"train_micro_batch_size_per_gpu": 4})", "per_device_train_batch_size: 2\n",
+                             {"--per_device_train_batch_size=4"});
+  EXPECT_EQ(c.micro_batch_size, 4);
+}
+
+TEST(TrainYaml, DeepspeedKeyNamingTheSameFileIsAccepted) {
+  const auto s = sources(R"({"train_micro_batch_size_per_gpu": 3})", "max_steps: 1\n");
+  const std::string yaml = write_file(std::filesystem::path(s.train_yaml_path).parent_path() / "t2.yaml",
+                                      "deepspeed: " + s.ds_config_path + "\n");
+  ConfigSources s2 = s;
+  s2.train_yaml_path = yaml;
+  EXPECT_EQ(load_train_config(s2).micro_batch_size, 3);
+  s2.ds_config_path.clear();  // the yaml's deepspeed: key alone names the ds_config
+  EXPECT_EQ(load_train_config(s2).micro_batch_size, 3);
+}
+
+TEST(TrainYaml, ModelFromLocalCheckpointDirectory) {
+  const auto dir = std::filesystem::path(MEMRT_BINARY_DIR) / "test_scratch" / "config" / "hf_ckpt";
+  std::filesystem::create_directories(dir / "ckpt");
+  write_file(dir / "ckpt" / "config.json", R"({"model_type": "llama", "hidden_size": 512})");
+  const TrainConfig c = load(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"}})",
+                             "model_name_or_path: " + (dir / "ckpt").string() + "\n");
+  EXPECT_EQ(c.model.name_or_path, (dir / "ckpt").string());
+  EXPECT_EQ(plugin(c, "zero")->options.at_path("zero_optimization.reduce_bucket_size")->as_int(), 512 * 512);
+}
+
+TEST(TrainYaml, HuggingFaceDefaults) {
+  const TrainConfig c = load("", "");
+  EXPECT_EQ(c.micro_batch_size, 8);
+  EXPECT_EQ(c.max_steps, -1);
+  EXPECT_DOUBLE_EQ(c.num_train_epochs, 3.0);
+  EXPECT_EQ(c.seed, 42u);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 5e-5);
+  EXPECT_DOUBLE_EQ(c.gradient_clipping, 1.0);
+  EXPECT_EQ(c.scheduler.type, "linear");
+  EXPECT_EQ(c.scheduler.total_num_steps, -1);
+  EXPECT_EQ(c.data.block_size, 128);
+}
+
+TEST(PrintConfig, ResolvedJsonHasTheEquationPluginsAndWarnings) {
+  const TrainConfig c = load(R"({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
+    "wall_clock_breakdown": true, "bf16": {"enabled": true}})", "max_steps: 7\n", {}, 2);
+  const std::string json = resolved_config_json(c);
+  const ConfigNode back = parse_json_text(json, "printed");
+  EXPECT_EQ(back.at_path("batch.train_batch_size")->as_int(), 16);
+  EXPECT_EQ(back.at_path("batch.world_size")->as_int(), 2);
+  EXPECT_EQ(back.at_path("batch.equation")->as_string().rfind("16 = 4 * 2 * 2", 0), 0u);
+  EXPECT_EQ(back.at_path("plugins[0].name")->as_string(), "precision");
+  EXPECT_TRUE(back.at_path("plugins[0].options.bf16.enabled")->as_bool());
+  EXPECT_EQ(back.at_path("max_steps")->as_int(), 7);
+  EXPECT_EQ(back.at_path("optimizer.type")->as_string(), "AdamW");
+  EXPECT_EQ(back.find("warnings")->as_array().size(), 1u);
+}
