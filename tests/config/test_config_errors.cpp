@@ -1,1 +1,181 @@
+// Malformed and contradictory configs: each must fail with a ConfigError whose message names the
+// file, the key path, and the nearest valid key or both sides of a contradiction.
 #include <gtest/gtest.h>
+
+#include "load_helper.h"
+
+using namespace memrt;
+using namespace memrt::test;
+
+namespace {
+
+struct BadConfig {
+  const char* name;
+  std::string ds;    // "" = no ds_config
+  std::string yaml;  // "" = no train.yaml
+  std::vector<std::string> overrides;
+  int world_size;
+  std::vector<std::string> expected;  // parts of the message ("DS" / "YAML" = that file's path)
+};
+
+const std::string kMbs = R"("train_micro_batch_size_per_gpu": 4)";
+
+std::vector<BadConfig> bad_configs() {
+  return {
+      // ---- unknown keys: file, key path, nearest valid key ----
+      {"typo_top_level", "{" + kMbs + R"(, "gradient_clip": 1.0})", "", {}, 1,
+       {"DS", "'gradient_clip'", "did you mean 'gradient_clipping'?"}},
+      {"typo_in_zero", "{" + kMbs + R"(, "zero_optimization": {"stage": 2, "overlap_com": true}})", "", {}, 1,
+       {"DS", "'zero_optimization.overlap_com'", "did you mean 'overlap_comm'?"}},
+      {"typo_in_offload", "{" + kMbs + R"(, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memmory": true}}})", "", {}, 1,
+       {"DS", "'zero_optimization.offload_optimizer.pin_memmory'", "did you mean 'pin_memory'?"}},
+      {"fp16_key_under_bf16", "{" + kMbs + R"(, "bf16": {"enabled": true, "loss_scale": 0}})", "", {}, 1,
+       {"DS", "'bf16.loss_scale'", "unknown key"}},
+      {"typo_in_optimizer_params", "{" + kMbs + R"(, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decy": 0.1}}})", "", {}, 1,
+       {"DS", "'optimizer.params.weight_decy'", "did you mean 'weight_decay'?"}},
+      {"typo_in_train_yaml", "", "learning_rat: 1e-3\n", {}, 1,
+       {"YAML", "'learning_rat'", "did you mean 'learning_rate'?"}},
+      {"typo_in_model_block", "", "model:\n  n_layers: 4\n", {}, 1,
+       {"YAML", "'model.n_layers'", "did you mean 'n_layer'?"}},
+      {"unknown_override_names_command_line", "", "max_steps: 5\n", {"--max_step=20"}, 1,
+       {"command line: 'max_step'", "did you mean 'max_steps'?"}},
+      {"unknown_plugin_entry_key", "{" + kMbs + R"(, "plugins": [{"name": "x", "library": "libx.so", "option": {}}]})", "", {}, 1,
+       {"DS", "'plugins[0].option'", "did you mean 'options'?"}},
+      // ---- wrong types: file, key path, expected, found ----
+      {"string_where_integer", R"({"train_micro_batch_size_per_gpu": "four"})", "", {}, 1,
+       {"DS", "'train_micro_batch_size_per_gpu'", "expected an integer", "a string (\"four\")"}},
+      {"fractional_integer", R"({"train_micro_batch_size_per_gpu": 2.5})", "", {}, 1,
+       {"DS", "'train_micro_batch_size_per_gpu'", "expected an integer", "2.5"}},
+      {"bool_where_object", "{" + kMbs + R"(, "fp16": true})", "", {}, 1,
+       {"DS", "'fp16'", "expected an object", "a boolean (true)"}},
+      {"yaml_string_where_number", "", "learning_rate: fast\n", {}, 1,
+       {"YAML", "'learning_rate'", "expected a number", "a string (\"fast\")"}},
+      {"betas_wrong_length", "{" + kMbs + R"(, "optimizer": {"type": "Adam", "params": {"betas": [0.9]}}})", "", {}, 1,
+       {"DS", "'optimizer.params.betas'", "two numbers"}},
+      // ---- unresolved "auto" ----
+      {"auto_left_unresolved", "{" + kMbs + R"(, "zero_optimization": {"stage": 3, "sub_group_size": "auto"}})", "", {}, 1,
+       {"DS", "'zero_optimization.sub_group_size'", "\"auto\" could not be resolved"}},
+      {"auto_steps_per_print", "{" + kMbs + R"(, "steps_per_print": "auto"})", "", {}, 1,
+       {"DS", "'steps_per_print'", "\"auto\" could not be resolved", "write an integer"}},
+      // ---- batch triple ----
+      {"inconsistent_triple", R"({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2})", "", {}, 1,
+       {"DS", "'train_batch_size'", "N = 1", "16 != 4 * 2 * 1"}},
+      {"triple_wrong_for_world_size", R"({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2})", "", {}, 4,
+       {"N = 4", "16 != 4 * 2 * 4"}},
+      {"yaml_micro_batch_contradicts_ds", "{" + kMbs + "}", "per_device_train_batch_size: 8\n", {}, 1,
+       {"DS", "'train_micro_batch_size_per_gpu'", "is 4", "YAML 'per_device_train_batch_size' is 8", "\"auto\""}},
+      {"yaml_gas_contradicts_ds", "{" + kMbs + R"(, "gradient_accumulation_steps": 2})", "gradient_accumulation_steps: 4\n", {}, 1,
+       {"DS", "'gradient_accumulation_steps'", "YAML 'gradient_accumulation_steps' is 4"}},
+      {"yaml_values_break_the_ds_total", R"({"train_batch_size": 64})", "per_device_train_batch_size: 8\ngradient_accumulation_steps: 2\n", {}, 2,
+       {"DS", "YAML", "N = 2", "64 != 8 * 2 * 2", "per_device_train_batch_size"}},
+      // ---- contradictions between the files ----
+      {"lr_contradiction", "{" + kMbs + R"(, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})", "learning_rate: 2e-4\n", {}, 1,
+       {"DS", "'optimizer.params.lr'", "is 0.001", "YAML 'learning_rate' is 0.0002"}},
+      {"clipping_contradiction", "{" + kMbs + R"(, "gradient_clipping": 1.0})", "max_grad_norm: 0.3\n", {}, 1,
+       {"DS", "'gradient_clipping'", "YAML 'max_grad_norm' is 0.3"}},
+      {"bf16_in_ds_fp16_in_yaml", "{" + kMbs + R"(, "bf16": {"enabled": true}})", "fp16: true\n", {}, 1,
+       {"YAML: 'fp16'", "DS 'bf16.enabled'", "cannot be simultaneously enabled"}},
+      {"fp16_and_bf16_both_in_ds", "{" + kMbs + R"(, "bf16": {"enabled": true}, "fp16": {"enabled": true}})", "", {}, 1,
+       {"DS", "'fp16.enabled'", "'bf16.enabled'", "cannot be simultaneously enabled"}},
+      {"ds_bf16_yaml_says_no", "{" + kMbs + R"(, "bf16": {"enabled": true}})", "bf16: false\n", {}, 1,
+       {"DS", "'bf16.enabled'", "is true", "YAML 'bf16' is false"}},
+      {"optimizers_differ", "{" + kMbs + R"(, "optimizer": {"type": "AdamW"}})", "optim: adamw_8bit\n", {}, 1,
+       {"DS", "'optimizer.type'", "YAML 'optim'", "different optimizers"}},
+      {"schedulers_differ", "{" + kMbs + R"(, "scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 10}}})", "lr_scheduler_type: linear\n", {}, 1,
+       {"DS", "'scheduler.type'", "YAML 'lr_scheduler_type'", "different schedules"}},
+      {"total_steps_contradict_max_steps", "{" + kMbs + R"(, "scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 100}}})", "max_steps: 50\n", {}, 1,
+       {"DS", "'scheduler.params.total_num_steps'", "YAML 'max_steps' is 50"}},
+      {"model_path_and_model_block", "", "model_name_or_path: /tmp\nmodel:\n  n_layer: 2\n", {}, 1,
+       {"YAML", "'model'", "'model_name_or_path'", "not both"}},
+      {"aliases_disagree", "", "per_device_train_batch_size: 4\nmicro_batch_size: 8\n", {}, 1,
+       {"YAML", "'micro_batch_size'", "'per_device_train_batch_size' is 4", "two names of one setting"}},
+      {"deepspeed_key_names_another_file", "{" + kMbs + "}", "deepspeed: some/other/ds.json\n", {}, 1,
+       {"YAML", "'deepspeed'", "some/other/ds.json", "--deepspeed", "same file"}},
+      {"torch_dtype_contradicts_precision", "", "bf16: true\ntorch_dtype: float16\n", {}, 1,
+       {"YAML", "'torch_dtype'", "trains in bf16"}},
+      {"param_offload_below_stage3", "{" + kMbs + R"(, "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})", "", {}, 1,
+       {"DS", "'zero_optimization.offload_param.device'", "'zero_optimization.stage' is 2", "stage 3"}},
+      {"legacy_and_new_offload", "{" + kMbs + R"(, "zero_optimization": {"stage": 2, "cpu_offload": true, "offload_optimizer": {"device": "cpu"}}})", "", {}, 1,
+       {"DS", "'zero_optimization.cpu_offload'", "replacement", "offload_optimizer"}},
+      {"qlora_without_4bit", "", "adapter: qlora\nlora_r: 8\n", {}, 1,
+       {"YAML", "'adapter'", "load_in_4bit"}},
+      {"four_bit_without_lora", "", "load_in_4bit: true\n", {}, 1,
+       {"YAML", "'load_in_4bit'", "LoRA is off"}},
+      // ---- known to DeepSpeed, cannot be honoured ----
+      {"nvme_offload", "{" + kMbs + R"(, "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/nvme"}}})", "", {}, 1,
+       {"DS", "'zero_optimization.offload_param.device'", "\"nvme\"", "\"cpu\""}},
+      {"tensor_parallel", "{" + kMbs + R"(, "tensor_parallel": {"autotp_size": 2}})", "", {}, 1,
+       {"DS", "'tensor_parallel'", "not supported", "data parallel"}},
+      {"sequence_parallel", "{" + kMbs + R"(, "sequence_parallel_size": 4})", "", {}, 1,
+       {"DS", "'sequence_parallel_size'", "not supported"}},
+      {"lamb_optimizer", "{" + kMbs + R"(, "optimizer": {"type": "Lamb"}})", "", {}, 1,
+       {"DS", "'optimizer.type'", "\"Lamb\"", "\"Adam\", \"AdamW\", \"SGD\""}},
+      {"max_grad_norm_in_optimizer", "{" + kMbs + R"(, "optimizer": {"type": "Adam", "params": {"max_grad_norm": 1.0}}})", "", {}, 1,
+       {"DS", "'optimizer.params.max_grad_norm'", "gradient_clipping"}},
+      {"amp_section", "{" + kMbs + R"(, "amp": {"enabled": true, "opt_level": "O1"}})", "", {}, 1,
+       {"DS", "'amp'", "\"fp16\" or \"bf16\""}},
+      {"curriculum_enabled", "{" + kMbs + R"(, "curriculum_learning": {"enabled": true}})", "", {}, 1,
+       {"DS", "'curriculum_learning'", "not supported"}},
+      {"zero_stage_4", "{" + kMbs + R"(, "zero_optimization": {"stage": 4}})", "", {}, 1,
+       {"DS", "'zero_optimization.stage'", "0, 1, 2 or 3"}},
+      {"unknown_scheduler", "{" + kMbs + R"(, "scheduler": {"type": "WarmupCosine"}})", "", {}, 1,
+       {"DS", "'scheduler.type'", "did you mean \"WarmupCosineLR\"?", "Supported"}},
+      {"unknown_hf_scheduler", "", "lr_scheduler_type: polynomial\n", {}, 1,
+       {"YAML", "'lr_scheduler_type'", "linear (the default), cosine, constant, constant_with_warmup"}},
+      {"unknown_optim", "", "optim: adafactor\n", {}, 1,
+       {"YAML", "'optim'", "adamw_torch", "sgd"}},
+      {"hub_dataset", "", "datasets:\n  - path: tatsu-lab/alpaca\n", {}, 1,
+       {"YAML", "'datasets'", "train_file"}},
+      {"gradient_allreduce_sum", "{" + kMbs + R"(, "gradient_allreduce_op": "sum"})", "", {}, 1,
+       {"DS", "'gradient_allreduce_op'", "\"mean\""}},
+      // ---- malformed files and values ----
+      {"duplicate_json_key", "{" + kMbs + R"(, "steps_per_print": 10, "steps_per_print": 20})", "", {}, 1,
+       {"DS", "'steps_per_print'", "duplicate key", "line 1"}},
+      {"broken_json", "{\n" + kMbs + "\n \"steps_per_print\": 10\n}", "", {}, 1,
+       {"DS", "invalid JSON", "line 3"}},
+      {"broken_yaml", "", "max_steps: [1, 2\nseed: 3\n", {}, 1,
+       {"YAML", "invalid YAML"}},
+      {"gpt2_with_gqa", "", "model:\n  arch: gpt2\n  n_head: 4\n  n_kv_head: 2\n", {}, 1,
+       {"YAML", "'model.n_kv_head'", "grouped-query"}},
+      {"heads_do_not_divide_width", "", "model:\n  d_model: 100\n  n_head: 3\n", {}, 1,
+       {"YAML", "'model.n_head'", "does not divide d_model 100"}},
+      {"block_longer_than_context", "", "model:\n  n_ctx: 64\nblock_size: 128\n", {}, 1,
+       {"YAML", "'block_size'", "'model.n_ctx' is 64"}},
+      {"unknown_arch", "", "model:\n  arch: mistral\n", {}, 1,
+       {"YAML", "'model.arch'", "\"gpt2\" and \"llama\""}},
+      {"override_without_dashes", "", "max_steps: 5\n", {"max_steps=20"}, 1,
+       {"command line", "--key=value"}},
+      {"plugin_without_library", "{" + kMbs + R"(, "plugins": [{"name": "x"}]})", "", {}, 1,
+       {"DS", "'plugins[0].library'", "required"}},
+      {"plugin_listed_twice", "{" + kMbs + R"(, "plugins": [{"name": "x", "library": "a.so"}, {"name": "x", "library": "b.so"}]})", "", {}, 1,
+       {"DS", "'plugins[1].name'", "second time"}},
+      {"missing_train_file", "", "train_file: no/such/corpus.txt\n", {}, 1,
+       {"YAML", "'train_file'", "does not exist", "built-in corpus"}},
+      {"warmup_ratio_out_of_range", "", "warmup_ratio: 1.5\n", {}, 1,
+       {"YAML", "'warmup_ratio'", "[0, 1]"}},
+  };
+}
+
+class BadConfigs : public ::testing::TestWithParam<BadConfig> {};
+
+TEST_P(BadConfigs, FailWithTheIntendedMessage) {
+  const BadConfig& b = GetParam();
+  const ConfigSources src = sources(b.ds, b.yaml, b.overrides, b.world_size);
+  std::vector<std::string> parts;
+  for (const auto& p : b.expected) {
+    if (p == "DS") parts.push_back(src.ds_config_path);
+    else if (p == "YAML") parts.push_back(src.train_yaml_path);
+    else if (p.rfind("YAML", 0) == 0) parts.push_back(src.train_yaml_path + p.substr(4));
+    else if (p.rfind("DS", 0) == 0) parts.push_back(src.ds_config_path + p.substr(2));
+    else parts.push_back(p);
+  }
+  const std::string msg = expect_config_error([&] { load_train_config(src); }, parts);
+  std::cout << "  " << msg << "\n";
+}
+
+INSTANTIATE_TEST_SUITE_P(Config, BadConfigs, ::testing::ValuesIn(bad_configs()),
+                         [](const ::testing::TestParamInfo<BadConfig>& p) { return std::string(p.param.name); });
+
+}  // namespace
+
+TEST(BadConfigs, AtLeastTwentyFive) { EXPECT_GE(bad_configs().size(), 25u); }

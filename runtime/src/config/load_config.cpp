@@ -962,15 +962,18 @@ void Loader::resolve_precision(const ConfigNode* fp16, const ConfigNode* bf16, c
   const bool bf16_on = section(bf16, "bf16", "bf16", false);
   if (fp16_on && bf16_on) {
     // Name both sides, wherever each was switched on.
-    const auto side = [&](const ConfigNode* sec, const char* yaml_key) {
+    const auto side = [&](const ConfigNode* sec, const char* yaml_key) -> const ConfigNode* {
       const ConfigNode* en = sec && sec->is_object() ? sec->find("enabled") : nullptr;
-      if (en && en->is_bool()) return where(*en);
-      const ConfigNode* yn = yv(yaml_key);
-      return yn ? where(*yn) : std::string(yaml_key);
+      if (en && en->is_bool()) return en;
+      return yv(yaml_key);
     };
-    throw ConfigError(ds_file.empty() ? yaml_file : ds_file, "fp16.enabled",
-                      "fp16 is enabled by " + side(fp16, "fp16") + " and bf16 by " + side(bf16, "bf16") +
-                          ": bfloat16 and fp16 modes cannot be simultaneously enabled; choose one");
+    const ConfigNode* a = side(fp16, "fp16");
+    const ConfigNode* b = side(bf16, "bf16");
+    const std::string b_text = b ? where(*b) : std::string("bf16");
+    if (!a) throw ConfigError(ds_file, "fp16.enabled", "and " + b_text + " are both on: bfloat16 and fp16 modes cannot be simultaneously enabled; choose one");
+    throw ConfigError(a->file(), a->path(),
+                      "enables fp16 and " + b_text + " enables bf16: bfloat16 and fp16 modes cannot be "
+                      "simultaneously enabled; choose one");
   }
   cfg.compute_dtype = fp16_on ? "fp16" : bf16_on ? "bf16" : "fp32";
   if (const ConfigNode* td = yv("torch_dtype")) {
