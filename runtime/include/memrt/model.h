@@ -16,9 +16,11 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
+#include <torch/nn/modules/container/any.h>
 
 #include "memrt/model_shape.h"
 
@@ -30,6 +32,20 @@ class Block : public torch::nn::Module {
   virtual at::Tensor forward(const at::Tensor& x) = 0;
   // Hugging Face name prefix of this block's parameters, e.g. "transformer.h.3".
   virtual const std::string& hf_prefix() const = 0;
+
+  // The linear projections the block calls, by name relative to the block, in call order:
+  //   gpt2:  attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj
+  //   llama: self_attn.q_proj, self_attn.k_proj, self_attn.v_proj, self_attn.o_proj,
+  //          mlp.gate_proj, mlp.up_proj, mlp.down_proj
+  // Each starts as a torch::nn::Linear (weight (out, in); GPT-2's Conv1D is transposed on load).
+  virtual std::vector<std::string> linear_names() const = 0;
+  // The module the block calls for projection `name`; unknown name: memrt::Error.
+  virtual torch::nn::AnyModule& linear(const std::string& name) = 0;
+  // Model surgery (LoRA, NF4): installs `module` — anything with
+  // `at::Tensor forward(const at::Tensor&)` — as projection `name`, registered under the same
+  // name, so its parameters appear as "<hf_prefix>.<name>.<its own names>" (a LoRA wrapper
+  // keeping the original as child "base_layer" gives PEFT's names). Unknown name: memrt::Error.
+  virtual void replace_linear(const std::string& name, torch::nn::AnyModule module) = 0;
 };
 
 class CausalLM : public torch::nn::Module {

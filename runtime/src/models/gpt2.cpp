@@ -1,2 +1,117 @@
-// placeholder: the models area of the memrt runtime
-namespace memrt {}
+// GPT-2: token + learned position embeddings, pre-LayerNorm blocks (causal self-attention with a
+// fused qkv projection, GELU-tanh MLP), final LayerNorm, lm_head tied to the token embedding.
+#include <cmath>
+
+#include "memrt/error.h"
+#include "models/decoder.h"
+
+namespace memrt {
+namespace {
+
+class Gpt2Block : public DecoderBlock {
+ public:
+  Gpt2Block(const ModelShape& s, int64_t index)
+      : DecoderBlock("transformer.h." + std::to_string(index)), n_head_(s.n_head) {
+    const int64_t C = s.d_model;
+    auto ln = [&](const char* name) {
+      return register_module(name, torch::nn::LayerNorm(
+                                       torch::nn::LayerNormOptions({C}).eps(s.norm_eps)));  // (C)
+    };
+    ln_1_ = ln("ln_1");
+    auto attn = register_module("attn", std::make_shared<torch::nn::Module>("attn"));
+    c_attn_ = &add_linear(*attn, "attn", "c_attn", C, 3 * C, true);  // (3C, C)
+    attn_proj_ = &add_linear(*attn, "attn", "c_proj", C, C, true);   // (C, C)
+    ln_2_ = ln("ln_2");
+    auto mlp = register_module("mlp", std::make_shared<torch::nn::Module>("mlp"));
+    c_fc_ = &add_linear(*mlp, "mlp", "c_fc", C, s.d_ff, true);        // (F, C)
+    mlp_proj_ = &add_linear(*mlp, "mlp", "c_proj", s.d_ff, C, true);  // (C, F)
+  }
+
+  at::Tensor forward(const at::Tensor& x) override {  // (B, T, C) -> (B, T, C)
+    at::Tensor h = x + attention(ln_1_(x));
+    at::Tensor m = mlp_proj_->forward(at::gelu(c_fc_->forward(ln_2_(h)), "tanh"));  // (B, T, C)
+    return h + m;
+  }
+
+ private:
+  at::Tensor attention(const at::Tensor& x) {  // (B, T, C)
+    const int64_t B = x.size(0), T = x.size(1), C = x.size(2), hd = C / n_head_;
+    at::Tensor qkv = c_attn_->forward(x);  // (B, T, 3C)
+    auto heads = [&](const at::Tensor& t) {
+      return t.view({B, T, n_head_, hd}).transpose(1, 2);  // (B, nh, T, hd)
+    };
+    auto parts = qkv.split(C, -1);
+    at::Tensor y = at::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]),
+                                                    heads(parts[2]), {}, 0.0,
+                                                    /*is_causal=*/true);  // (B, nh, T, hd)
+    return attn_proj_->forward(y.transpose(1, 2).reshape({B, T, C}));  // (B, T, C)
+  }
+
+  int64_t n_head_;
+  torch::nn::LayerNorm ln_1_{nullptr}, ln_2_{nullptr};
+  torch::nn::AnyModule *c_attn_, *attn_proj_, *c_fc_, *mlp_proj_;
+};
+
+class Gpt2LM : public DecoderLM {
+ public:
+  explicit Gpt2LM(const ModelShape& s) : DecoderLM(s) {
+    transformer_ = register_module("transformer", std::make_shared<torch::nn::Module>("transformer"));
+    wte_ = transformer_->register_module(
+        "wte", torch::nn::Embedding(s.vocab_size, s.d_model));  // (V, C)
+    wpe_ = transformer_->register_module(
+        "wpe", torch::nn::Embedding(s.n_ctx, s.d_model));  // (n_ctx, C)
+    layers_ = transformer_->register_module("h", torch::nn::ModuleList());
+  }
+
+  std::shared_ptr<Block> new_block(int64_t index) override {
+    return std::make_shared<Gpt2Block>(shape_, index);
+  }
+
+  void finish() override {
+    ln_f_ = transformer_->register_module(
+        "ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({shape_.d_model})
+                                         .eps(shape_.norm_eps)));  // (C)
+    if (!shape_.tie_embeddings)
+      lm_head_ = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(
+                                                 shape_.d_model, shape_.vocab_size)
+                                                 .bias(false)));  // (V, C)
+  }
+
+  NamedTensors embedding_parameters() override {
+    return {{"transformer.wte.weight", wte_->weight}, {"transformer.wpe.weight", wpe_->weight}};
+  }
+  NamedTensors final_parameters() override {
+    NamedTensors p{{"transformer.ln_f.weight", ln_f_->weight},
+                   {"transformer.ln_f.bias", ln_f_->bias}};
+    if (lm_head_) p.emplace_back("lm_head.weight", lm_head_->weight);
+    return p;
+  }
+
+  at::Tensor embed(const at::Tensor& tokens) override {  // (B, T) int64 -> (B, T, C)
+    const int64_t T = tokens.size(1);
+    if (T > shape_.n_ctx)
+      throw Error("gpt2: sequence length " + std::to_string(T) + " exceeds the model's context (" +
+                  "n_ctx " + std::to_string(shape_.n_ctx) + "); lower block_size");
+    at::Tensor pos = at::arange(T, tokens.options().dtype(at::kLong));  // (T)
+    return wte_(tokens) + wpe_(pos);                                     // (B, T, C)
+  }
+
+  at::Tensor head(const at::Tensor& hidden) override {  // (B, T, C) -> (B, T, V)
+    at::Tensor h = ln_f_(hidden);
+    return at::linear(h, lm_head_ ? lm_head_->weight : wte_->weight);
+  }
+
+ private:
+  std::shared_ptr<torch::nn::Module> transformer_;
+  torch::nn::Embedding wte_{nullptr}, wpe_{nullptr};
+  torch::nn::LayerNorm ln_f_{nullptr};
+  torch::nn::Linear lm_head_{nullptr};
+};
+
+}  // namespace
+
+std::shared_ptr<DecoderLM> make_gpt2(const ModelShape& shape) {
+  return std::make_shared<Gpt2LM>(shape);
+}
+
+}  // namespace memrt

@@ -1,0 +1,106 @@
+// The built-in decoder models behind build_model (host-internal; plugins see memrt/model.h).
+//
+//   GPT-2: transformer.{wte, wpe, h.<i>.{ln_1, attn.{c_attn, c_proj}, ln_2, mlp.{c_fc, c_proj}},
+//          ln_f}, lm_head tied to wte (or its own weight when untied)
+//   Llama: model.{embed_tokens, layers.<i>.{self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj,
+//          input_layernorm, post_attention_layernorm}, norm}, lm_head (tied or not)
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+
+#include "memrt/model.h"
+
+namespace memrt {
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+// y = x / sqrt(mean(x^2) + eps) * weight over the last dimension (Llama's RMSNorm).
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(int64_t dim, double eps);
+  at::Tensor forward(const at::Tensor& x);  // (..., C) -> (..., C)
+  at::Tensor weight;
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(RMSNorm);
+
+// Rotary position embedding tables, shared by every Llama block, computed on the device and dtype
+// of the activations on first use and cached.
+class RopeCache {
+ public:
+  RopeCache(int64_t head_dim, double theta) : head_dim_(head_dim), theta_(theta) {}
+  // cos, sin: (T, head_dim) each, HF layout (the half-dim frequencies repeated twice).
+  std::pair<at::Tensor, at::Tensor> get(int64_t seq_len, const at::TensorOptions& options);
+
+ private:
+  int64_t head_dim_;
+  double theta_;
+  std::mutex mutex_;
+  at::Tensor cos_, sin_;
+};
+
+// The part every block shares: its HF prefix and its replaceable projections.
+class DecoderBlock : public Block {
+ public:
+  explicit DecoderBlock(std::string prefix) : prefix_(std::move(prefix)) {}
+  const std::string& hf_prefix() const override { return prefix_; }
+  std::vector<std::string> linear_names() const override;
+  torch::nn::AnyModule& linear(const std::string& name) override;
+  void replace_linear(const std::string& name, torch::nn::AnyModule module) override;
+
+ protected:
+  // Registers a Linear as `parent`.`child` and as projection "<parent_name>.<child>".
+  torch::nn::AnyModule& add_linear(torch::nn::Module& parent, const std::string& parent_name,
+                                   const std::string& child, int64_t in, int64_t out, bool bias);
+
+ private:
+  struct Slot {
+    std::string name;
+    torch::nn::Module* parent;
+    std::string child;
+    torch::nn::AnyModule module;
+  };
+  Slot& slot(const std::string& name);
+  std::string prefix_;
+  std::vector<std::unique_ptr<Slot>> slots_;  // stable addresses: forward holds references
+};
+
+// A decoder LM built block by block: construct (embeddings), then append_block(new_block(i)) for
+// each block, then finish() (final norm, lm_head).
+class DecoderLM : public CausalLM {
+ public:
+  explicit DecoderLM(ModelShape shape) : shape_(std::move(shape)) {}
+  const ModelShape& shape() const override { return shape_; }
+  int64_t num_blocks() const override { return static_cast<int64_t>(blocks_.size()); }
+  Block& block(int64_t i) override;
+
+  virtual std::shared_ptr<Block> new_block(int64_t index) = 0;  // allocated, not yet appended
+  void append_block(std::shared_ptr<Block> block);
+  virtual void finish() = 0;
+  // Parameters outside the blocks, with HF names: those that exist before the first block
+  // (embeddings) and those finish() creates (final norm, untied lm_head).
+  virtual NamedTensors embedding_parameters() = 0;
+  virtual NamedTensors final_parameters() = 0;
+
+ protected:
+  ModelShape shape_;
+  torch::nn::ModuleList layers_;  // registered by the subclass under its HF name
+  std::vector<std::shared_ptr<Block>> blocks_;
+};
+
+std::shared_ptr<DecoderLM> make_gpt2(const ModelShape& shape);
+std::shared_ptr<DecoderLM> make_llama(const ModelShape& shape);
+
+}  // namespace memrt

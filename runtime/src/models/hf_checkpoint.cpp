@@ -1,0 +1,450 @@
+// Hugging Face checkpoint directories: config.json, model.safetensors and sharded indexes.
+#include "models/hf_checkpoint.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <rapidjson/document.h>
+#include <rapidjson/error/en.h>
+#include <rapidjson/prettywriter.h>
+#include <rapidjson/stringbuffer.h>
+
+#include "memrt/error.h"
+
+namespace memrt {
+namespace fs = std::filesystem;
+namespace {
+
+const char* kSingleFile = "model.safetensors";
+const char* kIndexFile = "model.safetensors.index.json";
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw FileError(path, "cannot open");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+rapidjson::Document parse_json(const std::string& path) {
+  std::string text = read_text(path);
+  rapidjson::Document doc;
+  doc.Parse(text.data(), text.size());
+  if (doc.HasParseError())
+    throw FileError(path, std::string("invalid JSON: ") +
+                              rapidjson::GetParseError_En(doc.GetParseError()) + " at byte " +
+                              std::to_string(doc.GetErrorOffset()));
+  if (!doc.IsObject()) throw FileError(path, "expected a JSON object");
+  return doc;
+}
+
+// Typed reads of config.json keys, with transformers' defaults for absent (or null) keys.
+class JsonConfig {
+ public:
+  JsonConfig(const rapidjson::Document& doc, std::string file) : doc_(doc), file_(std::move(file)) {}
+
+  const rapidjson::Value* find(const char* key) const {
+    auto it = doc_.FindMember(key);
+    return it == doc_.MemberEnd() || it->value.IsNull() ? nullptr : &it->value;
+  }
+  int64_t integer(const char* key, int64_t def) const {
+    const rapidjson::Value* v = find(key);
+    if (!v) return def;
+    if (!v->IsNumber() || std::floor(v->GetDouble()) != v->GetDouble())
+      throw ConfigError(file_, key, "expected an integer");
+    return static_cast<int64_t>(v->GetDouble());
+  }
+  double number(const char* key, double def) const {
+    const rapidjson::Value* v = find(key);
+    if (!v) return def;
+    if (!v->IsNumber()) throw ConfigError(file_, key, "expected a number");
+    return v->GetDouble();
+  }
+  bool boolean(const char* key, bool def) const {
+    const rapidjson::Value* v = find(key);
+    if (!v) return def;
+    if (!v->IsBool()) throw ConfigError(file_, key, "expected true or false");
+    return v->GetBool();
+  }
+  std::string string(const char* key, const std::string& def) const {
+    const rapidjson::Value* v = find(key);
+    if (!v) return def;
+    if (!v->IsString()) throw ConfigError(file_, key, "expected a string");
+    return v->GetString();
+  }
+  const std::string& file() const { return file_; }
+
+ private:
+  const rapidjson::Document& doc_;
+  std::string file_;
+};
+
+std::string base_prefix(const ModelShape& shape) {
+  return shape.arch == "gpt2" ? "transformer." : "model.";
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// Buffers transformers writes or once wrote that are not parameters, and that it ignores on load.
+bool ignorable_buffer(const ModelShape& shape, const std::string& name) {
+  if (shape.arch == "gpt2") return ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias");
+  return ends_with(name, ".rotary_emb.inv_freq");
+}
+
+std::string shape_str(at::IntArrayRef s) { return c10::str(s); }
+
+}  // namespace
+
+// ---- config.json ------------------------------------------------------------------------------
+
+ModelShape read_hf_config(const std::string& dir) {
+  const std::string file = (fs::path(dir) / "config.json").string();
+  if (!fs::exists(file))
+    throw FileError(file, "not found; a Hugging Face checkpoint directory holds config.json and "
+                          "model.safetensors (or model.safetensors.index.json with its shards)");
+  rapidjson::Document doc = parse_json(file);
+  JsonConfig c(doc, file);
+  const std::string type = c.string("model_type", "");
+  ModelShape s;
+  if (type == "gpt2") {
+    s.arch = "gpt2";
+    s.vocab_size = c.integer("vocab_size", 50257);
+    s.n_ctx = c.integer("n_positions", 1024);
+    s.d_model = c.integer("n_embd", 768);
+    s.n_layer = c.integer("n_layer", 12);
+    s.n_head = c.integer("n_head", 12);
+    s.n_kv_head = s.n_head;
+    s.d_ff = c.integer("n_inner", 4 * s.d_model);
+    s.norm_eps = c.number("layer_norm_epsilon", 1e-5);
+    s.tie_embeddings = c.boolean("tie_word_embeddings", true);
+    const std::string act = c.string("activation_function", "gelu_new");
+    if (act != "gelu_new" && act != "gelu_pytorch_tanh")
+      throw ConfigError(file, "activation_function",
+                        "\"" + act + "\" is not supported; memrt's GPT-2 uses \"gelu_new\" (GELU, "
+                        "tanh approximation)");
+    if (!c.boolean("scale_attn_weights", true))
+      throw ConfigError(file, "scale_attn_weights", "false is not supported (memrt scales "
+                                                    "attention by 1/sqrt(head_dim))");
+    if (c.boolean("scale_attn_by_inverse_layer_idx", false))
+      throw ConfigError(file, "scale_attn_by_inverse_layer_idx", "true is not supported");
+    if (c.boolean("add_cross_attention", false))
+      throw ConfigError(file, "add_cross_attention", "cross-attention is not supported");
+  } else if (type == "llama") {
+    s.arch = "llama";
+    s.vocab_size = c.integer("vocab_size", 32000);
+    s.d_model = c.integer("hidden_size", 4096);
+    s.d_ff = c.integer("intermediate_size", 11008);
+    s.n_layer = c.integer("num_hidden_layers", 32);
+    s.n_head = c.integer("num_attention_heads", 32);
+    s.n_kv_head = c.integer("num_key_value_heads", s.n_head);
+    s.n_ctx = c.integer("max_position_embeddings", 2048);
+    s.norm_eps = c.number("rms_norm_eps", 1e-6);
+    s.rope_theta = c.number("rope_theta", 10000.0);
+    s.tie_embeddings = c.boolean("tie_word_embeddings", false);
+    const std::string act = c.string("hidden_act", "silu");
+    if (act != "silu")
+      throw ConfigError(file, "hidden_act", "\"" + act + "\" is not supported; memrt's Llama uses "
+                                            "\"silu\" (SwiGLU)");
+    if (c.find("rope_scaling"))
+      throw ConfigError(file, "rope_scaling",
+                        "RoPE scaling (linear, dynamic, yarn, llama3) is not supported; only plain "
+                        "rotary embeddings with rope_theta (remove the key or set it to null)");
+    if (const rapidjson::Value* rp = c.find("rope_parameters")) {  // transformers >= 5
+      auto type_it = rp->IsObject() ? rp->FindMember("rope_type") : rp->MemberEnd();
+      if (!rp->IsObject() || (type_it != rp->MemberEnd() &&
+                              !(type_it->value.IsString() &&
+                                std::string(type_it->value.GetString()) == "default")))
+        throw ConfigError(file, "rope_parameters",
+                          "only {\"rope_type\": \"default\", \"rope_theta\": ...} is supported");
+      auto theta = rp->FindMember("rope_theta");
+      if (theta != rp->MemberEnd()) {
+        if (!theta->value.IsNumber())
+          throw ConfigError(file, "rope_parameters.rope_theta", "expected a number");
+        s.rope_theta = theta->value.GetDouble();
+      }
+    }
+    if (c.boolean("attention_bias", false))
+      throw ConfigError(file, "attention_bias", "biases in attention are not supported");
+    if (c.boolean("mlp_bias", false))
+      throw ConfigError(file, "mlp_bias", "biases in the MLP are not supported");
+    if (s.n_head > 0 && s.d_model % s.n_head == 0) {
+      const int64_t hd = c.integer("head_dim", s.d_model / s.n_head);
+      if (hd != s.d_model / s.n_head)
+        throw ConfigError(file, "head_dim",
+                          std::to_string(hd) + " != hidden_size / num_attention_heads (" +
+                              std::to_string(s.d_model / s.n_head) + "); not supported");
+    }
+  } else {
+    throw ConfigError(file, "model_type",
+                      (type.empty() ? std::string("missing")
+                                    : "\"" + type + "\" is not supported") +
+                          "; memrt builds \"gpt2\" and \"llama\" models");
+  }
+  try {
+    validate_shape(s);
+  } catch (const ConfigError& e) {
+    throw ConfigError(file, "", e.what());
+  }
+  return s;
+}
+
+std::string hf_config_json(const ModelShape& s, double init_std) {
+  rapidjson::StringBuffer sb;
+  rapidjson::PrettyWriter<rapidjson::StringBuffer> w(sb);
+  w.SetIndent(' ', 2);
+  auto key_int = [&](const char* k, int64_t v) { w.Key(k); w.Int64(v); };
+  auto key_num = [&](const char* k, double v) { w.Key(k); w.Double(v); };
+  auto key_str = [&](const char* k, const char* v) { w.Key(k); w.String(v); };
+  auto key_bool = [&](const char* k, bool v) { w.Key(k); w.Bool(v); };
+  w.StartObject();
+  w.Key("architectures");
+  w.StartArray();
+  w.String(s.arch == "gpt2" ? "GPT2LMHeadModel" : "LlamaForCausalLM");
+  w.EndArray();
+  if (s.arch == "gpt2") {
+    key_str("model_type", "gpt2");
+    key_int("vocab_size", s.vocab_size);
+    key_int("n_positions", s.n_ctx);
+    key_int("n_embd", s.d_model);
+    key_int("n_layer", s.n_layer);
+    key_int("n_head", s.n_head);
+    key_int("n_inner", s.d_ff);
+    key_str("activation_function", "gelu_new");
+    key_num("layer_norm_epsilon", s.norm_eps);
+    // memrt trains without dropout; say so, so transformers trains the same model.
+    key_num("resid_pdrop", 0.0);
+    key_num("embd_pdrop", 0.0);
+    key_num("attn_pdrop", 0.0);
+  } else {
+    key_str("model_type", "llama");
+    key_int("vocab_size", s.vocab_size);
+    key_int("hidden_size", s.d_model);
+    key_int("intermediate_size", s.d_ff);
+    key_int("num_hidden_layers", s.n_layer);
+    key_int("num_attention_heads", s.n_head);
+    key_int("num_key_value_heads", s.n_kv_head);
+    key_int("head_dim", s.head_dim());
+    key_int("max_position_embeddings", s.n_ctx);
+    key_num("rms_norm_eps", s.norm_eps);
+    key_num("rope_theta", s.rope_theta);
+    w.Key("rope_scaling");
+    w.Null();
+    key_str("hidden_act", "silu");
+    key_bool("attention_bias", false);
+    key_bool("mlp_bias", false);
+    key_num("attention_dropout", 0.0);
+  }
+  key_bool("tie_word_embeddings", s.tie_embeddings);
+  key_num("initializer_range", init_std);
+  key_str("torch_dtype", "float32");
+  w.EndObject();
+  return std::string(sb.GetString(), sb.GetSize()) + "\n";
+}
+
+// ---- reading weights --------------------------------------------------------------------------
+
+HfWeights HfWeights::open(const std::string& dir) {
+  HfWeights w;
+  w.dir_ = dir;
+  const fs::path single = fs::path(dir) / kSingleFile;
+  const fs::path index = fs::path(dir) / kIndexFile;
+  if (fs::exists(single)) {
+    w.files_.push_back(std::make_unique<SafetensorsFile>(SafetensorsFile::open(single.string())));
+    for (const auto& name : w.files_[0]->names()) {
+      w.by_name_[name] = w.files_[0].get();
+      w.file_of_[name] = single.string();
+    }
+    return w;
+  }
+  if (!fs::exists(index))
+    throw FileError(dir, std::string("no ") + kSingleFile + " and no " + kIndexFile +
+                             "; expected a Hugging Face checkpoint directory with safetensors "
+                             "weights (.bin pickles are not read: convert them to safetensors)");
+  const std::string index_path = index.string();
+  rapidjson::Document doc = parse_json(index_path);
+  auto map = doc.FindMember("weight_map");
+  if (map == doc.MemberEnd() || !map->value.IsObject())
+    throw FileError(index_path, "missing object 'weight_map' {tensor name: shard file}");
+  std::map<std::string, const SafetensorsFile*> shards;
+  for (auto it = map->value.MemberBegin(); it != map->value.MemberEnd(); ++it) {
+    const std::string name = it->name.GetString();
+    if (!it->value.IsString())
+      throw FileError(index_path, "weight_map['" + name + "'] is not a file name");
+    const std::string shard = it->value.GetString();
+    if (shard.empty() || shard.find('/') != std::string::npos || shard == "." || shard == "..")
+      throw FileError(index_path, "weight_map['" + name + "'] = '" + shard +
+                                      "' is not a file name in the checkpoint directory");
+    auto found = shards.find(shard);
+    if (found == shards.end()) {
+      const std::string shard_path = (fs::path(dir) / shard).string();
+      if (!fs::exists(shard_path))
+        throw FileError(shard_path, "shard listed in " + index_path + " (for tensor '" + name +
+                                        "') does not exist");
+      w.files_.push_back(std::make_unique<SafetensorsFile>(SafetensorsFile::open(shard_path)));
+      found = shards.emplace(shard, w.files_.back().get()).first;
+    }
+    if (!found->second->contains(name))
+      throw FileError(found->second->path(), "tensor '" + name + "' is listed for this shard in " +
+                                                 index_path + " but the shard does not hold it");
+    if (w.by_name_.count(name))
+      throw FileError(index_path, "tensor '" + name + "' listed twice in weight_map");
+    w.by_name_[name] = found->second;
+    w.file_of_[name] = found->second->path();
+  }
+  // Every tensor of every shard must be in the index.
+  for (const auto& f : w.files_)
+    for (const auto& name : f->names())
+      if (!w.by_name_.count(name) || w.by_name_[name] != f.get())
+        throw FileError(f->path(), "tensor '" + name + "' is not listed for this shard in " +
+                                       index_path);
+  return w;
+}
+
+HfWeights::Located HfWeights::locate(const std::string& hf_name) const {
+  std::string key = hf_name;
+  if (!strip_prefix_.empty() && hf_name.rfind(strip_prefix_, 0) == 0)
+    key = hf_name.substr(strip_prefix_.size());
+  auto it = by_name_.find(key);
+  if (it == by_name_.end())
+    throw FileError(dir_, "tensor '" + key + "' is missing from the checkpoint");
+  return {it->second, key};
+}
+
+void HfWeights::check(const ModelShape& shape, const std::vector<ParamSpec>& specs) {
+  // Base-model checkpoints (GPT2Model.save_pretrained) name tensors without the prefix.
+  const std::string prefix = base_prefix(shape);
+  bool any_prefixed = false;
+  for (const auto& [name, file] : by_name_) any_prefixed |= name.rfind(prefix, 0) == 0;
+  strip_prefix_ = any_prefixed || by_name_.empty() ? "" : prefix;
+
+  std::set<std::string> expected;
+  for (const ParamSpec& spec : specs) {
+    Located loc = locate(spec.name);
+    expected.insert(loc.key);
+    const auto& e = loc.file->entry(loc.key);
+    std::vector<int64_t> want = spec.shape;
+    if (spec.transposed_on_disk) std::swap(want[0], want[1]);
+    if (e.shape != want)
+      throw FileError(loc.file->path(), "tensor '" + loc.key + "' has shape " + shape_str(e.shape) +
+                                            " but the model (config.json) needs " +
+                                            shape_str(want) +
+                                            (spec.transposed_on_disk ? " (Conv1D: (in, out))" : ""));
+    if (!at::isFloatingType(e.dtype))
+      throw FileError(loc.file->path(),
+                      "tensor '" + loc.key + "' has dtype " +
+                          *safetensors_dtype_name(e.dtype) +
+                          "; model weights must be floating point (F32, F16, BF16, F64)");
+  }
+  for (const auto& [name, file] : by_name_) {
+    if (expected.count(name) || ignorable_buffer(shape, name)) continue;
+    const std::string full = strip_prefix_ + name;
+    if (shape.tie_embeddings && (name == "lm_head.weight")) {
+      const std::string emb = shape.arch == "gpt2" ? "transformer.wte.weight" : "model.embed_tokens.weight";
+      Located e = locate(emb);
+      at::Tensor head = file->tensor(name);
+      at::Tensor table = e.file->tensor(e.key);
+      if (head.sizes() != table.sizes() || !at::equal(head.to(at::kFloat), table.to(at::kFloat)))
+        throw FileError(file->path(),
+                        "tensor 'lm_head.weight' differs from '" + e.key +
+                            "', but config.json has tie_word_embeddings true; set it to false to "
+                            "load an untied head");
+      continue;
+    }
+    throw FileError(file->path(), "unexpected tensor '" + name + "': the model described by "
+                                  "config.json (" + shape.arch + ", " +
+                                  std::to_string(shape.n_layer) + " layers" +
+                                  (shape.tie_embeddings ? ", tied lm_head" : "") +
+                                  ") has no such parameter");
+  }
+}
+
+at::Tensor HfWeights::tensor(const ParamSpec& spec) const {
+  Located loc = locate(spec.name);
+  at::Tensor t = loc.file->tensor(loc.key);
+  return spec.transposed_on_disk ? t.t() : t;
+}
+
+// ---- saving -----------------------------------------------------------------------------------
+
+void save_hf_checkpoint(CausalLM& model, const std::string& dir, int64_t max_shard_bytes) {
+  const ModelShape& shape = model.shape();
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw FileError(dir, "cannot create checkpoint directory: " + ec.message());
+
+  auto params = model.named_parameters(/*recurse=*/true);
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const ParamSpec& spec : parameter_specs(shape)) {
+    const at::Tensor* p = params.find(spec.name);
+    if (!p)
+      throw Error("save_hf_checkpoint(" + dir + "): the model has no parameter '" + spec.name +
+                  "' (a plugin replaced it?); merge adapters or dequantize before saving a "
+                  "Hugging Face checkpoint");
+    at::Tensor t = p->detach();
+    tensors.emplace_back(spec.name, spec.transposed_on_disk ? t.t().contiguous() : t);
+  }
+  const std::map<std::string, std::string> meta{{"format", "pt"}};
+  const fs::path single = fs::path(dir) / kSingleFile;
+  const fs::path index = fs::path(dir) / kIndexFile;
+
+  // Shards: consecutive tensors, each shard at most max_shard_bytes (or one oversized tensor).
+  std::vector<std::vector<size_t>> shards(1);
+  int64_t shard_bytes = 0, total_bytes = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const int64_t n = tensors[i].second.numel() * tensors[i].second.element_size();
+    total_bytes += n;
+    if (max_shard_bytes > 0 && !shards.back().empty() && shard_bytes + n > max_shard_bytes) {
+      shards.emplace_back();
+      shard_bytes = 0;
+    }
+    shards.back().push_back(i);
+    shard_bytes += n;
+  }
+
+  // Weight files of an earlier save in the other layout would shadow or confuse this one.
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string f = entry.path().filename().string();
+    const bool old_shard = f.rfind("model-", 0) == 0 && ends_with(f, ".safetensors");
+    if (old_shard || f == kIndexFile || (f == kSingleFile && max_shard_bytes > 0 && shards.size() > 1))
+      fs::remove(entry.path(), ec);
+  }
+
+  write_file_atomic((fs::path(dir) / "config.json").string(), hf_config_json(shape));
+  if (shards.size() == 1) {
+    write_safetensors(single.string(), tensors, meta);
+    return;
+  }
+  fs::remove(single, ec);
+  rapidjson::StringBuffer sb;
+  rapidjson::PrettyWriter<rapidjson::StringBuffer> w(sb);
+  w.SetIndent(' ', 2);
+  w.StartObject();
+  w.Key("metadata");
+  w.StartObject();
+  w.Key("total_size");
+  w.Int64(total_bytes);
+  w.EndObject();
+  w.Key("weight_map");
+  w.StartObject();
+  char buf[64];
+  for (size_t k = 0; k < shards.size(); ++k) {
+    std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", k + 1, shards.size());
+    std::vector<std::pair<std::string, at::Tensor>> part;
+    for (size_t i : shards[k]) {
+      part.push_back(tensors[i]);
+      w.Key(tensors[i].first.c_str());
+      w.String(buf);
+    }
+    write_safetensors((fs::path(dir) / buf).string(), part, meta);
+  }
+  w.EndObject();
+  w.EndObject();
+  write_file_atomic(index.string(), std::string(sb.GetString(), sb.GetSize()) + "\n");
+}
+
+}  // namespace memrt

@@ -1,0 +1,74 @@
+// Hugging Face checkpoint directories: config.json + model.safetensors, or sharded as
+// model-0000K-of-0000N.safetensors + model.safetensors.index.json ({"metadata": {"total_size"},
+// "weight_map": {tensor name: shard file}}). Tensor names are Hugging Face's.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "io/safetensors.h"
+#include "memrt/model.h"
+#include "memrt/model_shape.h"
+#include "models/model_factory.h"
+
+namespace memrt {
+
+// The shape described by <dir>/config.json. model_type "gpt2" (activation_function gelu_new) or
+// "llama" (hidden_act silu, no rope_scaling, no attention/mlp biases); anything else is a
+// memrt::ConfigError naming config.json, the key and what is supported. Absent keys take
+// transformers' defaults for that model_type.
+ModelShape read_hf_config(const std::string& dir);
+
+// The config.json transformers would write for `shape` (architectures, model_type, sizes).
+std::string hf_config_json(const ModelShape& shape, double init_std = 0.02);
+
+// The weights of a checkpoint directory, memory-mapped (nothing is read until used).
+class HfWeights {
+ public:
+  // Opens model.safetensors, or the shards listed by model.safetensors.index.json.
+  static HfWeights open(const std::string& dir);
+
+  // Strict check against the model to be built (call once before tensor()): every spec present with its shape (HF layout)
+  // and a floating dtype, no unexpected tensor (the non-parameter buffers transformers itself
+  // ignores — GPT-2's attn.bias / attn.masked_bias masks, Llama's rotary_emb.inv_freq — are
+  // skipped), a tied lm_head present on disk must equal the embedding. Checkpoints saved from
+  // the base model (GPT2Model: "h.0..." without "transformer.") are accepted too.
+  // Violations: memrt::FileError naming the tensor and the file.
+  void check(const ModelShape& shape, const std::vector<ParamSpec>& specs);
+
+  // The tensor for `spec`, in the model's layout (transposed view for Conv1D weights), viewing the
+  // mapped file in its dtype on disk; copy_ it into the parameter to convert.
+  at::Tensor tensor(const ParamSpec& spec) const;
+
+  // Every tensor name on disk, and the file holding it.
+  const std::map<std::string, std::string>& files_by_name() const { return file_of_; }
+
+ private:
+  struct Located {
+    const SafetensorsFile* file;
+    std::string key;  // the name on disk
+  };
+  Located locate(const std::string& hf_name) const;  // FileError when absent
+
+  std::string dir_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, const SafetensorsFile*> by_name_;
+  std::map<std::string, std::string> file_of_;
+  std::string strip_prefix_;  // "transformer." / "model." when the file has base-model names
+};
+
+// Writes <dir>/config.json and the weights with HF names (GPT-2 Conv1D weights transposed back to
+// (in, out); a tied lm_head omitted, as transformers does), metadata {"format": "pt"}.
+// max_shard_bytes > 0 splits the weights into model-0000K-of-0000N.safetensors files of at most
+// that many bytes (a larger tensor gets a shard of its own) plus model.safetensors.index.json;
+// otherwise one model.safetensors. Creates `dir` if needed; every file is written atomically and
+// weight files of the other layout left from an earlier save are removed. A parameter a plugin
+// replaced (LoRA, NF4) is a memrt::Error: merge it back first.
+void save_hf_checkpoint(CausalLM& model, const std::string& dir, int64_t max_shard_bytes = 0);
+
+}  // namespace memrt

@@ -1,0 +1,195 @@
+// build_model: one block at a time, random (Hugging Face-style) or from a checkpoint directory.
+#include "models/model_factory.h"
+
+#include <cmath>
+#include <optional>
+#include <unordered_set>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "memrt/error.h"
+#include "models/decoder.h"
+#include "models/hf_checkpoint.h"
+
+namespace memrt {
+namespace {
+
+ConfigError shape_error(const std::string& field, const std::string& message) {
+  return ConfigError("", "model." + field, message);
+}
+
+// Hugging Face's _init_weights: Linear and Embedding weights ~ N(0, init_std), biases 0, norms 1;
+// GPT-2 additionally scales every c_proj weight by 1/sqrt(2 * n_layer) (residual projections).
+void init_parameter(const ModelShape& shape, const std::string& name, at::Tensor& p, double std,
+                    at::Generator& gen) {
+  auto ends_with = [&](const char* suffix) {
+    const size_t n = std::char_traits<char>::length(suffix);
+    return name.size() >= n && name.compare(name.size() - n, n, suffix) == 0;
+  };
+  const bool norm = shape.arch == "gpt2"
+                        ? name.find(".ln_") != std::string::npos
+                        : ends_with("layernorm.weight") || name == "model.norm.weight";
+  if (norm && ends_with(".weight")) {
+    p.fill_(1.0);
+  } else if (ends_with(".bias")) {
+    p.zero_();
+  } else {
+    if (shape.arch == "gpt2" && ends_with("c_proj.weight"))
+      std /= std::sqrt(2.0 * static_cast<double>(shape.n_layer));
+    at::Tensor r = at::empty(p.sizes(), at::TensorOptions().dtype(at::kFloat));
+    r.normal_(0.0, std, gen);  // drawn on the CPU: the same numbers whatever the device
+    p.copy_(r);
+  }
+}
+
+}  // namespace
+
+int64_t ParamSpec::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+void validate_shape(const ModelShape& s) {
+  if (s.arch != "gpt2" && s.arch != "llama")
+    throw shape_error("arch", "\"" + s.arch + "\" is not a built-in architecture; use \"gpt2\" or "
+                              "\"llama\"");
+  auto positive = [](const char* field, int64_t v) {
+    if (v < 1) throw shape_error(field, "must be >= 1, got " + std::to_string(v));
+  };
+  positive("n_layer", s.n_layer);
+  positive("n_head", s.n_head);
+  positive("n_kv_head", s.n_kv_head);
+  positive("d_model", s.d_model);
+  positive("d_ff", s.d_ff);
+  positive("vocab_size", s.vocab_size);
+  positive("n_ctx", s.n_ctx);
+  if (s.d_model % s.n_head != 0)
+    throw shape_error("d_model", std::to_string(s.d_model) + " is not divisible by n_head " +
+                                     std::to_string(s.n_head));
+  if (s.n_head % s.n_kv_head != 0)
+    throw shape_error("n_kv_head", "n_head " + std::to_string(s.n_head) +
+                                       " must be a multiple of n_kv_head " +
+                                       std::to_string(s.n_kv_head));
+  if (s.arch == "gpt2" && s.n_kv_head != s.n_head)
+    throw shape_error("n_kv_head", "GPT-2 has no grouped-query attention; n_kv_head must equal "
+                                   "n_head (" + std::to_string(s.n_head) + ")");
+  if (s.arch == "llama" && s.head_dim() % 2 != 0)
+    throw shape_error("d_model", "rotary embeddings need an even head_dim (d_model / n_head = " +
+                                     std::to_string(s.head_dim()) + ")");
+  if (!(s.norm_eps > 0.0)) throw shape_error("norm_eps", "must be > 0");
+  if (s.arch == "llama" && !(s.rope_theta > 0.0)) throw shape_error("rope_theta", "must be > 0");
+}
+
+std::vector<ParamSpec> parameter_specs(const ModelShape& s) {
+  validate_shape(s);
+  std::vector<ParamSpec> specs;
+  auto add = [&](std::string name, std::vector<int64_t> shape, int64_t block = -1,
+                 bool transposed = false) {
+    specs.push_back({std::move(name), std::move(shape), transposed, block});
+  };
+  const int64_t C = s.d_model, F = s.d_ff, V = s.vocab_size;
+  if (s.arch == "gpt2") {
+    add("transformer.wte.weight", {V, C});
+    add("transformer.wpe.weight", {s.n_ctx, C});
+    for (int64_t i = 0; i < s.n_layer; ++i) {
+      const std::string p = "transformer.h." + std::to_string(i) + ".";
+      add(p + "ln_1.weight", {C}, i);
+      add(p + "ln_1.bias", {C}, i);
+      add(p + "attn.c_attn.weight", {3 * C, C}, i, true);
+      add(p + "attn.c_attn.bias", {3 * C}, i);
+      add(p + "attn.c_proj.weight", {C, C}, i, true);
+      add(p + "attn.c_proj.bias", {C}, i);
+      add(p + "ln_2.weight", {C}, i);
+      add(p + "ln_2.bias", {C}, i);
+      add(p + "mlp.c_fc.weight", {F, C}, i, true);
+      add(p + "mlp.c_fc.bias", {F}, i);
+      add(p + "mlp.c_proj.weight", {C, F}, i, true);
+      add(p + "mlp.c_proj.bias", {C}, i);
+    }
+    add("transformer.ln_f.weight", {C});
+    add("transformer.ln_f.bias", {C});
+  } else {
+    const int64_t KV = s.n_kv_head * s.head_dim();
+    add("model.embed_tokens.weight", {V, C});
+    for (int64_t i = 0; i < s.n_layer; ++i) {
+      const std::string p = "model.layers." + std::to_string(i) + ".";
+      add(p + "self_attn.q_proj.weight", {C, C}, i);
+      add(p + "self_attn.k_proj.weight", {KV, C}, i);
+      add(p + "self_attn.v_proj.weight", {KV, C}, i);
+      add(p + "self_attn.o_proj.weight", {C, C}, i);
+      add(p + "mlp.gate_proj.weight", {F, C}, i);
+      add(p + "mlp.up_proj.weight", {F, C}, i);
+      add(p + "mlp.down_proj.weight", {C, F}, i);
+      add(p + "input_layernorm.weight", {C}, i);
+      add(p + "post_attention_layernorm.weight", {C}, i);
+    }
+    add("model.norm.weight", {C});
+  }
+  if (!s.tie_embeddings) add("lm_head.weight", {V, C});
+  return specs;
+}
+
+std::shared_ptr<CausalLM> build_model(const ModelShape& shape, const BuildOptions& options) {
+  const std::vector<ParamSpec> specs = parameter_specs(shape);  // validates the shape
+  std::unordered_map<std::string, const ParamSpec*> spec_of;
+  for (const auto& s : specs) spec_of[s.name] = &s;
+
+  std::optional<HfWeights> weights;
+  if (!options.weights_dir.empty()) {
+    weights = HfWeights::open(options.weights_dir);
+    weights->check(shape, specs);  // before anything is allocated
+  }
+  at::Generator gen = at::detail::createCPUGenerator(options.seed);
+
+  auto fill = [&](const NamedTensors& params) {
+    at::NoGradGuard no_grad;
+    for (const auto& [name, param] : params) {
+      at::Tensor p = param;
+      auto it = spec_of.find(name);
+      if (it == spec_of.end())
+        throw Error("build_model: internal error: parameter '" + name + "' has no spec");
+      if (weights)
+        p.copy_(weights->tensor(*it->second));  // converts bf16/fp16 on disk to fp32
+      else
+        init_parameter(shape, name, p, options.init_std, gen);
+    }
+  };
+
+  std::shared_ptr<DecoderLM> model = shape.arch == "gpt2" ? make_gpt2(shape) : make_llama(shape);
+  fill(model->embedding_parameters());
+  for (int64_t i = 0; i < shape.n_layer; ++i) {
+    std::shared_ptr<Block> block = model->new_block(i);
+    NamedTensors params;
+    for (const auto& item : block->named_parameters(/*recurse=*/true))
+      params.emplace_back(block->hf_prefix() + "." + item.key(), item.value());
+    fill(params);
+    model->append_block(block);
+    if (options.on_block_ready) options.on_block_ready(i, *block);
+  }
+  model->finish();
+  fill(model->final_parameters());
+  return model;
+}
+
+at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& targets) {
+  if (logits.dim() != 3 || targets.dim() != 2 || logits.size(0) != targets.size(0) ||
+      logits.size(1) != targets.size(1))
+    throw Error("causal_lm_loss: expected logits (B, T, V) and targets (B, T), got " +
+                c10::str(logits.sizes()) + " and " + c10::str(targets.sizes()));
+  if (targets.scalar_type() != at::kLong)
+    throw Error("causal_lm_loss: targets must be int64 token ids, got " +
+                std::string(c10::toString(targets.scalar_type())));
+  const int64_t V = logits.size(2);
+  return at::cross_entropy_loss(logits.reshape({-1, V}), targets.reshape({-1}));  // scalar
+}
+
+int64_t count_parameters(const CausalLM& model) {
+  std::unordered_set<const c10::TensorImpl*> seen;
+  int64_t n = 0;
+  for (const at::Tensor& p : model.parameters(/*recurse=*/true))
+    if (seen.insert(p.unsafeGetTensorImpl()).second) n += p.numel();
+  return n;
+}
+
+}  // namespace memrt

@@ -1,0 +1,63 @@
+// Building the built-in decoder models (GPT-2 and Llama style) from a ModelShape, one block at a
+// time, with random initialisation or weights from a Hugging Face checkpoint directory.
+//
+//   ModelShape shape = read_hf_config(dir);          // or a shape from train.yaml's model: block
+//   BuildOptions opt;  opt.weights_dir = dir;        // empty: Hugging Face-style random init
+//   opt.on_block_ready = [&](int64_t i, Block& b) { /* quantize / partition block i */ };
+//   std::shared_ptr<CausalLM> model = build_model(shape, opt);
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "memrt/model.h"
+#include "memrt/model_shape.h"
+
+namespace memrt {
+
+struct BuildOptions {
+  double init_std = 0.02;
+  uint64_t seed = 0;
+  std::string weights_dir;  // a Hugging Face checkpoint directory to load weights from; empty = random init
+  // Called once per block, in order, as soon as the block exists with its final weights (random
+  // or loaded), so a plugin can quantize or partition it before the next block is materialised.
+  std::function<void(int64_t index, Block& block)> on_block_ready;
+};
+
+// Builds the model (fp32, CPU). Order: embeddings, then for each block: allocate, initialise or
+// load, on_block_ready; then the final norm and (untied) lm_head. With weights_dir, the
+// checkpoint is checked against the shape (every tensor present, none unexpected, shapes and
+// dtypes) before anything is allocated. Errors: memrt::ConfigError (bad shape), FileError (files).
+std::shared_ptr<CausalLM> build_model(const ModelShape& shape, const BuildOptions& options);
+
+// Mean cross-entropy of next-token prediction. logits (B, T, V) float, targets (B, T) int64
+// (already shifted: targets[b, t] is the token after position t); targets of -100 are ignored.
+// Returns a scalar.
+at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& targets);
+
+// Number of parameter elements; shared (tied) parameters counted once.
+int64_t count_parameters(const CausalLM& model);
+
+// One parameter of a model as built (before any plugin surgery), by shapes alone.
+struct ParamSpec {
+  std::string name;            // Hugging Face name, e.g. "transformer.h.0.attn.c_attn.weight"
+  std::vector<int64_t> shape;  // in the model (nn::Linear: (out, in))
+  bool transposed_on_disk = false;  // GPT-2 Conv1D weights: (in, out) in HF files
+  int64_t block = -1;          // block index, -1 for embeddings / final norm / head
+  int64_t numel() const;
+};
+
+// Every parameter of the model `shape` describes, in named_parameters() order (the tied lm_head
+// is absent, as in Hugging Face). Allocates nothing: for memory estimates and checkpoint checks.
+std::vector<ParamSpec> parameter_specs(const ModelShape& shape);
+
+// Throws memrt::ConfigError naming the field when `shape` cannot be built (unknown arch, a width
+// not divisible by the heads, n_head not a multiple of n_kv_head, odd Llama head_dim, ...).
+void validate_shape(const ModelShape& shape);
+
+}  // namespace memrt
