@@ -159,6 +159,20 @@ TEST(Safetensors, RoundTripIsZeroCopyAndOutlivesTheFileObject) {
   EXPECT_EQ(before[8 + n - 1] == ' ' || before[8 + n - 1] == '}', true);
 }
 
+TEST(Safetensors, DroppedPagesReadBackFromTheFile) {
+  const std::string path = scratch_dir() + "/big.safetensors";
+  at::Tensor big = at::randn({1024, 1024});  // (1024, 1024) 4 MiB: many whole pages
+  at::Tensor small = at::arange(10, at::kFloat);
+  write_safetensors(path, {{"big", big}, {"small", small}});
+  SafetensorsFile f = SafetensorsFile::open(path);
+  at::Tensor view = f.tensor("big");
+  EXPECT_TRUE(at::equal(view, big));
+  f.drop_pages("big");
+  f.drop_pages("small");  // smaller than a page: nothing to drop, still fine
+  EXPECT_TRUE(at::equal(view, big));
+  EXPECT_TRUE(at::equal(f.tensor("small"), small));
+}
+
 TEST(Safetensors, WriteRejectsBadInput) {
   const std::string path = scratch_dir() + "/bad.safetensors";
   at::Tensor t = at::ones({2});

@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <set>
 
 #include <fcntl.h>
@@ -247,6 +248,15 @@ const SafetensorsFile::Entry& SafetensorsFile::entry(const std::string& name) co
 
 uint64_t SafetensorsFile::data_bytes() const {
   return order_.empty() ? 0 : entries_.at(order_.back()).end;
+}
+
+void SafetensorsFile::drop_pages(const std::string& name) const {
+  const Entry& e = entry(name);
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(data_ + e.begin);
+  const auto end = reinterpret_cast<uintptr_t>(data_ + e.end);
+  const uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;
+  if (first < last) madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
 at::Tensor SafetensorsFile::tensor(const std::string& name) const {

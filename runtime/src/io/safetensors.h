@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -51,6 +52,11 @@ class SafetensorsFile {
   at::Tensor tensor(const std::string& name) const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   uint64_t data_bytes() const;  // size of the tensor buffer
+  // Tells the kernel the pages holding tensor `name` (those wholly inside it) are no longer
+  // needed, so a loader that copied it does not keep the file resident: a 7B checkpoint is
+  // streamed through memory block by block. Views read the file's bytes again on next access
+  // (changes written into those pages through a view are lost).
+  void drop_pages(const std::string& name) const;
 
  private:
   struct Mapping;

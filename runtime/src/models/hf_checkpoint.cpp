@@ -369,6 +369,11 @@ at::Tensor HfWeights::tensor(const ParamSpec& spec) const {
   return spec.transposed_on_disk ? t.t() : t;
 }
 
+void HfWeights::drop_pages(const ParamSpec& spec) const {
+  Located loc = locate(spec.name);
+  loc.file->drop_pages(loc.key);
+}
+
 // ---- saving -----------------------------------------------------------------------------------
 
 void save_hf_checkpoint(CausalLM& model, const std::string& dir, int64_t max_shard_bytes) {

@@ -44,6 +44,8 @@ class HfWeights {
   // The tensor for `spec`, in the model's layout (transposed view for Conv1D weights), viewing the
   // mapped file in its dtype on disk; copy_ it into the parameter to convert.
   at::Tensor tensor(const ParamSpec& spec) const;
+  // After copying `spec` out: let the kernel drop its file pages (SafetensorsFile::drop_pages).
+  void drop_pages(const ParamSpec& spec) const;
 
   // Every tensor name on disk, and the file holding it.
   const std::map<std::string, std::string>& files_by_name() const { return file_of_; }

@@ -149,9 +149,10 @@ std::shared_ptr<CausalLM> build_model(const ModelShape& shape, const BuildOption
       auto it = spec_of.find(name);
       if (it == spec_of.end())
         throw Error("build_model: internal error: parameter '" + name + "' has no spec");
-      if (weights)
+      if (weights) {
         p.copy_(weights->tensor(*it->second));  // converts bf16/fp16 on disk to fp32
-      else
+        weights->drop_pages(*it->second);       // the file need not stay resident
+      } else
         init_parameter(shape, name, p, options.init_std, gen);
     }
   };
