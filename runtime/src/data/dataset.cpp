@@ -1,2 +1,319 @@
-// placeholder: the data area of the memrt runtime
-namespace memrt {}
+#include "data/dataset.h"
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+
+#include <rapidjson/document.h>
+#include <rapidjson/error/en.h>
+
+#include "data/mapped_file.h"
+#include "memrt/error.h"
+
+namespace memrt {
+
+namespace detail {
+// runtime/src/data/corpus/kjv.txt, embedded at build time (embed_corpus.cmake).
+extern const unsigned char kBuiltinCorpus[];
+extern const std::size_t kBuiltinCorpusSize;
+}  // namespace detail
+
+namespace {
+
+// llm.c's token files: 256 int32 of header (magic, version, token count, 0...), then the tokens.
+constexpr int64_t kLlmcHeaderInts = 256;
+constexpr int64_t kLlmcHeaderBytes = kLlmcHeaderInts * 4;
+constexpr int32_t kLlmcMagicGpt2 = 20240520;    // version 1: uint16 tokens, 2: uint32
+constexpr int32_t kLlmcMagicLlama3 = 20240801;  // version 7: uint32 tokens
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::string kib(int64_t bytes) {
+  return std::to_string((bytes + 512) / 1024) + " KiB";
+}
+
+int32_t read_i32(const uint8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);  // the files are little-endian, as is every host memrt builds for
+  return v;
+}
+
+}  // namespace
+
+TokenDataset::~TokenDataset() = default;
+
+std::shared_ptr<TokenDataset> TokenDataset::open(const DataConfig& cfg) {
+  const std::string& path = cfg.train_file;
+  if (path.empty()) return builtin_corpus();
+  if (ends_with(path, ".jsonl")) return open_jsonl(path);
+  if (ends_with(path, ".bin")) return open_bin(path);
+  return open_text(path);
+}
+
+std::shared_ptr<TokenDataset> TokenDataset::builtin_corpus() {
+  std::shared_ptr<TokenDataset> d(new TokenDataset());
+  d->tokens_ = detail::kBuiltinCorpus;
+  d->num_tokens_ = static_cast<int64_t>(detail::kBuiltinCorpusSize);
+  d->description_ = "built-in corpus (" + kib(d->num_tokens_) +
+                    ", byte-level): King James Bible, Genesis, Exodus and Ruth (public domain)";
+  return d;
+}
+
+std::shared_ptr<TokenDataset> TokenDataset::open_text(const std::string& path) {
+  std::shared_ptr<TokenDataset> d(new TokenDataset());
+  d->file_ = std::make_unique<MappedFile>(path);
+  if (d->file_->size() < 2)
+    throw FileError(path, "holds " + std::to_string(d->file_->size()) +
+                              " bytes; a byte-level text file needs at least 2 (one input and "
+                              "its target), and far more to train on");
+  d->tokens_ = d->file_->data();
+  d->num_tokens_ = static_cast<int64_t>(d->file_->size());
+  d->description_ = path + " (" + kib(d->num_tokens_) + ", byte-level text)";
+  return d;
+}
+
+std::shared_ptr<TokenDataset> TokenDataset::open_bin(const std::string& path) {
+  std::shared_ptr<TokenDataset> d(new TokenDataset());
+  d->file_ = std::make_unique<MappedFile>(path);
+  const uint8_t* bytes = d->file_->data();
+  const auto size = static_cast<int64_t>(d->file_->size());
+
+  int32_t magic = size >= 4 ? read_i32(bytes) : 0;
+  if (size >= kLlmcHeaderBytes && (magic == kLlmcMagicGpt2 || magic == kLlmcMagicLlama3)) {
+    int32_t version = read_i32(bytes + 4);
+    int32_t count = read_i32(bytes + 8);
+    if (magic == kLlmcMagicGpt2 && version == 1) {
+      d->bytes_per_token_ = 2;
+    } else if ((magic == kLlmcMagicGpt2 && version == 2) ||
+               (magic == kLlmcMagicLlama3 && version == 7)) {
+      d->bytes_per_token_ = 4;
+    } else {
+      throw FileError(path, "llm.c token file header with magic " + std::to_string(magic) +
+                                " has version " + std::to_string(version) +
+                                "; expected version 1 (uint16 tokens) or 2 (uint32) for magic " +
+                                std::to_string(kLlmcMagicGpt2) + ", or 7 (uint32) for magic " +
+                                std::to_string(kLlmcMagicLlama3));
+    }
+    int64_t expected = kLlmcHeaderBytes + int64_t{count} * d->bytes_per_token_;
+    if (count < 0 || expected != size)
+      throw FileError(path, "llm.c header says " + std::to_string(count) + " tokens of " +
+                                std::to_string(d->bytes_per_token_) + " bytes, i.e. a file of " +
+                                std::to_string(expected) + " bytes, but the file has " +
+                                std::to_string(size) + " (truncated or not an llm.c token file)");
+    d->tokens_ = bytes + kLlmcHeaderBytes;
+    d->num_tokens_ = count;
+    d->description_ = path + " (llm.c token file v" + std::to_string(version) + ", uint" +
+                      std::to_string(8 * d->bytes_per_token_) + ", " + std::to_string(count) +
+                      " tokens)";
+  } else {
+    d->bytes_per_token_ = ends_with(path, ".u32.bin") ? 4 : 2;
+    if (size % d->bytes_per_token_ != 0)
+      throw FileError(path, "has " + std::to_string(size) + " bytes, not a whole number of uint" +
+                                std::to_string(8 * d->bytes_per_token_) +
+                                " tokens (headerless .bin files hold uint16 tokens; name uint32 "
+                                "files *.u32.bin, or write llm.c's 256-int32 header)");
+    d->tokens_ = bytes + 0;
+    d->num_tokens_ = size / d->bytes_per_token_;
+    d->description_ = path + " (raw uint" + std::to_string(8 * d->bytes_per_token_) + ", " +
+                      std::to_string(d->num_tokens_) + " tokens)";
+  }
+  if (d->num_tokens_ < 2)
+    throw FileError(path, "holds " + std::to_string(d->num_tokens_) +
+                              " tokens; at least 2 are needed (one input and its target)");
+  d->scan_vocab();
+  return d;
+}
+
+std::shared_ptr<TokenDataset> TokenDataset::open_jsonl(const std::string& path) {
+  MappedFile file(path);
+  std::shared_ptr<TokenDataset> d(new TokenDataset());
+  const char* p = reinterpret_cast<const char*>(file.data());
+  const char* end = p + file.size();
+  int64_t line_no = 0, documents = 0;
+  while (p < end) {
+    const char* eol = static_cast<const char*>(std::memchr(p, '\n', static_cast<size_t>(end - p)));
+    if (!eol) eol = end;
+    ++line_no;
+    const char* first = p;
+    while (first < eol && (*first == ' ' || *first == '\t' || *first == '\r')) ++first;
+    if (first < eol) {  // blank lines separate nothing and are skipped
+      rapidjson::Document doc;
+      doc.Parse(first, static_cast<size_t>(eol - first));
+      std::string where = "line " + std::to_string(line_no) + ": ";
+      if (doc.HasParseError())
+        throw FileError(path, where + "invalid JSON (" +
+                                  rapidjson::GetParseError_En(doc.GetParseError()) + " at column " +
+                                  std::to_string(doc.GetErrorOffset() + 1 + (first - p)) +
+                                  "); expected one object per line such as {\"text\": \"...\"}");
+      if (!doc.IsObject())
+        throw FileError(path, where + "expected a JSON object with a \"text\" field, one per line");
+      auto it = doc.FindMember("text");
+      if (it == doc.MemberEnd())
+        throw FileError(path, where + "the object has no \"text\" field; every line needs "
+                                      "{\"text\": \"...\"} (other fields are ignored)");
+      if (!it->value.IsString())
+        throw FileError(path, where + "\"text\" must be a string");
+      d->owned_.append(it->value.GetString(), it->value.GetStringLength());
+      d->owned_.push_back('\n');  // documents are separated by a newline
+      ++documents;
+    }
+    p = eol + 1;
+  }
+  if (d->owned_.size() < 2)
+    throw FileError(path, "holds no text: expected lines such as {\"text\": \"...\"}");
+  d->tokens_ = reinterpret_cast<const uint8_t*>(d->owned_.data());
+  d->num_tokens_ = static_cast<int64_t>(d->owned_.size());
+  d->description_ = path + " (JSONL, " + std::to_string(documents) + " documents, " +
+                    kib(d->num_tokens_) + ", byte-level)";
+  return d;
+}
+
+void TokenDataset::scan_vocab() {
+  int64_t max_id = 0;
+  if (bytes_per_token_ == 2) {
+    uint16_t m = 0;
+    for (int64_t i = 0; i < num_tokens_; ++i) {
+      uint16_t v;
+      std::memcpy(&v, tokens_ + 2 * i, 2);
+      m = std::max(m, v);
+    }
+    max_id = m;
+  } else {
+    uint32_t m = 0;
+    for (int64_t i = 0; i < num_tokens_; ++i) {
+      uint32_t v;
+      std::memcpy(&v, tokens_ + 4 * i, 4);
+      m = std::max(m, v);
+    }
+    max_id = m;
+  }
+  vocab_size_ = max_id + 1;
+}
+
+int64_t TokenDataset::token(int64_t i) const {
+  int64_t v;
+  copy_tokens(i, 1, &v);
+  return v;
+}
+
+void TokenDataset::copy_tokens(int64_t begin, int64_t count, int64_t* out) const {
+  if (begin < 0 || count < 0 || begin + count > num_tokens_)
+    throw Error("TokenDataset: tokens [" + std::to_string(begin) + ", " +
+                std::to_string(begin + count) + ") are out of range for " + description_);
+  const uint8_t* p = tokens_ + begin * bytes_per_token_;
+  switch (bytes_per_token_) {
+    case 1:
+      for (int64_t i = 0; i < count; ++i) out[i] = p[i];
+      break;
+    case 2:
+      for (int64_t i = 0; i < count; ++i) {
+        uint16_t v;
+        std::memcpy(&v, p + 2 * i, 2);
+        out[i] = v;
+      }
+      break;
+    default:
+      for (int64_t i = 0; i < count; ++i) {
+        uint32_t v;
+        std::memcpy(&v, p + 4 * i, 4);
+        out[i] = v;
+      }
+  }
+}
+
+// ---- sampling -----------------------------------------------------------------------------------
+
+namespace {
+
+uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// Uniform in [0, n), unbiased (rejects the top sliver of the 64-bit range).
+uint64_t uniform_below(uint64_t& state, uint64_t n) {
+  uint64_t threshold = (0 - n) % n;  // 2^64 mod n
+  uint64_t r;
+  do r = splitmix64(state);
+  while (r < threshold);
+  return r % n;
+}
+
+}  // namespace
+
+std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, int64_t epoch) {
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = i;
+  uint64_t state = seed;
+  state = splitmix64(state) ^ (static_cast<uint64_t>(epoch) * 0xd1b54a32d192ed03ULL);
+  for (int64_t i = n - 1; i > 0; --i) {
+    auto j = static_cast<int64_t>(uniform_below(state, static_cast<uint64_t>(i) + 1));
+    std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(j)]);
+  }
+  return order;
+}
+
+DataLoader::DataLoader(std::shared_ptr<const TokenDataset> data, int64_t block_size,
+                       int64_t micro_batch_size, int64_t grad_accum_steps, int rank, int world_size,
+                       uint64_t seed)
+    : data_(std::move(data)), block_size_(block_size), micro_batch_size_(micro_batch_size),
+      grad_accum_steps_(grad_accum_steps), rank_(rank), world_size_(world_size), seed_(seed) {
+  if (!data_) throw Error("DataLoader: no dataset");
+  if (block_size_ < 1 || micro_batch_size_ < 1 || grad_accum_steps_ < 1 || world_size_ < 1 ||
+      rank_ < 0 || rank_ >= world_size_)
+    throw Error("DataLoader: expected block_size, micro batch size, gradient_accumulation_steps "
+                "and world size >= 1 and 0 <= rank < world size; got block_size " +
+                std::to_string(block_size_) + ", micro batch " + std::to_string(micro_batch_size_) +
+                ", accumulation " + std::to_string(grad_accum_steps_) + ", rank " +
+                std::to_string(rank_) + " of " + std::to_string(world_size_));
+  samples_ = data_->num_tokens() / (block_size_ + 1);
+  global_batch_ = micro_batch_size_ * grad_accum_steps_ * world_size_;
+  steps_per_epoch_ = samples_ / global_batch_;
+  if (steps_per_epoch_ < 1) {
+    std::ostringstream msg;
+    msg << data_->description() << ": " << data_->num_tokens() << " tokens make " << samples_
+        << " samples of block_size+1 = " << block_size_ + 1
+        << " tokens, fewer than one global batch of " << global_batch_
+        << " (train_batch_size = micro batch " << micro_batch_size_ << " x accumulation "
+        << grad_accum_steps_ << " x " << world_size_
+        << " ranks); use more data, a smaller block_size or a smaller batch";
+    throw Error(msg.str());
+  }
+}
+
+std::vector<int64_t> DataLoader::sample_indices(int64_t step, int64_t micro) const {
+  if (step < 0 || micro < 0 || micro >= grad_accum_steps_)
+    throw Error("DataLoader::get: step " + std::to_string(step) + ", micro-batch " +
+                std::to_string(micro) + " out of range (expected step >= 0 and 0 <= micro < " +
+                std::to_string(grad_accum_steps_) + ")");
+  int64_t epoch = step / steps_per_epoch_;
+  int64_t in_epoch = step % steps_per_epoch_;
+  int64_t slot = micro * world_size_ + rank_;
+  int64_t first = in_epoch * global_batch_ + slot * micro_batch_size_;
+  std::lock_guard<std::mutex> lock(cache_->mutex);
+  if (cache_->epoch != epoch) {
+    cache_->order = epoch_permutation(samples_, seed_, epoch);
+    cache_->epoch = epoch;
+  }
+  auto begin = cache_->order.begin() + first;
+  return std::vector<int64_t>(begin, begin + micro_batch_size_);
+}
+
+Batch DataLoader::get(int64_t step, int64_t micro) const {
+  std::vector<int64_t> indices = sample_indices(step, micro);
+  const int64_t B = micro_batch_size_, T = block_size_;
+  at::Tensor window = at::empty({B, T + 1}, at::kLong);  // (B, T+1)
+  int64_t* w = window.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b)
+    data_->copy_tokens(indices[static_cast<size_t>(b)] * (T + 1), T + 1, w + b * (T + 1));
+  Batch batch;
+  batch.inputs = window.narrow(1, 0, T).contiguous();   // (B, T)
+  batch.targets = window.narrow(1, 1, T).contiguous();  // (B, T)
+  return batch;
+}
+
+}  // namespace memrt

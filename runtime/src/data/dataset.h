@@ -1,0 +1,111 @@
+// Training data: one token stream (byte-level text, pre-tokenized .bin, JSONL, or the built-in
+// corpus) and the loader that cuts it into samples and hands every rank its micro-batches.
+//
+// Sampling rule (docs/data-and-optim.md): the stream is cut into non-overlapping windows of
+// block_size + 1 tokens (a sample: inputs = its first block_size tokens, targets = its last
+// block_size). Each epoch visits every sample once, in a permutation drawn from (seed, epoch).
+// Optimizer step s takes the next global batch (train_batch_size samples) of that order; slot
+// k = micro * world_size + rank of it, micro_batch_size samples wide, is what `rank` trains on in
+// micro-step `micro`. Ranks never share a sample, and the samples of a step do not depend on the
+// world size, only on the global batch.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "config/train_config.h"
+
+namespace memrt {
+
+class MappedFile;
+
+// One stream of token ids. Files are memory-mapped and read in place (JSONL, whose text must be
+// decoded, is the exception: its documents are copied once into one byte stream).
+class TokenDataset {
+ public:
+  // cfg.train_file empty: the built-in corpus. Otherwise by name: "*.jsonl" is JSONL with a
+  // "text" field per line, "*.bin" pre-tokenized tokens (llm.c header detected; headerless files
+  // are uint16, or uint32 when named "*.u32.bin"), anything else byte-level text.
+  static std::shared_ptr<TokenDataset> open(const DataConfig& cfg);
+
+  static std::shared_ptr<TokenDataset> builtin_corpus();
+  static std::shared_ptr<TokenDataset> open_text(const std::string& path);
+  static std::shared_ptr<TokenDataset> open_bin(const std::string& path);
+  static std::shared_ptr<TokenDataset> open_jsonl(const std::string& path);
+
+  ~TokenDataset();
+
+  int64_t num_tokens() const { return num_tokens_; }
+  // 256 for byte-level data; the largest token id + 1 for .bin files (llm.c's header has no
+  // vocabulary size).
+  int64_t vocab_size() const { return vocab_size_; }
+  int bytes_per_token() const { return bytes_per_token_; }
+  // e.g. "built-in corpus (379 KiB, byte-level): ..." — for the start-up log.
+  const std::string& description() const { return description_; }
+
+  int64_t token(int64_t i) const;
+  // Copies tokens [begin, begin + count) into `out` as int64.
+  void copy_tokens(int64_t begin, int64_t count, int64_t* out) const;
+
+ private:
+  TokenDataset() = default;
+  void scan_vocab();
+
+  std::unique_ptr<MappedFile> file_;  // keeps `tokens_` valid for mapped files
+  std::string owned_;                 // the decoded byte stream of a JSONL file
+  const uint8_t* tokens_ = nullptr;   // num_tokens_ * bytes_per_token_ bytes, little-endian
+  int64_t num_tokens_ = 0;
+  int bytes_per_token_ = 1;
+  int64_t vocab_size_ = 256;
+  std::string description_;
+};
+
+// One micro-batch. Both (B, T) int64 on the CPU; targets[b][t] is the token after inputs[b][t].
+struct Batch {
+  at::Tensor inputs, targets;
+};
+
+class DataLoader {
+ public:
+  // Throws memrt::Error when the arguments are out of range or the dataset holds fewer samples
+  // than one global batch (micro_batch_size * grad_accum_steps * world_size).
+  DataLoader(std::shared_ptr<const TokenDataset> data, int64_t block_size, int64_t micro_batch_size,
+             int64_t grad_accum_steps, int rank, int world_size, uint64_t seed);
+
+  int64_t samples() const { return samples_; }  // whole samples of block_size+1 tokens
+  int64_t global_batch_size() const { return global_batch_; }
+  // Optimizer steps per epoch: samples / global batch (floor; the remainder is dropped).
+  int64_t steps_per_epoch() const { return steps_per_epoch_; }
+
+  // Micro-batch `micro` (0..grad_accum_steps-1) of optimizer step `step` (0-based, counting across
+  // epochs) for this rank. A pure function of its arguments: resuming needs no loader state.
+  Batch get(int64_t step, int64_t micro) const;
+  // The sample indices (window i starts at token i * (block_size + 1)) that get() returns.
+  std::vector<int64_t> sample_indices(int64_t step, int64_t micro) const;
+
+ private:
+  std::shared_ptr<const TokenDataset> data_;
+  int64_t block_size_, micro_batch_size_, grad_accum_steps_;
+  int rank_, world_size_;
+  uint64_t seed_;
+  int64_t samples_ = 0, global_batch_ = 0, steps_per_epoch_ = 0;
+
+  // The order of the epoch last asked for (every rank reads one epoch for many steps in a row).
+  struct OrderCache {
+    std::mutex mutex;
+    int64_t epoch = -1;
+    std::vector<int64_t> order;
+  };
+  std::unique_ptr<OrderCache> cache_ = std::make_unique<OrderCache>();
+};
+
+// The permutation of [0, n) that epoch `epoch` visits samples in: a Fisher-Yates shuffle driven by
+// splitmix64 seeded from (seed, epoch). The same on every platform.
+std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, int64_t epoch);
+
+}  // namespace memrt

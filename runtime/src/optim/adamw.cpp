@@ -1,2 +1,0 @@
-// placeholder: the optim area of the memrt runtime
-namespace memrt {}

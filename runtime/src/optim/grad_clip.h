@@ -1,0 +1,23 @@
+// Global-norm gradient clipping, split in two so the engine can all-reduce between the calls:
+//   double sq = grad_sq_norm(params);          // this rank's sum of squares
+//   all-reduce SUM of sq over ranks;           // the engine
+//   clip_grads(params, max_norm, std::sqrt(sq));
+// Same result as torch.nn.utils.clip_grad_norm_(params, max_norm) on one rank.
+#pragma once
+
+#include <vector>
+
+#include <ATen/ATen.h>
+
+namespace memrt {
+
+// Sum of squares of every defined gradient: each tensor reduced in fp32 (as clip_grad_norm_ does
+// for fp32 grads), the per-tensor sums added in double. Parameters without a gradient count 0.
+double grad_sq_norm(const std::vector<at::Tensor>& params);
+
+// Scales every defined gradient by max_norm / (total_norm + 1e-6) when that is < 1; otherwise
+// leaves them as they are. max_norm <= 0 means clipping is off (DeepSpeed's gradient_clipping 0).
+// A non-finite total_norm leaves the gradients unscaled (the overflow check decides the step).
+void clip_grads(const std::vector<at::Tensor>& params, double max_norm, double total_norm);
+
+}  // namespace memrt

@@ -1,0 +1,402 @@
+// Optimizers and gradient clipping against torch.optim / torch.nn.utils.clip_grad_norm_ run by the
+// venv's Python on the same parameters and gradients (tests/data/reference_optim.py).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "memrt/error.h"
+#include "optim/grad_clip.h"
+#include "optim/optimizers.h"
+#include "test_util.h"
+
+using namespace memrt;
+using memrt::test::expect_error;
+using memrt::test::read_raw;
+using memrt::test::run_reference;
+using memrt::test::TempDir;
+using memrt::test::write_raw;
+
+namespace {
+
+// Three parameters, 5 steps, a different lr each step; parameter "c" gets no gradient in step 2.
+const std::vector<std::string> kNames = {"a.weight", "b.bias", "c.weight"};
+const std::vector<std::vector<int64_t>> kShapes = {{7, 5}, {13}, {2, 3}};
+constexpr int kSteps = 5;
+constexpr int kNoGradParam = 2, kNoGradStep = 2;
+const std::vector<double> kLrs = {1e-2, 2e-2, 5e-3, 1e-2, 3e-2};
+
+struct Problem {
+  std::vector<at::Tensor> init;                // per parameter
+  std::vector<std::vector<at::Tensor>> grads;  // [step][param], undefined = no gradient
+};
+
+Problem make_problem() {
+  at::manual_seed(1234);
+  Problem pr;
+  for (const auto& shape : kShapes) pr.init.push_back(at::randn(shape));  // shape as listed
+  for (int s = 0; s < kSteps; ++s) {
+    std::vector<at::Tensor> g;
+    for (size_t i = 0; i < kShapes.size(); ++i)
+      g.push_back(s == kNoGradStep && i == kNoGradParam ? at::Tensor() : at::randn(kShapes[i]) * (s + 1));
+    pr.grads.push_back(g);
+  }
+  return pr;
+}
+
+std::vector<float> flat(const std::vector<at::Tensor>& ts) {
+  std::vector<float> out;
+  for (const auto& t : ts) {
+    at::Tensor c = t.to(at::kFloat).contiguous();
+    out.insert(out.end(), c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+  }
+  return out;
+}
+
+std::string sizes_arg() {
+  std::string s;
+  for (const auto& shape : kShapes) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    s += (s.empty() ? "" : ",") + std::to_string(n);
+  }
+  return s;
+}
+
+// Writes the problem for reference_optim.py.
+void write_problem(const TempDir& dir, const Problem& pr) {
+  write_raw(dir.file("params.f32"), flat(pr.init));
+  std::vector<float> grads;
+  for (int s = 0; s < kSteps; ++s)
+    for (size_t i = 0; i < kShapes.size(); ++i) {
+      const at::Tensor& g = pr.grads[static_cast<size_t>(s)][i];
+      std::vector<float> v = g.defined() ? flat({g}) : flat({at::full(kShapes[i], NAN)});
+      grads.insert(grads.end(), v.begin(), v.end());
+    }
+  write_raw(dir.file("grads.f32"), grads);
+  write_raw(dir.file("lrs.f64"), kLrs);
+}
+
+std::vector<ParamGroup> groups_for(const Problem& pr, double weight_decay) {
+  ParamGroup g;
+  g.names = kNames;
+  for (const auto& t : pr.init) g.params.push_back(t.clone().set_requires_grad(true));
+  g.weight_decay = weight_decay;
+  return {g};
+}
+
+void run_steps(Optimizer& opt, const Problem& pr, int steps = kSteps) {
+  for (int s = 0; s < steps; ++s) {
+    auto& params = opt.param_groups()[0].params;
+    for (size_t i = 0; i < params.size(); ++i) {
+      const at::Tensor& g = pr.grads[static_cast<size_t>(s)][i];
+      params[i].mutable_grad() = g.defined() ? g.clone() : at::Tensor();
+    }
+    opt.step(kLrs[static_cast<size_t>(s)]);
+  }
+}
+
+// Normwise relative error: |got - want| <= 1e-6 * max|want| for every element. (Element-wise
+// relative error is meaningless where a value is the small difference of large terms, as moments
+// and updated weights often are; fp32 rounding alone reaches 1e-6 of such a value.)
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double scale = 0;
+  for (float w : want) scale = std::max(scale, std::abs(double(w)));
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    double err = std::abs(double(got[i]) - double(want[i]));
+    worst = std::max(worst, err / scale);
+    EXPECT_LE(err, 1e-6 * scale) << what << "[" << i << "]: " << got[i] << " vs reference " << want[i]
+                                 << " (largest |value| " << scale << ")";
+  }
+  ::testing::Test::RecordProperty(what + "_max_err_over_max_abs", std::to_string(worst));
+}
+
+std::vector<float> state_flat(const Optimizer& opt, const std::string& state) {
+  TensorMap sd = opt.state_dict();
+  std::vector<at::Tensor> ts;
+  for (const auto& n : kNames) ts.push_back(sd.at(n + "." + state));
+  return flat(ts);
+}
+
+// Runs our optimizer and the reference `kind` and compares parameters and `states`.
+void check_against_reference(const OptimizerConfig& cfg, const std::string& kind, const std::string& hyper,
+                             double weight_decay, const std::vector<std::string>& states) {
+  Problem pr = make_problem();
+  TempDir dir;
+  write_problem(dir, pr);
+  auto opt = make_optimizer(cfg, groups_for(pr, weight_decay));
+  run_steps(*opt, pr);
+  ASSERT_TRUE(run_reference("reference_optim.py", dir.str() + " " + kind + " " + sizes_arg() + " " +
+                                                      std::to_string(kSteps) + " " + hyper));
+  expect_close(flat(opt->param_groups()[0].params), read_raw<float>(dir.file("out_params.f32")), "params");
+  for (const auto& s : states) expect_close(state_flat(*opt, s), read_raw<float>(dir.file("out_" + s + ".f32")), s);
+  TensorMap sd = opt->state_dict();
+  EXPECT_EQ(sd.at("a.weight.step").item<int64_t>(), kSteps);
+  EXPECT_EQ(sd.at("c.weight.step").item<int64_t>(), kSteps - 1) << "a step without gradient must not count";
+}
+
+OptimizerConfig adam_cfg(const std::string& type) {
+  OptimizerConfig c;
+  c.type = type;
+  c.beta1 = 0.8;
+  c.beta2 = 0.95;
+  c.eps = 1e-2;  // large, so that where eps is added (after bias correction) shows
+  return c;
+}
+
+const char* kAdamHyper = "b1=0.8 b2=0.95 eps=1e-2";
+
+}  // namespace
+
+TEST(Optimizer, AdamWEqualsTorchAdamW) {
+  check_against_reference(adam_cfg("AdamW"), "adamw", std::string(kAdamHyper) + " wd=0.1", 0.1,
+                          {"exp_avg", "exp_avg_sq"});
+}
+
+TEST(Optimizer, DeepSpeedAdamWithAdamWModeIsAdamW) {
+  // DeepSpeed: "type": "Adam" with adam_w_mode true (its default) is AdamW.
+  OptimizerConfig cfg = adam_cfg("Adam");
+  ASSERT_TRUE(cfg.adam_w_mode);
+  check_against_reference(cfg, "adamw", std::string(kAdamHyper) + " wd=0.1", 0.1, {"exp_avg", "exp_avg_sq"});
+  EXPECT_EQ(make_optimizer(cfg, {})->name(), "AdamW");
+}
+
+TEST(Optimizer, AdamL2ModeEqualsTorchAdam) {
+  OptimizerConfig cfg = adam_cfg("Adam");
+  cfg.adam_w_mode = false;
+  check_against_reference(cfg, "adam", std::string(kAdamHyper) + " wd=0.1", 0.1, {"exp_avg", "exp_avg_sq"});
+  EXPECT_EQ(make_optimizer(cfg, {})->name(), "Adam");
+}
+
+TEST(Optimizer, AdamWWithoutWeightDecayEqualsTorch) {
+  check_against_reference(adam_cfg("AdamW"), "adamw", std::string(kAdamHyper) + " wd=0", 0.0,
+                          {"exp_avg", "exp_avg_sq"});
+}
+
+TEST(Optimizer, AdamWithoutBiasCorrectionEqualsDeepSpeedFormula) {
+  // torch.optim cannot switch bias correction off; the reference is DeepSpeed's CPU Adam formula
+  // written in numpy (float32), with bc1 = bc2 = 1.
+  OptimizerConfig cfg = adam_cfg("AdamW");
+  cfg.bias_correction = false;
+  check_against_reference(cfg, "adam_nobc", std::string(kAdamHyper) + " wd=0.1", 0.1, {"exp_avg", "exp_avg_sq"});
+}
+
+TEST(Optimizer, SgdMomentumDampeningWeightDecayEqualsTorch) {
+  OptimizerConfig cfg;
+  cfg.type = "SGD";
+  cfg.momentum = 0.9;
+  cfg.dampening = 0.1;
+  check_against_reference(cfg, "sgd", "momentum=0.9 dampening=0.1 nesterov=0 wd=0.01", 0.01, {"momentum_buffer"});
+}
+
+TEST(Optimizer, SgdNesterovEqualsTorch) {
+  OptimizerConfig cfg;
+  cfg.type = "SGD";
+  cfg.momentum = 0.7;
+  cfg.nesterov = true;
+  check_against_reference(cfg, "sgd", "momentum=0.7 dampening=0 nesterov=1 wd=0.001", 0.001, {"momentum_buffer"});
+}
+
+TEST(Optimizer, PlainSgdEqualsTorch) {
+  OptimizerConfig cfg;
+  cfg.type = "SGD";
+  check_against_reference(cfg, "sgd", "momentum=0 dampening=0 nesterov=0 wd=0", 0.0, {});
+}
+
+TEST(Optimizer, LargeTensorTakesTheParallelPathWithSameResult) {
+  // 300k elements: several at::parallel_for chunks and the SIMD body; compared with the same
+  // update done one element at a time through at:: operations in double.
+  at::manual_seed(7);
+  at::Tensor p0 = at::randn({300001});
+  ParamGroup g;
+  g.names = {"big"};
+  g.params = {p0.clone().set_requires_grad(true)};
+  g.weight_decay = 0.05;
+  OptimizerConfig cfg = adam_cfg("AdamW");
+  auto opt = make_optimizer(cfg, {g});
+  at::Tensor grad = at::randn({300001});
+  opt->param_groups()[0].params[0].mutable_grad() = grad;
+  opt->step(1e-2);
+  // One step from zero state: m = 0.2 g, v = 0.05 g^2, bc1 = 0.2, bc2 = 0.05.
+  at::Tensor pd = p0.to(at::kDouble), gd = grad.to(at::kDouble);
+  at::Tensor m = 0.2 * gd, v = 0.05 * gd * gd;
+  at::Tensor denom = v.sqrt() / std::sqrt(0.05) + 1e-2;
+  at::Tensor want = pd * (1 - 1e-2 * 0.05) - (1e-2 / 0.2) * m / denom;
+  at::Tensor got = opt->param_groups()[0].params[0].detach().to(at::kDouble);
+  EXPECT_LE((got - want).abs().max().item<double>(), 1e-6 * want.abs().max().item<double>());
+}
+
+TEST(Optimizer, NonFloat32ParametersUpdateInFloat32) {
+  // Start values exactly representable in bf16, so all three runs start from the same numbers.
+  at::manual_seed(3);
+  at::Tensor p0 = at::randn({64}).to(at::kBFloat16).to(at::kFloat);
+  at::Tensor grad = at::randn({64}).to(at::kBFloat16).to(at::kFloat);
+  auto run = [&](at::ScalarType dt) {
+    ParamGroup g;
+    g.names = {"w"};
+    g.params = {p0.to(dt).clone().set_requires_grad(true)};
+    auto opt = make_optimizer(adam_cfg("AdamW"), {g});
+    opt->param_groups()[0].params[0].mutable_grad() = grad.to(dt);
+    opt->step(1e-2);
+    EXPECT_EQ(opt->state_dict().at("w.exp_avg").scalar_type(), at::kFloat);
+    return opt->param_groups()[0].params[0].detach().clone();
+  };
+  at::Tensor f32 = run(at::kFloat);
+  at::Tensor f64 = run(at::kDouble);
+  EXPECT_EQ(f64.scalar_type(), at::kDouble);
+  EXPECT_TRUE(at::allclose(f64.to(at::kFloat), f32, 0, 0));  // same fp32 math, exactly
+  at::Tensor bf16 = run(at::kBFloat16);
+  EXPECT_TRUE(at::allclose(bf16.to(at::kFloat), f32.to(at::kBFloat16).to(at::kFloat), 0, 0));
+}
+
+TEST(Optimizer, StateDictRoundTripContinuesIdentically) {
+  Problem pr = make_problem();
+  auto straight = make_optimizer(adam_cfg("AdamW"), groups_for(pr, 0.1));
+  run_steps(*straight, pr);
+
+  auto first = make_optimizer(adam_cfg("AdamW"), groups_for(pr, 0.1));
+  run_steps(*first, pr, 3);
+  TensorMap sd = first->state_dict();
+  EXPECT_EQ(sd.size(), 3 * kNames.size());
+  // A new optimizer on the parameters as they are after 3 steps, with the saved state.
+  std::vector<ParamGroup> groups = groups_for(pr, 0.1);
+  for (size_t i = 0; i < kNames.size(); ++i)
+    groups[0].params[i] = first->param_groups()[0].params[i].detach().clone().set_requires_grad(true);
+  auto resumed = make_optimizer(adam_cfg("AdamW"), groups);
+  resumed->load_state_dict(sd);
+  for (int s = 3; s < kSteps; ++s) {
+    auto& params = resumed->param_groups()[0].params;
+    for (size_t i = 0; i < params.size(); ++i) {
+      const at::Tensor& g = pr.grads[static_cast<size_t>(s)][i];
+      params[i].mutable_grad() = g.defined() ? g.clone() : at::Tensor();
+    }
+    resumed->step(kLrs[static_cast<size_t>(s)]);
+  }
+  for (size_t i = 0; i < kNames.size(); ++i)
+    EXPECT_TRUE(at::equal(resumed->param_groups()[0].params[i], straight->param_groups()[0].params[i])) << kNames[i];
+}
+
+TEST(Optimizer, LoadStateDictIsStrict) {
+  Problem pr = make_problem();
+  auto opt = make_optimizer(adam_cfg("AdamW"), groups_for(pr, 0.0));
+  TensorMap good = opt->state_dict();
+
+  TensorMap extra = good;
+  extra["d.weight.exp_avg"] = at::zeros({1});
+  expect_error<Error>([&] { opt->load_state_dict(extra); }, {"d.weight.exp_avg", "unexpected"});
+
+  TensorMap missing = good;
+  missing.erase("b.bias.exp_avg_sq");
+  expect_error<Error>([&] { opt->load_state_dict(missing); }, {"b.bias.exp_avg_sq", "missing"});
+
+  TensorMap no_step = good;
+  no_step.erase("c.weight.step");
+  expect_error<Error>([&] { opt->load_state_dict(no_step); }, {"c.weight.step", "missing"});
+
+  TensorMap bad_shape = good;
+  bad_shape["a.weight.exp_avg"] = at::zeros({5, 7});
+  expect_error<Error>([&] { opt->load_state_dict(bad_shape); }, {"a.weight.exp_avg", "(5, 7)", "expected (7, 5)"});
+
+  // SGD without momentum keeps no momentum buffer: loading one is an error.
+  OptimizerConfig sgd;
+  sgd.type = "SGD";
+  auto plain = make_optimizer(sgd, groups_for(pr, 0.0));
+  expect_error<Error>([&] { plain->load_state_dict(good); }, {"exp_avg", "unexpected"});
+}
+
+TEST(Optimizer, StateBytesExact) {
+  Problem pr = make_problem();
+  const int64_t numel = 35 + 13 + 6;
+  EXPECT_EQ(make_optimizer(adam_cfg("AdamW"), groups_for(pr, 0))->state_bytes(), numel * 8);  // m, v fp32
+  OptimizerConfig sgd;
+  sgd.type = "SGD";
+  EXPECT_EQ(make_optimizer(sgd, groups_for(pr, 0))->state_bytes(), 0);
+  sgd.momentum = 0.9;
+  EXPECT_EQ(make_optimizer(sgd, groups_for(pr, 0))->state_bytes(), numel * 4);
+}
+
+TEST(Optimizer, ZeroGradDropsGradients) {
+  Problem pr = make_problem();
+  auto opt = make_optimizer(adam_cfg("AdamW"), groups_for(pr, 0));
+  opt->param_groups()[0].params[0].mutable_grad() = at::ones(kShapes[0]);
+  opt->zero_grad();
+  EXPECT_FALSE(opt->param_groups()[0].params[0].grad().defined());
+}
+
+TEST(OptimizerErrors, ConfigAndGroups) {
+  OptimizerConfig cfg;
+  cfg.type = "Lamb";
+  expect_error<ConfigError>([&] { make_optimizer(cfg, {}); }, {"optimizer.type", "Lamb", "Adam, AdamW, SGD"});
+  cfg = adam_cfg("AdamW");
+  cfg.beta2 = 1.0;
+  expect_error<ConfigError>([&] { make_optimizer(cfg, {}); }, {"betas[1]"});
+  cfg = OptimizerConfig();
+  cfg.type = "SGD";
+  cfg.nesterov = true;
+  expect_error<ConfigError>([&] { make_optimizer(cfg, {}); }, {"nesterov", "momentum > 0"});
+
+  Problem pr = make_problem();
+  auto groups = groups_for(pr, 0);
+  groups.push_back(groups[0]);  // every name twice
+  expect_error<Error>([&] { make_optimizer(adam_cfg("AdamW"), groups); }, {"a.weight", "twice"});
+  groups = groups_for(pr, 0);
+  groups[0].names.pop_back();
+  expect_error<Error>([&] { make_optimizer(adam_cfg("AdamW"), groups); }, {"2 names for 3 parameters"});
+}
+
+// ---- gradient clipping -----------------------------------------------------------------------
+
+namespace {
+
+void check_clip(double max_norm) {
+  at::manual_seed(11);
+  std::vector<at::Tensor> params;
+  for (const auto& shape : kShapes) {
+    at::Tensor p = at::zeros(shape).set_requires_grad(true);  // shape as listed
+    p.mutable_grad() = at::randn(shape) * 3;
+    params.push_back(p);
+  }
+  params.push_back(at::zeros({4}).set_requires_grad(true));  // no gradient: counts 0
+  std::vector<at::Tensor> grads;
+  for (size_t i = 0; i < kShapes.size(); ++i) grads.push_back(params[i].grad());
+  TempDir dir;
+  write_raw(dir.file("grads.f32"), flat(grads));
+  write_raw(dir.file("params.f32"), std::vector<float>(flat(grads).size(), 0.f));
+  write_raw(dir.file("lrs.f64"), std::vector<double>{0.0});
+  ASSERT_TRUE(run_reference("reference_optim.py",
+                            dir.str() + " clip " + sizes_arg() + " 1 max_norm=" + std::to_string(max_norm)));
+
+  // The engine's sequence on "two ranks": each sums its own squares, the sums are added.
+  std::vector<at::Tensor> rank0(params.begin(), params.begin() + 1), rank1(params.begin() + 1, params.end());
+  double sq = grad_sq_norm(rank0) + grad_sq_norm(rank1);
+  EXPECT_NEAR(sq, grad_sq_norm(params), 1e-9 * sq);
+  double norm = std::sqrt(sq);
+  double want_norm = read_raw<double>(dir.file("out_norm.f64")).at(0);
+  EXPECT_NEAR(norm, want_norm, 1e-6 * want_norm);
+  clip_grads(params, max_norm, norm);
+  std::vector<at::Tensor> clipped;
+  for (size_t i = 0; i < kShapes.size(); ++i) clipped.push_back(params[i].grad());
+  expect_close(flat(clipped), read_raw<float>(dir.file("out_grads.f32")), "clipped_grads");
+  EXPECT_FALSE(params.back().grad().defined());
+}
+
+}  // namespace
+
+TEST(GradClip, ClipsLikeTorchClipGradNorm) { check_clip(1.0); }
+
+TEST(GradClip, LeavesSmallGradientsLikeTorch) { check_clip(1e4); }
+
+TEST(GradClip, OffAndNonFinite) {
+  at::Tensor p = at::zeros({3}).set_requires_grad(true);
+  p.mutable_grad() = at::full({3}, 10.f);
+  clip_grads({p}, 0.0, 17.3);  // gradient_clipping 0: off
+  clip_grads({p}, 1.0, std::numeric_limits<double>::infinity());
+  EXPECT_TRUE(at::equal(p.grad(), at::full({3}, 10.f)));
+  EXPECT_NEAR(grad_sq_norm({p}), 300.0, 300.0 * 1e-6);
+  EXPECT_EQ(grad_sq_norm({}), 0.0);
+}
