@@ -9,8 +9,9 @@
 //   dist_rank_helper grads B1 B2 ...      all_reduce_gradients with bucket sizes B1, B2 ... bytes,
 //                                         against the plain mean / sum / DeepSpeed scalings
 //   dist_rank_helper dp_equiv             shard-gradient average == full-batch gradient
-//   dist_rank_helper die VICTIM N         all-reduce in a loop; rank VICTIM SIGKILLs itself after
-//                                         N rounds; the others must catch DistributedError (exit 3)
+//   dist_rank_helper die VICTIM N [hang]  all-reduce in a loop; rank VICTIM SIGKILLs itself after
+//                                         N rounds (SIGSTOPs itself with "hang"); the others must
+//                                         catch DistributedError (exit 3)
 //   dist_rank_helper echo CODE FAILRANK [ignore_term]
 //                                         print lines to stdout/stderr; FAILRANK exits CODE
 //                                         (or SIGKILLs itself if CODE is "kill"); with
@@ -232,12 +233,13 @@ void run_dp_equiv(DistContext& d) {
 
 // ---- failures -------------------------------------------------------------------------------------
 
-int run_die(DistContext& d, int victim, int rounds) {
+int run_die(DistContext& d, int victim, int rounds, bool hang) {
   at::Tensor t = at::ones({1 << 18}, at::kFloat);  // (262144,) 1 MiB
   for (int i = 0; i < 1000000; ++i) {
     if (d.rank() == victim && i == rounds) {
-      std::cout << "rank " << d.rank() << " killing itself in round " << i << std::endl;
-      ::raise(SIGKILL);
+      std::cout << "rank " << d.rank() << (hang ? " stopping" : " killing") << " itself in round "
+                << i << std::endl;
+      ::raise(hang ? SIGSTOP : SIGKILL);
     }
     try {
       d.all_reduce_sum(t);
@@ -306,7 +308,8 @@ int main(int argc, char** argv) {
     } else if (mode == "dp_equiv") {
       run_dp_equiv(*d);
     } else if (mode == "die") {
-      return run_die(*d, std::stoi(args.at(1)), std::stoi(args.at(2)));
+      return run_die(*d, std::stoi(args.at(1)), std::stoi(args.at(2)),
+                     args.size() > 3 && args[3] == "hang");
     } else {
       std::cerr << "unknown mode " << mode << "\n";
       return 2;

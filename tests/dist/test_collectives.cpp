@@ -156,6 +156,34 @@ void dead_rank(int n, int victim) {
 }
 
 TEST(DistDeadRank, ThreeRanksMiddleRankKilled) { dead_rank(3, 1); }
+
+// A rank that hangs (SIGSTOP) instead of dying: the others give up when the collective timeout
+// (MEMRT_DIST_TIMEOUT = 3 s here) expires; the launcher then stops the job: SIGTERM followed by
+// SIGCONT ends even the stopped rank long before the (20 s) grace period runs out.
+TEST(DistDeadRank, HungRankHitsTheTimeout) {
+  test::EnvGuard g(test::dist_variables());
+  g.set("MEMRT_DIST_TIMEOUT", "3");
+  CaptureFile out, err;
+  LocalLaunchOptions o;
+  o.num_procs = 2;
+  o.executable = DIST_RANK_HELPER;
+  o.args = {"die", "1", "5", "hang"};
+  o.master_port = 0;
+  o.supervisor.stdout_fd = out.fd();
+  o.supervisor.stderr_fd = err.fd();
+  o.supervisor.grace_period = std::chrono::seconds(20);
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(run_local_ranks(o), 3);
+  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string e = err.text();
+  EXPECT_TRUE(contains(e, "[rank 0] caught DistributedError")) << e;
+  EXPECT_TRUE(contains(e, "rank 0 of 2: all_reduce_sum")) << e;
+  EXPECT_TRUE(contains(e, "each collective waits at most 3 s")) << e;
+  EXPECT_TRUE(contains(e, "[launcher] rank 0 exited with code 3")) << e;
+  EXPECT_FALSE(contains(e, "did not stop within the grace period")) << e;
+  std::cout << "a hung rank with a 3 s timeout: the job ended after " << s << " s\n";
+  EXPECT_LT(s, 15.0);
+}
 TEST(DistDeadRank, TwoRanksStoreHostKilled) { dead_rank(2, 0); }
 
 }  // namespace

@@ -1,5 +1,10 @@
 // Rendezvous environment: which variables are read, the errors for missing or malformed ones,
 // single-process contexts, and bounded rendezvous failures.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -275,6 +280,34 @@ TEST(DistRendezvous, PeerNeverArrives) {
     std::cout << "rank " << rank << " alone gave up after " << s << " s (timeout 2 s)\n";
     EXPECT_LT(s, 20.0);
   }
+}
+
+// Rank 0 cannot host the store when the port is taken: a prompt error saying so.
+TEST(DistRendezvous, PortInUse) {
+  EnvGuard g(dist_variables());
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(fd, 1), 0);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  DistEnvironment env;
+  env.rank = 0;
+  env.world_size = 2;
+  env.master_addr = "127.0.0.1";
+  env.master_port = ntohs(a.sin_port);
+  try {
+    DistContext::create(env, std::chrono::seconds(5));
+    ADD_FAILURE() << "rank 0 hosted a store on a port in use";
+  } catch (const DistributedError& e) {
+    EXPECT_TRUE(contains(e.what(), "Rank 0 hosts the store there: is the port free")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "c10d said:")) << e.what();
+  }
+  ::close(fd);
 }
 
 }  // namespace

@@ -307,6 +307,7 @@ int run_rank_processes(const std::vector<RankCommand>& commands, const Superviso
       say(why + "; stopping the other " + std::to_string(n) + " rank(s) (SIGTERM, then SIGKILL after " +
           std::to_string(options.grace_period.count()) + " ms)");
       kill_all(SIGTERM);
+      kill_all(SIGCONT);  // a stopped (hung) rank receives its SIGTERM too
     }
     kill_at = Clock::now() + options.grace_period;
   };
