@@ -383,6 +383,21 @@ void check_clip(double max_norm) {
   for (size_t i = 0; i < kShapes.size(); ++i) clipped.push_back(params[i].grad());
   expect_close(flat(clipped), read_raw<float>(dir.file("out_grads.f32")), "clipped_grads");
   EXPECT_FALSE(params.back().grad().defined());
+
+  // The engine's form: the gradient tensors themselves (they may be partitions) — same answers.
+  std::vector<at::Tensor> raw;
+  for (size_t i = 0; i < kShapes.size(); ++i) raw.push_back(grads[i].clone());
+  ASSERT_TRUE(raw[0].grad().defined() == false && !raw[0].requires_grad());
+  // `grads` were scaled in place above; undo via the reference to compare norms on fresh values.
+  std::vector<float> ref = read_raw<float>(dir.file("grads.f32"));
+  size_t off = 0;
+  for (auto& g : raw) {
+    g.copy_(at::from_blob(ref.data() + off, {g.numel()}, at::kFloat).view(g.sizes()));
+    off += static_cast<size_t>(g.numel());
+  }
+  EXPECT_NEAR(grad_sq_norm(raw), sq, 1e-9 * sq);
+  clip_grads(raw, max_norm, std::sqrt(grad_sq_norm(raw)));
+  expect_close(flat(raw), read_raw<float>(dir.file("out_grads.f32")), "clipped_raw_grads");
 }
 
 }  // namespace

@@ -4,10 +4,19 @@
 
 namespace memrt {
 
-double grad_sq_norm(const std::vector<at::Tensor>& params) {
+namespace {
+// The gradient a tensor stands for (see grad_clip.h), or an undefined tensor.
+at::Tensor gradient_of(const at::Tensor& t) {
+  if (!t.defined()) return {};
+  if (t.requires_grad() || t.grad().defined()) return t.grad();
+  return t;
+}
+}  // namespace
+
+double grad_sq_norm(const std::vector<at::Tensor>& tensors) {
   double total = 0.0;
-  for (const auto& p : params) {
-    const at::Tensor& g = p.grad();
+  for (const auto& t : tensors) {
+    at::Tensor g = gradient_of(t);
     if (!g.defined()) continue;
     at::Tensor g32 = g.scalar_type() == at::kFloat ? g : g.to(at::kFloat);
     // The norm (torch's cascade summation, no temporary the size of the gradient), squared in double.
@@ -17,13 +26,13 @@ double grad_sq_norm(const std::vector<at::Tensor>& params) {
   return total;
 }
 
-void clip_grads(const std::vector<at::Tensor>& params, double max_norm, double total_norm) {
+void clip_grads(const std::vector<at::Tensor>& tensors, double max_norm, double total_norm) {
   if (max_norm <= 0 || !std::isfinite(total_norm)) return;
   double coef = max_norm / (total_norm + 1e-6);
   if (coef >= 1.0) return;
   at::NoGradGuard no_grad;
-  for (const auto& p : params) {
-    at::Tensor g = p.grad();
+  for (const auto& t : tensors) {
+    at::Tensor g = gradient_of(t);
     if (g.defined()) g.mul_(coef);
   }
 }
