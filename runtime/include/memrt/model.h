@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -25,6 +26,8 @@
 #include "memrt/model_shape.h"
 
 namespace memrt {
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
 // One transformer block: (B, T, C) -> (B, T, C), causal self-attention and MLP with residuals.
 class Block : public torch::nn::Module {
@@ -56,6 +59,12 @@ class CausalLM : public torch::nn::Module {
   virtual int64_t num_blocks() const = 0;
   virtual Block& block(int64_t i) = 0;
   virtual at::Tensor head(const at::Tensor& hidden) = 0;   // (B, T, C) -> (B, T, V)
+
+  // Parameters outside the blocks, with Hugging Face names: those embed() reads (token and
+  // position embeddings), and those head() reads besides a tied embedding (final norm, untied
+  // lm_head). The host uses them to hand each segment its parameters.
+  virtual NamedTensors embedding_parameters() = 0;
+  virtual NamedTensors final_parameters() = 0;
 
   // The plain forward, no hooks: embed, every block, head. (B, T) -> (B, T, V).
   at::Tensor forward(const at::Tensor& tokens) {

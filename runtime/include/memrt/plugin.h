@@ -99,7 +99,9 @@ const char* to_string(SegmentKind kind);
 struct SegmentContext {
   SegmentKind kind;
   int64_t index;                // block index; -1 for the embedding, num_blocks for the head
-  torch::nn::Module& module;    // the segment's parameters live here
+  Block* block;                 // the block (kBlock); nullptr for the embedding and the head
+  // The parameters this segment's forward reads (the head's include a tied token embedding).
+  const std::vector<at::Tensor>& params;
   int64_t step;                 // optimizer steps taken so far
   int64_t micro_step;           // 0 .. grad_accum_steps-1
   const RunInfo& run;

@@ -651,7 +651,8 @@ void Loader::resolve_optimizer(const ConfigNode* opt) {
     add_plugin("quant", "optim", {yaml_file + ": " + y_optim->path()}, options);
   }
 
-  if (!opt || opt->is_null()) {  // Hugging Face builds the optimizer from train.yaml
+  o.from_ds_config = opt && !opt->is_null();
+  if (!o.from_ds_config) {  // Hugging Face builds the optimizer from train.yaml
     o.type = y_family == "sgd" ? "SGD" : y_family == "adam" ? "Adam" : "AdamW";
     o.adam_w_mode = y_family != "adam";
     o.lr = ynum("learning_rate", 5e-5);

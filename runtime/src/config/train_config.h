@@ -24,6 +24,9 @@ struct OptimizerConfig {
   bool adam_w_mode = true;
   double momentum = 0.0, dampening = 0.0;  // SGD
   bool nesterov = false;                   // SGD
+  // Built from the ds_config's optimizer section (DeepSpeed: weight decay on every trainable
+  // parameter) rather than from train.yaml (Hugging Face: no decay on biases and norm weights).
+  bool from_ds_config = false;
 };
 
 struct SchedulerConfig {

@@ -1,2 +1,430 @@
-// placeholder: the engine area of the memrt runtime
-namespace memrt {}
+#include "engine/engine.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <limits>
+#include <sstream>
+
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+
+#include "data/dataset.h"
+#include "dist/process_group.h"
+#include "engine/dist_communicator.h"
+#include "models/hf_checkpoint.h"
+#include "models/model_factory.h"
+#include "optim/grad_clip.h"
+#include "optim/lr_schedule.h"
+#include "optim/optimizers.h"
+
+namespace memrt {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int64_t current_rss_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t pages_total = 0, pages_resident = 0;
+  statm >> pages_total >> pages_resident;
+  return pages_resident * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+}
+
+int64_t peak_rss_bytes() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<int64_t>(ru.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+std::string mib(int64_t bytes) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(1) << static_cast<double>(bytes) / (1024.0 * 1024.0)
+     << " MiB";
+  return os.str();
+}
+
+// Hugging Face's Trainer excludes biases and normalisation weights from weight decay; DeepSpeed,
+// when the optimizer comes from the ds_config, decays every trainable parameter.
+bool hf_no_decay(const std::string& name) {
+  auto ends_with = [&](const char* s) {
+    std::string suffix(s);
+    return name.size() >= suffix.size() &&
+           name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  return ends_with(".bias") || name.find("ln_") != std::string::npos ||
+         name.find("norm") != std::string::npos;
+}
+
+}  // namespace
+
+Engine::Engine(TrainConfig cfg, std::shared_ptr<DistContext> dist, PluginHost plugins,
+               std::ostream& log)
+    : cfg_(std::move(cfg)),
+      dist_(std::move(dist)),
+      comm_(make_communicator(dist_)),
+      plugins_(std::move(plugins)),
+      log_(log) {}
+
+Engine::~Engine() = default;
+
+// ---- set-up: configure, build, transform, optimizer ---------------------------------------------
+void Engine::setup() {
+  run_.rank = comm_->rank();
+  run_.world_size = comm_->world_size();
+  run_.local_rank = dist_ ? dist_->local_rank() : 0;
+  run_.train_batch_size = cfg_.train_batch_size;
+  run_.micro_batch_size = cfg_.micro_batch_size;
+  run_.grad_accum_steps = cfg_.grad_accum_steps;
+  run_.block_size = cfg_.data.block_size;
+  // A Hugging Face checkpoint directory brings its own shape (config.json).
+  run_.shape = cfg_.model.name_or_path.empty() ? cfg_.model.shape
+                                               : read_hf_config(cfg_.model.name_or_path);
+  run_.output_dir = cfg_.output_dir;
+  const bool main = run_.rank == 0;
+
+  // configure: each plugin gets only its own subtree.
+  ConfigDiagnostics diag;
+  for (const LoadedPlugin& p : plugins_.plugins()) {
+    const PluginSpec* spec = nullptr;
+    for (const PluginSpec& s : cfg_.plugins) {
+      if (s.name == p.name) spec = &s;
+    }
+    static const ConfigNode kEmpty;
+    const ConfigNode& options = spec ? spec->options : kEmpty;
+    plugins_.each("configure", -1, [&](Plugin& q) {
+      if (&q == p.plugin.get()) q.configure(options, diag, run_);
+    });
+  }
+  if (main) {
+    for (const std::string& w : cfg_.warnings) log_ << "warning: " << w << "\n";
+    for (const std::string& w : diag.warnings) log_ << "warning: " << w << "\n";
+    log_ << plugins_.describe();
+  }
+
+  // data
+  auto data = TokenDataset::open(cfg_.data);
+  if (data->vocab_size() > run_.shape.vocab_size) {
+    throw ConfigError(cfg_.train_yaml_path, "model.vocab_size",
+                      "the data has token ids up to " + std::to_string(data->vocab_size() - 1) +
+                          " but the model's vocab_size is " +
+                          std::to_string(run_.shape.vocab_size) +
+                          "; raise model.vocab_size to at least " +
+                          std::to_string(data->vocab_size()));
+  }
+  loader_ = std::make_unique<DataLoader>(data, cfg_.data.block_size, cfg_.micro_batch_size,
+                                         cfg_.grad_accum_steps, run_.rank, run_.world_size,
+                                         cfg_.seed);
+  run_.max_steps = cfg_.max_steps > 0
+                       ? cfg_.max_steps
+                       : static_cast<int64_t>(std::ceil(cfg_.num_train_epochs *
+                                                        static_cast<double>(loader_->steps_per_epoch())));
+
+  // model: materialised block by block, each handed to the plugins as it appears.
+  BuildOptions build;
+  build.init_std = cfg_.model.init_std;
+  build.seed = cfg_.seed;
+  build.weights_dir = cfg_.model.name_or_path;
+  build.on_block_ready = [&](int64_t index, Block& block) {
+    BlockReady ctx{index, block, run_, *comm_};
+    plugins_.each("on_block_ready", -1, [&](Plugin& p) { p.on_block_ready(ctx); });
+  };
+  model_ = build_model(run_.shape, build);
+  ModelContext model_ctx{*model_, run_, *comm_};
+  plugins_.each("transform_model", -1, [&](Plugin& p) { p.transform_model(model_ctx); });
+
+  // Every rank starts from rank 0's weights (the same seed gives the same init; a loaded
+  // checkpoint is the same file; this makes it so whatever a plugin did).
+  {
+    at::NoGradGuard no_grad;
+    for (auto& t : model_->parameters()) comm_->broadcast(t, 0);
+  }
+
+  // optimizer over the trainable parameters
+  std::vector<ParamGroup> groups(2);
+  groups[0].weight_decay = cfg_.optimizer.weight_decay;
+  groups[1].weight_decay = cfg_.optimizer.from_ds_config ? cfg_.optimizer.weight_decay : 0.0;
+  for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
+    if (!item.value().requires_grad()) continue;
+    const bool decay = cfg_.optimizer.from_ds_config || !hf_no_decay(item.key());
+    groups[decay ? 0 : 1].names.push_back(item.key());
+    groups[decay ? 0 : 1].params.push_back(item.value());
+    trainable_.push_back(item.value());
+  }
+  if (trainable_.empty()) {
+    throw Error("the model has no trainable parameters after the plugins' model transforms; "
+                "nothing to train");
+  }
+  if (groups[1].params.empty()) groups.pop_back();
+  optimizer_ = make_optimizer(cfg_.optimizer, std::move(groups));
+  OptimizerContext opt_ctx{*model_, optimizer_, run_, *comm_};
+  plugins_.each("build_optimizer", -1, [&](Plugin& p) { p.build_optimizer(opt_ctx); });
+  if (!optimizer_) throw Error("a plugin's build_optimizer left no optimizer");
+
+  // Horizons left open by the config (training length from epochs, warmup_ratio) are known now.
+  SchedulerConfig sched = cfg_.scheduler;
+  if (sched.total_num_steps < 0) sched.total_num_steps = run_.max_steps;
+  if (sched.warmup_num_steps < 0) {
+    sched.warmup_num_steps =
+        static_cast<int64_t>(std::ceil(sched.warmup_ratio * static_cast<double>(run_.max_steps)));
+  }
+  schedule_ = make_lr_schedule(sched, cfg_.optimizer.lr, run_.max_steps);
+
+  // Segments in forward order, each with the parameters its forward reads.
+  auto tensors = [](const NamedTensors& named) {
+    std::vector<at::Tensor> out;
+    for (const auto& [name, t] : named) out.push_back(t);
+    return out;
+  };
+  segments_.clear();
+  segments_.push_back({SegmentKind::kEmbedding, -1, nullptr, tensors(model_->embedding_parameters())});
+  for (int64_t i = 0; i < model_->num_blocks(); ++i)
+    segments_.push_back({SegmentKind::kBlock, i, &model_->block(i), model_->block(i).parameters()});
+  std::vector<at::Tensor> head = tensors(model_->final_parameters());
+  if (run_.shape.tie_embeddings) head.push_back(segments_.front().params.front());  // token embedding
+  segments_.push_back({SegmentKind::kHead, model_->num_blocks(), nullptr, std::move(head)});
+
+  if (main) {
+    std::filesystem::create_directories(cfg_.output_dir);
+    metrics_path_ = (std::filesystem::path(cfg_.output_dir) / "metrics.jsonl").string();
+    std::ofstream(metrics_path_, std::ios::trunc);
+    log_ << "model: " << run_.shape.arch << ", " << count_parameters(*model_) << " parameters ("
+         << trainable_.size() << " trainable tensors)\n"
+         << "data: " << data->description() << ", " << loader_->samples() << " samples, "
+         << loader_->steps_per_epoch() << " steps per epoch\n"
+         << "batch: train_batch_size " << cfg_.train_batch_size << " = micro "
+         << cfg_.micro_batch_size << " x accumulation " << cfg_.grad_accum_steps << " x ranks "
+         << run_.world_size << "; " << run_.max_steps << " steps\n";
+  }
+}
+
+// ---- one segment: before/after hooks, wrapper chain ---------------------------------------------
+at::Tensor Engine::run_segment(const Segment& segment, const at::Tensor& x, SegmentFn body,
+                               int64_t micro) {
+  SegmentContext ctx{segment.kind, segment.index, segment.block, segment.params, step_, micro, run_, *comm_};
+  plugins_.each("before_segment_forward", step_, [&](Plugin& p) { p.before_segment_forward(ctx); });
+  SegmentFn fn = std::move(body);
+  const auto& ps = plugins_.plugins();
+  for (auto it = ps.rbegin(); it != ps.rend(); ++it) {  // lowest priority ends up outermost
+    Plugin* p = it->plugin.get();
+    if (!p->wraps_segments()) continue;
+    fn = [p, &ctx, inner = std::move(fn)](const at::Tensor& in) { return p->run_segment(ctx, in, inner); };
+  }
+  at::Tensor out = fn(x);
+  plugins_.each_reversed("after_segment_forward", step_, [&](Plugin& p) { p.after_segment_forward(ctx); });
+  return out;
+}
+
+void Engine::advance_backward_events(int64_t upto, int64_t micro) {
+  const int64_t n = static_cast<int64_t>(segments_.size());
+  for (; backward_events_fired_ < upto && backward_events_fired_ < 2 * n; ++backward_events_fired_) {
+    const Segment& s = segments_[n - 1 - backward_events_fired_ / 2];
+    SegmentContext ctx{s.kind, s.index, s.block, s.params, step_, micro, run_, *comm_};
+    if (backward_events_fired_ % 2 == 0) {
+      plugins_.each("before_segment_backward", step_, [&](Plugin& p) { p.before_segment_backward(ctx); });
+    } else {
+      plugins_.each_reversed("after_segment_backward", step_, [&](Plugin& p) { p.after_segment_backward(ctx); });
+    }
+  }
+}
+
+// ---- one micro-step: forward, loss, backward ------------------------------------------------------
+double Engine::micro_step(int64_t micro) {
+  Batch batch = loader_->get(step_, micro);
+  MicroStepContext mctx{*model_, run_, *comm_, step_, micro, batch.inputs, batch.targets, {}, control_};
+  plugins_.each("before_forward", step_, [&](Plugin& p) { p.before_forward(mctx); });
+
+  // When the gradient reaches a segment's output, that segment's backward is about to run
+  // (before_segment_backward) and the one after it has finished (after_segment_backward).
+  // Segment k (0 = embedding) is event pair (S-1-k); its output's hook fires up to its "before".
+  const int64_t n = static_cast<int64_t>(segments_.size());
+  backward_events_fired_ = 0;
+  auto boundary = [&](at::Tensor& h, int64_t segment) {
+    if (!h.requires_grad()) return;
+    const int64_t upto = 2 * (n - 1 - segment) + 1;
+    h.register_hook([this, upto, micro](const at::Tensor& grad) {
+      try {
+        advance_backward_events(upto, micro);
+      } catch (...) {
+        hook_error_ = std::current_exception();
+        throw;
+      }
+      return grad;
+    });
+  };
+
+  at::Tensor h = run_segment(segments_.front(), batch.inputs,
+                             [this](const at::Tensor& t) { return model_->embed(t); }, micro);
+  boundary(h, 0);
+  for (int64_t i = 0; i < model_->num_blocks(); ++i) {
+    Block* block = segments_[i + 1].block;
+    h = run_segment(segments_[i + 1], h, [block](const at::Tensor& t) { return block->forward(t); },
+                    micro);
+    boundary(h, i + 1);
+  }
+  at::Tensor logits = run_segment(segments_.back(), h,
+                                  [this](const at::Tensor& t) { return model_->head(t); }, micro);
+  boundary(logits, n - 1);
+
+  // DeepSpeed divides every micro-step's gradient by the accumulation steps.
+  at::Tensor loss = causal_lm_loss(logits, batch.targets) / static_cast<double>(cfg_.grad_accum_steps);
+  mctx.loss = loss;
+  plugins_.each_reversed("after_forward", step_, [&](Plugin& p) { p.after_forward(mctx); });
+
+  at::Tensor to_backprop = loss;
+  BackwardContext bctx{run_, step_, micro, to_backprop};
+  plugins_.each("before_backward", step_, [&](Plugin& p) { p.before_backward(bctx); });
+  hook_error_ = nullptr;
+  try {
+    to_backprop.backward();
+  } catch (...) {
+    if (hook_error_) std::rethrow_exception(hook_error_);
+    throw;
+  }
+  advance_backward_events(2 * n, micro);  // segments whose inputs needed no gradient
+  plugins_.each_reversed("after_backward", step_, [&](Plugin& p) { p.after_backward(mctx); });
+  return loss.item<double>();
+}
+
+// ---- one optimizer step ---------------------------------------------------------------------------
+void Engine::train_step(TrainSummary& summary) {
+  const auto t0 = Clock::now();
+  control_.skip_step = false;
+  control_.skip_reason.clear();
+
+  double loss_sum = 0.0;
+  for (int64_t micro = 0; micro < cfg_.grad_accum_steps; ++micro) loss_sum += micro_step(micro);
+
+  std::vector<at::Tensor> grads;
+  for (const at::Tensor& p : trainable_) {
+    if (p.grad().defined()) grads.push_back(p.grad());
+  }
+  bool grads_partitioned = false;
+  const double lr = schedule_->lr(completed_steps_);
+  StepContext sctx{*model_, *optimizer_, run_, *comm_, step_, lr, control_, false, grads,
+                   grads_partitioned};
+  plugins_.each("after_gradient_accumulation", step_,
+                [&](Plugin& p) { p.after_gradient_accumulation(sctx); });
+  if (!plugins_.any_reduces_gradients() && run_.world_size > 1) {
+    dist_->all_reduce_gradients(trainable_, GradReduceOptions());
+  }
+  plugins_.each("before_optimizer_step", step_, [&](Plugin& p) { p.before_optimizer_step(sctx); });
+
+  // Skip votes and the loss are agreed across ranks in one small collective.
+  at::Tensor agree = at::tensor({control_.skip_step ? 1.0 : 0.0, loss_sum}, at::kDouble);
+  at::Tensor vote = agree.slice(0, 0, 1);
+  comm_->all_reduce_max(vote);
+  at::Tensor loss_t = agree.slice(0, 1, 2);
+  comm_->all_reduce_sum(loss_t);
+  const bool skip = agree[0].item<double>() > 0.0;
+  const double loss = agree[1].item<double>() / run_.world_size;
+
+  double grad_norm = std::nan("");
+  if (!skip) {
+    at::Tensor sq = at::tensor({grad_sq_norm(grads)}, at::kDouble);
+    if (grads_partitioned) comm_->all_reduce_sum(sq);
+    grad_norm = std::sqrt(sq.item<double>());
+    sctx.grad_norm = grad_norm;
+    if (cfg_.gradient_clipping > 0.0) clip_grads(grads, cfg_.gradient_clipping, grad_norm);
+    optimizer_->step(lr);
+    ++completed_steps_;
+  } else {
+    ++skipped_steps_;
+    if (run_.rank == 0) {
+      log_ << "step " << step_ + 1 << ": update skipped"
+           << (control_.skip_reason.empty() ? "" : " (" + control_.skip_reason + ")") << "\n";
+    }
+  }
+  sctx.skipped = skip;
+  plugins_.each_reversed("after_optimizer_step", step_, [&](Plugin& p) { p.after_optimizer_step(sctx); });
+  optimizer_->zero_grad();
+  ++step_;
+
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  const double tokens = static_cast<double>(cfg_.train_batch_size * cfg_.data.block_size);
+  if (summary.steps == 0) summary.first_loss = loss;
+  summary.last_loss = loss;
+  summary.steps = step_;
+  summary.skipped_steps = skipped_steps_;
+
+  const bool print = step_ % std::max<int64_t>(1, cfg_.steps_per_print) == 0 ||
+                     step_ == run_.max_steps || control_.stop_training;
+  if (print) {
+    Metrics extra;
+    plugins_.each("add_metrics", step_, [&](Plugin& p) { p.add_metrics(extra); });
+    log_step(step_, loss, lr, grad_norm, tokens / seconds, skip, extra);
+  } else if (run_.rank == 0 && isatty(STDOUT_FILENO)) {
+    const int width = 30;
+    const int done = static_cast<int>(width * step_ / std::max<int64_t>(1, run_.max_steps));
+    std::cout << "\r[" << std::string(done, '#') << std::string(width - done, '.') << "] "
+              << step_ << "/" << run_.max_steps << " loss " << std::fixed << std::setprecision(4)
+              << loss << std::flush;
+  }
+}
+
+void Engine::log_step(int64_t step, double loss, double lr, double grad_norm, double tokens_per_s,
+                      bool skipped, const Metrics& extra) {
+  if (run_.rank != 0) return;
+  if (isatty(STDOUT_FILENO)) std::cout << "\r\033[K" << std::flush;
+  std::ostringstream line;
+  line << "step " << std::setw(5) << step << "/" << run_.max_steps << " | loss " << std::fixed
+       << std::setprecision(4) << loss << " | lr " << std::scientific << std::setprecision(3) << lr
+       << " | grad_norm " << std::fixed << std::setprecision(3) << grad_norm << " | "
+       << std::setprecision(0) << tokens_per_s << " tok/s | mem " << mib(current_rss_bytes())
+       << " (peak " << mib(peak_rss_bytes()) << ")";
+  for (const auto& [k, v] : extra) line << " | " << k << " " << std::defaultfloat << v;
+  log_ << line.str() << "\n" << std::flush;
+
+  std::ofstream out(metrics_path_, std::ios::app);
+  out << std::setprecision(std::numeric_limits<double>::max_digits10) << "{\"step\": " << step << ", \"loss\": " << loss
+      << ", \"lr\": " << lr << ", \"grad_norm\": "
+      << (std::isfinite(grad_norm) ? std::to_string(grad_norm) : std::string("null"))
+      << ", \"tokens_per_s\": " << tokens_per_s << ", \"skipped\": " << (skipped ? "true" : "false")
+      << ", \"skipped_steps\": " << skipped_steps_ << ", \"rss_bytes\": " << current_rss_bytes();
+  for (const auto& [k, v] : extra) out << ", \"" << k << "\": " << v;
+  out << "}\n";
+}
+
+// ---- the run ----------------------------------------------------------------------------------------
+TrainSummary Engine::train() {
+  TrainSummary summary;
+  try {
+    setup();
+    TrainContext tctx{*model_, *optimizer_, run_, *comm_, step_};
+    plugins_.each("on_train_begin", -1, [&](Plugin& p) { p.on_train_begin(tctx); });
+    const auto t0 = Clock::now();
+    while (step_ < run_.max_steps && !control_.stop_training) train_step(summary);
+    summary.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    summary.tokens_per_s = static_cast<double>(step_ * cfg_.train_batch_size * cfg_.data.block_size) /
+                           std::max(1e-9, summary.seconds);
+    summary.peak_rss_bytes = peak_rss_bytes();
+    TrainContext ectx{*model_, *optimizer_, run_, *comm_, step_};
+    plugins_.each_reversed("on_train_end", -1, [&](Plugin& p) { p.on_train_end(ectx); });
+  } catch (const std::exception& e) {
+    ErrorContext ectx{run_, step_, e};
+    for (auto it = plugins_.plugins().rbegin(); it != plugins_.plugins().rend(); ++it) {
+      try {
+        it->plugin->on_error(ectx);
+      } catch (...) {
+        // The original error is the one to report.
+      }
+    }
+    throw;
+  }
+  if (run_.rank == 0) {
+    log_ << std::defaultfloat << "done: " << summary.steps << " steps ("
+         << summary.skipped_steps << " skipped) in " << std::fixed << std::setprecision(1)
+         << summary.seconds << " s, loss " << std::setprecision(4) << summary.first_loss << " -> "
+         << summary.last_loss << ", " << std::setprecision(0) << summary.tokens_per_s
+         << " tok/s, peak RSS " << mib(summary.peak_rss_bytes) << "\n";
+  }
+  return summary;
+}
+
+}  // namespace memrt

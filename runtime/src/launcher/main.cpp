@@ -1,3 +1,211 @@
-// launcher: placeholder until the engine lands.
+// launcher — memrt's command line: parse, build, run, close.
+//
+//   launcher --deepspeed ds_config.json train.yaml [--key=value ...]      train
+//   launcher --num_procs N --deepspeed ds_config.json train.yaml          N local ranks
+//   launcher --print-config --deepspeed ds_config.json train.yaml         resolved config, exit
+#include <cstdlib>
+#include <filesystem>
 #include <iostream>
-int main() { std::cout << "memrt launcher\n"; return 0; }
+#include <string>
+#include <vector>
+
+#include <boost/program_options.hpp>
+#include <c10/util/Exception.h>
+
+#include "config/load_config.h"
+#include "dist/hostfile.h"
+#include "dist/local_launch.h"
+#include "dist/process_group.h"
+#include "engine/engine.h"
+#include "memrt/build_info.h"
+#include "plugin/plugin_host.h"
+
+namespace po = boost::program_options;
+
+namespace {
+
+struct Args {
+  std::string ds_config;
+  std::string train_yaml;
+  std::vector<std::string> overrides;
+  int num_procs = 1;
+  std::string hostfile;
+  std::string include, exclude;
+  int num_nodes = -1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  bool print_config = false;
+  bool trace_hooks = false;
+};
+
+const char* kUsage =
+    "usage: launcher [options] --deepspeed DS_CONFIG.json TRAIN.yaml [--key=value | --key value ...]\n"
+    "\n"
+    "Trains the model TRAIN.yaml describes with the strategy DS_CONFIG.json describes. Words after\n"
+    "TRAIN.yaml override its keys (e.g. --max_steps=20).\n";
+
+// Options of the launcher itself that take a value; needed to find where TRAIN.yaml is.
+bool takes_value(const std::string& word) {
+  for (const char* o : {"--deepspeed", "--deepspeed_config", "--num_procs", "--num_gpus",
+                        "--hostfile", "--include", "--exclude", "--num_nodes", "--master_addr",
+                        "--master_port"}) {
+    if (word == o) return true;
+  }
+  return false;
+}
+
+// Returns false when the program should exit right away (help, version).
+bool parse_args(int argc, char** argv, Args& args) {
+  // Everything up to the first bare word (TRAIN.yaml) is the launcher's; everything after it
+  // overrides train.yaml keys and is parsed by the config loader.
+  std::vector<std::string> own;
+  int i = 1;
+  for (; i < argc; ++i) {
+    std::string w = argv[i];
+    if (w.rfind("-", 0) != 0) {
+      args.train_yaml = w;
+      ++i;
+      break;
+    }
+    own.push_back(w);
+    if (takes_value(w) && i + 1 < argc) own.push_back(argv[++i]);
+  }
+  for (; i < argc; ++i) args.overrides.emplace_back(argv[i]);
+
+  po::options_description desc("options");
+  desc.add_options()
+      ("help,h", "print this help")
+      ("version", "print versions")
+      ("deepspeed", po::value(&args.ds_config), "the DeepSpeed-style config (JSON)")
+      ("deepspeed_config", po::value(&args.ds_config), "alias of --deepspeed")
+      ("num_procs", po::value(&args.num_procs), "ranks to start on this machine")
+      ("num_gpus", po::value(&args.num_procs), "alias of --num_procs (DeepSpeed's name)")
+      ("hostfile", po::value(&args.hostfile), "DeepSpeed hostfile: one 'host slots=N' per line; ranks start over ssh")
+      ("include", po::value(&args.include), "hostfile hosts/slots to use: host[:slot,...][@host...]")
+      ("exclude", po::value(&args.exclude), "hostfile hosts/slots to leave out (same syntax)")
+      ("num_nodes", po::value(&args.num_nodes), "use the first N hosts of the hostfile")
+      ("master_addr", po::value(&args.master_addr), "rendezvous address (default 127.0.0.1)")
+      ("master_port", po::value(&args.master_port), "rendezvous port (default 29500)")
+      ("print-config", po::bool_switch(&args.print_config), "print the resolved configuration and exit")
+      ("trace-hooks", po::bool_switch(&args.trace_hooks), "print every plugin hook call");
+  po::variables_map vm;
+  po::store(po::command_line_parser(own).options(desc).run(), vm);
+  po::notify(vm);
+  if (vm.count("help")) {
+    std::cout << kUsage << "\n" << desc;
+    return false;
+  }
+  if (vm.count("version")) {
+    std::cout << "memrt " << MEMRT_VERSION_STRING << " (LibTorch " << MEMRT_TORCH_VERSION_STRING
+              << ", CUDA " << (MEMRT_TORCH_HAS_CUDA ? "on" : "off") << ", plugin ABI "
+              << MEMRT_PLUGIN_ABI_MAJOR << "." << MEMRT_PLUGIN_ABI_MINOR << ")\n";
+    return false;
+  }
+  if (args.ds_config.empty() || args.train_yaml.empty()) {
+    throw memrt::Error(std::string("missing ") +
+                       (args.ds_config.empty() ? "--deepspeed DS_CONFIG.json" : "TRAIN.yaml") +
+                       "\n" + kUsage);
+  }
+  if (args.num_procs < 1) throw memrt::Error("--num_procs must be at least 1");
+  return true;
+}
+
+// Options that decide how ranks are spawned; a rank's own command line goes without them.
+const char* const kSpawnOptions[] = {"--num_procs", "--num_gpus", "--hostfile", "--include",
+                                     "--exclude", "--num_nodes", "--master_addr", "--master_port"};
+
+// The command line a rank runs: this one without the options that spawn ranks.
+std::vector<std::string> worker_args(int argc, char** argv) {
+  std::vector<std::string> out;
+  for (int i = 1; i < argc; ++i) {
+    std::string w = argv[i];
+    if (w.rfind("-", 0) != 0) {  // TRAIN.yaml: the rest belongs to the rank as it is
+      out.insert(out.end(), argv + i, argv + argc);
+      break;
+    }
+    bool spawn_option = false;
+    for (const char* o : kSpawnOptions) {
+      const std::string opt(o);
+      if (w == opt) {
+        ++i;  // and its value
+        spawn_option = true;
+      } else if (w.rfind(opt + "=", 0) == 0) {
+        spawn_option = true;
+      }
+    }
+    if (!spawn_option) {
+      out.push_back(w);
+      if (takes_value(w) && i + 1 < argc) out.push_back(argv[++i]);
+    }
+  }
+  return out;
+}
+
+int run(int argc, char** argv) {
+  Args args;
+  if (!parse_args(argc, argv, args)) return 0;
+
+  if (!args.hostfile.empty()) {  // several machines: one ssh per rank, DeepSpeed's rank order
+    auto hosts = memrt::parse_hostfile(args.hostfile);
+    auto nodes = memrt::select_resources(hosts, args.include, args.exclude, args.num_nodes,
+                                         args.num_procs > 1 ? args.num_procs : -1);
+    memrt::SshLaunchOptions ssh;
+    if (args.master_addr != "127.0.0.1") ssh.master_addr = args.master_addr;
+    ssh.master_port = args.master_port;
+    ssh.cwd = std::filesystem::current_path().string();
+    ssh.program = std::filesystem::read_symlink("/proc/self/exe").string();
+    ssh.args = worker_args(argc, argv);
+    ssh.env = memrt::exported_environment();
+    std::vector<memrt::RankCommand> commands;
+    for (const auto& c : memrt::ssh_rank_commands(nodes, ssh)) {
+      std::cout << "[launcher] " << c.shell_line << "\n";
+      commands.push_back(c.command);
+    }
+    std::cout << std::flush;
+    return memrt::run_rank_processes(commands);
+  }
+  if (args.num_procs > 1 && std::getenv("RANK") == nullptr) {
+    memrt::LocalLaunchOptions opts;
+    opts.num_procs = args.num_procs;
+    opts.executable = "/proc/self/exe";
+    opts.args = worker_args(argc, argv);
+    opts.master_addr = args.master_addr;
+    opts.master_port = args.master_port;
+    return memrt::run_local_ranks(opts);
+  }
+
+  auto dist = memrt::DistContext::from_environment();
+  memrt::ConfigSources sources;
+  sources.ds_config_path = args.ds_config;
+  sources.train_yaml_path = args.train_yaml;
+  sources.overrides = args.overrides;
+  sources.world_size = dist->world_size();
+  memrt::TrainConfig cfg = memrt::load_train_config(sources);
+  if (args.print_config) {
+    if (dist->rank() == 0) std::cout << memrt::resolved_config_json(cfg) << std::endl;
+    return 0;
+  }
+
+  memrt::PluginHost plugins = memrt::PluginHost::load(cfg.plugins);
+  if (args.trace_hooks) plugins.set_trace(true);
+  memrt::Engine engine(std::move(cfg), dist, std::move(plugins), std::cout);
+  engine.train();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const po::error& e) {
+    std::cerr << "error: " << e.what() << "\n" << kUsage;
+  } catch (const memrt::Error& e) {
+    std::cerr << "error: " << e.what() << "\n";
+  } catch (const c10::Error& e) {
+    std::cerr << "error (LibTorch): " << e.what_without_backtrace() << "\n";
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+  }
+  return 1;
+}

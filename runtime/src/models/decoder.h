@@ -22,7 +22,6 @@
 
 namespace memrt {
 
-using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
 // y = x / sqrt(mean(x^2) + eps) * weight over the last dimension (Llama's RMSNorm).
 class RMSNormImpl : public torch::nn::Module {
@@ -91,8 +90,8 @@ class DecoderLM : public CausalLM {
   virtual void finish() = 0;
   // Parameters outside the blocks, with HF names: those that exist before the first block
   // (embeddings) and those finish() creates (final norm, untied lm_head).
-  virtual NamedTensors embedding_parameters() = 0;
-  virtual NamedTensors final_parameters() = 0;
+  NamedTensors embedding_parameters() override = 0;
+  NamedTensors final_parameters() override = 0;
 
  protected:
   ModelShape shape_;

@@ -1,0 +1,88 @@
+// The training engine: owns the step loop written as pseudocode at the top of memrt/plugin.h.
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config/train_config.h"
+#include "memrt/comm.h"
+#include "memrt/plugin.h"
+#include "plugin/plugin_host.h"
+
+namespace memrt {
+
+class DistContext;
+class DataLoader;
+class LrSchedule;
+
+struct TrainSummary {
+  int64_t steps = 0;          // optimizer steps taken (including skipped ones)
+  int64_t skipped_steps = 0;
+  double first_loss = 0.0;    // mean loss of the first step, over ranks
+  double last_loss = 0.0;     // mean loss of the last step, over ranks
+  double seconds = 0.0;       // wall time of the loop
+  double tokens_per_s = 0.0;  // all ranks together
+  int64_t peak_rss_bytes = 0; // this process
+};
+
+class Engine {
+ public:
+  // `log` receives the human-readable output (rank 0 only writes to it).
+  Engine(TrainConfig cfg, std::shared_ptr<DistContext> dist, PluginHost plugins, std::ostream& log);
+  ~Engine();
+
+  TrainSummary train();
+
+  const RunInfo& run_info() const { return run_; }
+  // After train(): the trained model (tests, export).
+  CausalLM& model() { return *model_; }
+
+ private:
+  void setup();
+  void train_step(TrainSummary& summary);
+  double micro_step(int64_t micro);
+  struct Segment;
+  at::Tensor run_segment(const Segment& segment, const at::Tensor& x, SegmentFn body, int64_t micro);
+  // Per-segment backward phases, fired in order as the gradient reaches each segment boundary.
+  void advance_backward_events(int64_t upto, int64_t micro);
+  void log_step(int64_t step, double loss, double lr, double grad_norm, double tokens_per_s,
+                bool skipped, const Metrics& extra);
+
+  TrainConfig cfg_;
+  std::shared_ptr<DistContext> dist_;
+  std::unique_ptr<Communicator> comm_;
+  PluginHost plugins_;
+  std::ostream& log_;
+  RunInfo run_;
+
+  std::shared_ptr<CausalLM> model_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<LrSchedule> schedule_;
+  std::unique_ptr<DataLoader> loader_;
+  std::vector<at::Tensor> trainable_;
+
+  int64_t step_ = 0;             // optimizer steps taken, skipped ones included
+  int64_t completed_steps_ = 0;  // successful updates (the LR schedule's clock)
+  int64_t skipped_steps_ = 0;
+  Control control_;
+
+  // Backward-phase bookkeeping of the current micro-step: events [0, 2*S) are, for segments from
+  // the head down to the embedding, before_segment_backward then after_segment_backward.
+  struct Segment {
+    SegmentKind kind;
+    int64_t index;
+    Block* block;
+    std::vector<at::Tensor> params;
+  };
+  std::vector<Segment> segments_;  // forward order: embedding, blocks, head
+  int64_t backward_events_fired_ = 0;
+  std::exception_ptr hook_error_;
+
+  std::string metrics_path_;
+};
+
+}  // namespace memrt
