@@ -1,0 +1,212 @@
+// The launcher as users run it: real processes, real files, real Gloo on loopback, every run
+// bounded by `timeout`.
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kLauncher = std::string(MEMRT_BINARY_DIR) + "/bin/launcher";
+
+struct RunResult {
+  int exit_code = -1;
+  std::string out;  // stdout and stderr together
+  double seconds = 0.0;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Runs a shell command line under `timeout`, capturing its output.
+RunResult run(const std::string& command, int timeout_s = 240) {
+  static int counter = 0;
+  const fs::path out = fs::temp_directory_path() /
+                       ("memrt_launcher_out_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
+  const auto t0 = std::chrono::steady_clock::now();
+  const int status = std::system(("timeout -k 5 " + std::to_string(timeout_s) + " " + command +
+                                  " > " + out.string() + " 2>&1").c_str());
+  RunResult r;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = slurp(out);
+  fs::remove(out);
+  return r;
+}
+
+int free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+class TempDir {
+ public:
+  explicit TempDir(const std::string& name)
+      : path_(fs::temp_directory_path() / ("memrt_" + name + "_" + std::to_string(getpid()))) {
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  const fs::path& path() const { return path_; }
+  std::string write(const std::string& name, const std::string& text) const {
+    std::ofstream(path_ / name) << text;
+    return (path_ / name).string();
+  }
+
+ private:
+  fs::path path_;
+};
+
+std::vector<double> losses(const fs::path& metrics) {
+  std::vector<double> out;
+  std::ifstream in(metrics);
+  for (std::string line; std::getline(in, line);) {
+    const auto at = line.find("\"loss\": ");
+    if (at != std::string::npos) out.push_back(std::stod(line.substr(at + 8)));
+  }
+  return out;
+}
+
+const char* kTinyYaml = R"(model: {arch: gpt2, n_layer: 2, n_head: 2, n_kv_head: 2, d_model: 64, d_ff: 128, vocab_size: 256, n_ctx: 32}
+block_size: 32
+learning_rate: 3.0e-3
+max_steps: 20
+logging_steps: 1
+seed: 3
+)";
+
+TEST(Launcher, TwoRanksFollowTheOneRankLossCurve) {
+  TempDir dir("two_ranks");
+  // The same global batch of 8: one rank accumulates 2 micro-batches of 4, two ranks take one each.
+  const std::string ds = dir.write("ds.json", R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4,
+                                                  "gradient_clipping": 1.0})");
+  const std::string yaml = dir.write("train.yaml", kTinyYaml);
+  const fs::path one = dir.path() / "one", two = dir.path() / "two";
+  RunResult r1 = run(kLauncher + " --deepspeed " + ds + " " + yaml + " --output_dir=" + one.string());
+  ASSERT_EQ(r1.exit_code, 0) << r1.out;
+  RunResult r2 = run(kLauncher + " --num_procs 2 --master_port " + std::to_string(free_port()) +
+               " --deepspeed " + ds + " " + yaml + " --output_dir=" + two.string());
+  ASSERT_EQ(r2.exit_code, 0) << r2.out;
+  EXPECT_NE(r2.out.find("[rank 0] batch: train_batch_size 8 = micro 4 x accumulation 1 x ranks 2"),
+            std::string::npos) << r2.out;
+
+  const auto a = losses(one / "metrics.jsonl"), b = losses(two / "metrics.jsonl");
+  ASSERT_EQ(a.size(), 20u) << r1.out;
+  ASSERT_EQ(b.size(), 20u) << r2.out;
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_NEAR(b[i], a[i], 1e-5 * std::abs(a[i])) << "step " << i + 1;
+  }
+  EXPECT_LT(a.back(), a.front());
+}
+
+TEST(Launcher, MainJobLossFallsWellBelowItsStart) {
+  TempDir dir("main_job");
+  const std::string src = MEMRT_SOURCE_DIR;
+  RunResult r = run(kLauncher + " --deepspeed " + src + "/configs/ds_config.json " + src +
+              "/configs/train.yaml --max_steps=30 --logging_steps=1 --output_dir=" + dir.path().string());
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto l = losses(dir.path() / "metrics.jsonl");
+  ASSERT_EQ(l.size(), 30u);
+  // Byte-level: the untrained model is near ln(256) = 5.55; 30 steps bring it well below.
+  EXPECT_GT(l.front(), 5.0);
+  EXPECT_LT(l.back(), 0.7 * l.front()) << r.out;
+  EXPECT_NE(r.out.find("done: 30 steps"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("tok/s | mem "), std::string::npos) << r.out;
+}
+
+TEST(Launcher, PrintConfigShowsTheResolvedTriple) {
+  const std::string src = MEMRT_SOURCE_DIR;
+  RunResult r = run(kLauncher + " --print-config --deepspeed " + src + "/configs/ds_config.json " + src +
+              "/configs/train.yaml --max_steps 7");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("\"train_batch_size\": 16"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"max_steps\": 7"), std::string::npos) << r.out;
+}
+
+TEST(Launcher, BadConfigExitsNonZeroNamingFileKeyAndSuggestion) {
+  TempDir dir("bad_config");
+  const std::string ds = dir.write("ds.json", R"({"train_micro_batch_size_per_gpu": 2, "gradient_cliping": 1.0})");
+  const std::string yaml = dir.write("train.yaml", kTinyYaml);
+  RunResult r = run(kLauncher + " --deepspeed " + ds + " " + yaml);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.out.find(ds), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("gradient_cliping"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("gradient_clipping"), std::string::npos) << r.out;
+}
+
+TEST(Launcher, MissingThirdPartyPluginExitsNonZero) {
+  TempDir dir("missing_plugin");
+  const std::string ds = dir.write("ds.json", R"({"train_micro_batch_size_per_gpu": 2,
+      "plugins": [{"name": "ghost", "library": "libghost.so", "options": {}}]})");
+  const std::string yaml = dir.write("train.yaml", kTinyYaml);
+  RunResult r = run(kLauncher + " --deepspeed " + ds + " " + yaml);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.out.find("libghost.so not found"), std::string::npos) << r.out;
+}
+
+std::string killer_config(const TempDir& dir) {
+  return dir.write("ds.json", std::string(R"({"train_micro_batch_size_per_gpu": 2, "plugins": [
+      {"name": "fixture_killer", "library": ")") + FIXTURE_KILLER + R"(",
+       "options": {"rank": 1, "step": 3}}]})");
+}
+
+// Under `launcher --num_procs`, the launcher sees the death and stops the other ranks.
+TEST(Launcher, KilledRankStopsTheJobThroughTheLauncher) {
+  TempDir dir("killed_launcher");
+  const std::string yaml = dir.write("train.yaml", kTinyYaml);
+  RunResult r = run(kLauncher + " --num_procs 2 --master_port " + std::to_string(free_port()) +
+                  " --deepspeed " + killer_config(dir) + " " + yaml + " --output_dir=" +
+                  (dir.path() / "out").string(),
+              90);
+  EXPECT_NE(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.exit_code, 124) << "timed out:\n" << r.out;
+  EXPECT_NE(r.out.find("rank 1 was killed by signal 9"), std::string::npos) << r.out;
+  EXPECT_LT(r.seconds, 60.0);
+}
+
+// Without a supervising launcher (torchrun-style: each rank started on its own), the surviving
+// rank notices through its next collective and exits non-zero with a clear message.
+TEST(Launcher, KilledRankMakesTheOtherExitOnItsOwn) {
+  TempDir dir("killed_alone");
+  const std::string yaml = dir.write("train.yaml", kTinyYaml);
+  const std::string ds = killer_config(dir);
+  const std::string env = "MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_port()) +
+                          " WORLD_SIZE=2 LOCAL_RANK=0 ";
+  const std::string common = " --deepspeed " + ds + " " + yaml + " --output_dir=" +
+                             (dir.path() / "out").string();
+  const fs::path log1 = dir.path() / "rank1.log";
+  // Rank 1 in the background (it kills itself at step 3), rank 0 in the foreground.
+  RunResult r = run("sh -c '" + env + "RANK=1 " + kLauncher + common + " > " + log1.string() +
+                  " 2>&1 & " + env + "RANK=0 " + kLauncher + common + "'",
+              90);
+  EXPECT_NE(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.exit_code, 124) << "rank 0 hung:\n" << r.out;
+  EXPECT_LT(r.seconds, 60.0);
+  EXPECT_NE(r.out.find("a peer rank probably died"), std::string::npos) << r.out;
+}
+
+}  // namespace
