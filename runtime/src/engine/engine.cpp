@@ -75,33 +75,29 @@ Engine::Engine(TrainConfig cfg, std::shared_ptr<DistContext> dist, PluginHost pl
 Engine::~Engine() = default;
 
 // ---- set-up: configure, build, transform, optimizer ---------------------------------------------
-void Engine::setup() {
-  run_.rank = comm_->rank();
-  run_.world_size = comm_->world_size();
-  run_.local_rank = dist_ ? dist_->local_rank() : 0;
-  run_.train_batch_size = cfg_.train_batch_size;
-  run_.micro_batch_size = cfg_.micro_batch_size;
-  run_.grad_accum_steps = cfg_.grad_accum_steps;
-  run_.block_size = cfg_.data.block_size;
+RunInfo make_run_info(const TrainConfig& cfg, int rank, int world_size, int local_rank) {
+  RunInfo run;
+  run.rank = rank;
+  run.world_size = world_size;
+  run.local_rank = local_rank;
+  run.train_batch_size = cfg.train_batch_size;
+  run.micro_batch_size = cfg.micro_batch_size;
+  run.grad_accum_steps = cfg.grad_accum_steps;
+  run.block_size = cfg.data.block_size;
+  run.max_steps = cfg.max_steps;  // -1 until the engine knows the dataset's size
   // A Hugging Face checkpoint directory brings its own shape (config.json).
-  run_.shape = cfg_.model.name_or_path.empty() ? cfg_.model.shape
-                                               : read_hf_config(cfg_.model.name_or_path);
-  run_.output_dir = cfg_.output_dir;
+  run.shape = cfg.model.name_or_path.empty() ? cfg.model.shape : read_hf_config(cfg.model.name_or_path);
+  run.output_dir = cfg.output_dir;
+  return run;
+}
+
+void Engine::setup() {
+  run_ = make_run_info(cfg_, comm_->rank(), comm_->world_size(), dist_ ? dist_->local_rank() : 0);
   const bool main = run_.rank == 0;
 
   // configure: each plugin gets only its own subtree.
   ConfigDiagnostics diag;
-  for (const LoadedPlugin& p : plugins_.plugins()) {
-    const PluginSpec* spec = nullptr;
-    for (const PluginSpec& s : cfg_.plugins) {
-      if (s.name == p.name) spec = &s;
-    }
-    static const ConfigNode kEmpty;
-    const ConfigNode& options = spec ? spec->options : kEmpty;
-    plugins_.each("configure", -1, [&](Plugin& q) {
-      if (&q == p.plugin.get()) q.configure(options, diag, run_);
-    });
-  }
+  plugins_.configure(run_, diag);
   if (main) {
     for (const std::string& w : cfg_.warnings) log_ << "warning: " << w << "\n";
     for (const std::string& w : diag.warnings) log_ << "warning: " << w << "\n";

@@ -29,6 +29,9 @@ struct TrainSummary {
   int64_t peak_rss_bytes = 0; // this process
 };
 
+// The facts plugins see (RunInfo) for a resolved config on a given rank.
+RunInfo make_run_info(const TrainConfig& cfg, int rank, int world_size, int local_rank);
+
 class Engine {
  public:
   // `log` receives the human-readable output (rank 0 only writes to it).

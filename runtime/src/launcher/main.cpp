@@ -181,12 +181,18 @@ int run(int argc, char** argv) {
   sources.overrides = args.overrides;
   sources.world_size = dist->world_size();
   memrt::TrainConfig cfg = memrt::load_train_config(sources);
-  if (args.print_config) {
-    if (dist->rank() == 0) std::cout << memrt::resolved_config_json(cfg) << std::endl;
+  memrt::PluginHost plugins = memrt::PluginHost::load(cfg.plugins);
+  if (args.print_config) {  // valid only if every plugin accepts its options too
+    memrt::ConfigDiagnostics diag;
+    plugins.configure(
+        memrt::make_run_info(cfg, dist->rank(), dist->world_size(), dist->local_rank()), diag);
+    if (dist->rank() == 0) {
+      std::cout << memrt::resolved_config_json(cfg) << "\n" << plugins.describe();
+      for (const std::string& w : diag.warnings) std::cout << "warning: " << w << "\n";
+      std::cout << std::flush;
+    }
     return 0;
   }
-
-  memrt::PluginHost plugins = memrt::PluginHost::load(cfg.plugins);
   if (args.trace_hooks) plugins.set_trace(true);
   memrt::Engine engine(std::move(cfg), dist, std::move(plugins), std::cout);
   engine.train();

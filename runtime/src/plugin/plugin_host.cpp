@@ -128,9 +128,10 @@ PluginHost PluginHost::load(const std::vector<PluginSpec>& specs, const HostAbi&
     const memrt_plugin_info* info = entry();
     if (!info) throw PluginError("plugin library " + path.string() + ": entry symbol returned null");
     check_plugin_abi(*info, path.string(), host);
-    if (spec.library.empty() && spec.name != info->name) {
-      throw PluginError("built-in plugin library " + path.string() + " calls itself '" +
-                        info->name + "', expected '" + spec.name + "'");
+    if (spec.name != info->name) {
+      throw PluginError("plugin library " + path.string() + " (config key '" + spec.config_key +
+                        "') calls itself '" + info->name + "', but the config names it '" +
+                        spec.name + "'; use \"name\": \"" + info->name + "\"");
     }
     loaded_libraries().push_back(lib);
 
@@ -140,6 +141,7 @@ PluginHost PluginHost::load(const std::vector<PluginSpec>& specs, const HostAbi&
     p.description = info->description ? info->description : "";
     p.library = path.string();
     p.config_key = spec.config_key;
+    p.options = spec.options;
     p.plugin = std::unique_ptr<Plugin, void (*)(Plugin*)>(info->create(), info->destroy);
     if (!p.plugin) throw PluginError("plugin '" + p.name + "': create() returned null");
     p.priority = p.plugin->priority();
@@ -149,11 +151,13 @@ PluginHost PluginHost::load(const std::vector<PluginSpec>& specs, const HostAbi&
   return out;
 }
 
-void PluginHost::add(std::string name, std::string config_key, std::unique_ptr<Plugin> plugin) {
+void PluginHost::add(std::string name, std::string config_key, std::unique_ptr<Plugin> plugin,
+                     ConfigNode options) {
   LoadedPlugin p;
   p.name = std::move(name);
   p.library = "(linked in)";
   p.config_key = std::move(config_key);
+  p.options = std::move(options);
   p.priority = plugin->priority();
   p.plugin = std::unique_ptr<Plugin, void (*)(Plugin*)>(plugin.release(),
                                                        [](Plugin* q) { delete q; });
@@ -195,6 +199,12 @@ void PluginHost::order() {
   std::stable_sort(plugins_.begin(), plugins_.end(),
                    [](const LoadedPlugin& a, const LoadedPlugin& b) { return a.priority < b.priority; });
   if (const char* env = std::getenv("MEMRT_TRACE_HOOKS"); env && std::string(env) == "1") trace_ = true;
+}
+
+void PluginHost::configure(const RunInfo& run, ConfigDiagnostics& diag) {
+  for (LoadedPlugin& p : plugins_) {
+    call(p, "configure", -1, [&](Plugin& q) { q.configure(p.options, diag, run); });
+  }
 }
 
 bool PluginHost::any_reduces_gradients() const {

@@ -21,6 +21,7 @@ struct LoadedPlugin {
   std::string library;     // absolute path of the shared library
   std::string config_key;  // what claimed it in the config ("fp16", "plugins[0]")
   int priority = 0;
+  ConfigNode options;      // its config subtree (what configure() receives)
   std::unique_ptr<Plugin, void (*)(Plugin*)> plugin{nullptr, nullptr};
 };
 
@@ -52,7 +53,12 @@ class PluginHost {
 
   // Adds an already constructed plugin (tests, plugins linked into the executable); call order()
   // after the last one.
-  void add(std::string name, std::string config_key, std::unique_ptr<Plugin> plugin);
+  void add(std::string name, std::string config_key, std::unique_ptr<Plugin> plugin,
+           ConfigNode options = {});
+
+  // The configure phase: every plugin, in order, receives its own options and rejects what it does
+  // not know (ConfigError naming the file and key).
+  void configure(const RunInfo& run, ConfigDiagnostics& diag);
   // Stable sort by priority; validates conflicts. Called by load().
   void order();
 
