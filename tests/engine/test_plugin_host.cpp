@@ -45,6 +45,12 @@ TEST(PluginHost, LoadsAWellFormedPlugin) {
   EXPECT_HAS(host.describe(), "fixture_good 1.2.3  priority 700  [plugins[0]]");
 }
 
+TEST(PluginHost, ConfigNameMustMatchTheLibrarysName) {
+  std::string e = load_error({spec("guard", FIXTURE_GOOD, "plugins[0]")});
+  EXPECT_HAS(e, "calls itself 'fixture_good', but the config names it 'guard'");
+  EXPECT_HAS(e, "\"name\": \"fixture_good\"");
+}
+
 TEST(PluginHost, MissingLibraryIsNamed) {
   std::string e = load_error({spec("x", "no/such/libx.so", "plugins[2]")});
   EXPECT_HAS(e, "no/such/libx.so not found");
@@ -74,14 +80,14 @@ TEST(PluginHost, LibraryWithoutEntrySymbol) {
 }
 
 TEST(PluginHost, AbiMajorMismatchNamesBothSides) {
-  std::string e = load_error({spec("x", FIXTURE_BAD_ABI, "plugins[0]")});
+  std::string e = load_error({spec("fixture_abi", FIXTURE_BAD_ABI, "plugins[0]")});
   EXPECT_HAS(e, "plugin ABI 99.0");
   EXPECT_HAS(e, "host's ABI " + std::to_string(MEMRT_PLUGIN_ABI_MAJOR) + "." +
                     std::to_string(MEMRT_PLUGIN_ABI_MINOR));
 }
 
 TEST(PluginHost, TorchVersionMismatchNamesBothSides) {
-  std::string e = load_error({spec("x", FIXTURE_OTHER_TORCH, "plugins[0]")});
+  std::string e = load_error({spec("fixture_torch", FIXTURE_OTHER_TORCH, "plugins[0]")});
   EXPECT_HAS(e, "built against LibTorch 1.13.1");
   EXPECT_HAS(e, std::string("host runs LibTorch ") + TORCH_VERSION);
 }
@@ -137,14 +143,16 @@ TEST(PluginAbi, CudaAndCxxAbiMismatches) {
 }
 
 TEST(PluginHost, TwoPluginsWithOneName) {
-  std::string e = load_error({spec("a", FIXTURE_GOOD, "plugins[0]"), spec("b", FIXTURE_GOOD, "plugins[1]")});
+  std::string e = load_error({spec("fixture_good", FIXTURE_GOOD, "plugins[0]"),
+                              spec("fixture_good", FIXTURE_GOOD, "plugins[1]")});
   EXPECT_HAS(e, "two plugins are named 'fixture_good'");
   EXPECT_HAS(e, "plugins[0]");
   EXPECT_HAS(e, "plugins[1]");
 }
 
 TEST(PluginHost, DeclaredConflictNamesBoth) {
-  std::string e = load_error({spec("g", FIXTURE_GOOD, "plugins[0]"), spec("c", FIXTURE_CONFLICT, "plugins[1]")});
+  std::string e = load_error({spec("fixture_good", FIXTURE_GOOD, "plugins[0]"),
+                              spec("fixture_conflict", FIXTURE_CONFLICT, "plugins[1]")});
   EXPECT_HAS(e, "plugin 'fixture_conflict' (config key 'plugins[1]') cannot run together with "
                 "plugin 'fixture_good' (config key 'plugins[0]')");
 }
