@@ -1,0 +1,86 @@
+"""The main job's model trained by PyTorch eager in Python — what a user would run instead of memrt.
+
+Same architecture as memrt's GPT-2 (pre-LayerNorm blocks, fused qkv, tanh GELU, learned
+positions, tied embeddings), same shapes, batch, optimizer (AdamW) and threads. Prints one JSON
+line per step: {"step", "seconds", "tokens"}.
+
+    python bench/torch_eager_gpt2.py --n_layer 4 --n_head 4 --d_model 256 --d_ff 1024 \
+        --vocab 256 --block 128 --batch 16 --steps 60 --threads 2
+"""
+import argparse
+import json
+import math
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(self, d, n_head, d_ff):
+        super().__init__()
+        self.n_head = n_head
+        self.ln_1 = nn.LayerNorm(d)
+        self.c_attn = nn.Linear(d, 3 * d)
+        self.attn_proj = nn.Linear(d, d)
+        self.ln_2 = nn.LayerNorm(d)
+        self.c_fc = nn.Linear(d, d_ff)
+        self.mlp_proj = nn.Linear(d_ff, d)
+
+    def forward(self, x):  # (B, T, C)
+        B, T, C = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, D)
+        x = x + self.attn_proj(y.transpose(1, 2).reshape(B, T, C))
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+
+class GPT(nn.Module):
+    def __init__(self, a):
+        super().__init__()
+        self.wte = nn.Embedding(a.vocab, a.d_model)
+        self.wpe = nn.Embedding(a.block, a.d_model)
+        self.h = nn.ModuleList(Block(a.d_model, a.n_head, a.d_ff) for _ in range(a.n_layer))
+        self.ln_f = nn.LayerNorm(a.d_model)
+        for p in self.parameters():
+            if p.dim() > 1:
+                nn.init.normal_(p, std=0.02)
+
+    def forward(self, idx, targets):
+        T = idx.shape[1]
+        x = self.wte(idx) + self.wpe(torch.arange(T))
+        for b in self.h:
+            x = b(x)
+        logits = F.linear(self.ln_f(x), self.wte.weight)  # (B, T, V), tied
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    for k, v in dict(n_layer=4, n_head=4, d_model=256, d_ff=1024, vocab=256, block=128, batch=16,
+                     steps=60, threads=2).items():
+        ap.add_argument("--" + k, type=int, default=v)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    model = GPT(a)
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.1)
+    for step in range(a.steps):
+        idx = torch.randint(0, a.vocab, (a.batch, a.block + 1))
+        t0 = time.perf_counter()
+        loss = model(idx[:, :-1], idx[:, 1:])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        dt = time.perf_counter() - t0
+        print(json.dumps({"step": step + 1, "seconds": dt, "tokens": a.batch * a.block,
+                          "loss": loss.item()}), flush=True)
+    assert math.isfinite(loss.item())
+
+
+if __name__ == "__main__":
+    main()
