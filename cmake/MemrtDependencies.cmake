@@ -79,6 +79,12 @@ if(MEMRT_TORCH_HAS_CUDA)
   if(CMAKE_CUDA_COMPILER)
     enable_language(CUDA)
     set(MEMRT_BUILD_CUDA ON)
+    # find_package(Torch) appends "-gencode arch=compute_NN,code=sm_NN" for every architecture of
+    # its own list to CMAKE_CUDA_FLAGS, and nvcc 13 rejects the oldest ones: drop them and name the
+    # architectures memrt's kernels are built for instead.
+    string(REGEX REPLACE "-gencode[ ;]+arch=compute_[0-9a-z]+,code=sm_[0-9a-z]+" ""
+           CMAKE_CUDA_FLAGS "${CMAKE_CUDA_FLAGS}")
+    set(MEMRT_CUDA_ARCHITECTURES 75 80 86 89 90 100 120 CACHE STRING "CUDA architectures of memrt's kernels")
   endif()
 endif()
 if(MEMRT_BUILD_CUDA)
