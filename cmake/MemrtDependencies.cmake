@@ -25,16 +25,8 @@ if(NOT Torch_DIR AND MEMRT_PYTHON)
   endif()
   list(APPEND CMAKE_PREFIX_PATH ${_memrt_torch_prefix})
 endif()
-find_package(Torch REQUIRED)
-get_filename_component(MEMRT_TORCH_LIB_DIR "${TORCH_LIBRARY}" DIRECTORY)
-
-# LibTorch's version and whether it was built with CUDA, for the plugin handshake.
-set(MEMRT_TORCH_VERSION ${Torch_VERSION})
-if(TARGET torch_cuda OR TORCH_CUDA_LIBRARIES)
-  set(MEMRT_TORCH_HAS_CUDA ON)
-else()
-  set(MEMRT_TORCH_HAS_CUDA OFF)
-endif()
+include(${CMAKE_CURRENT_LIST_DIR}/MemrtFindTorch.cmake)
+memrt_find_torch()
 message(STATUS "memrt: LibTorch ${MEMRT_TORCH_VERSION} at ${TORCH_INSTALL_PREFIX} (CUDA: ${MEMRT_TORCH_HAS_CUDA})")
 
 # The wheel's CUDA libraries (libnccl, cuBLAS, ...) live beside torch in site-packages/nvidia and
@@ -54,11 +46,26 @@ if(NOT MEMRT_GLOO_INCLUDE_DIR)
   message(FATAL_ERROR "memrt: Gloo headers not found; install Debian's libgloo-dev (scripts/setup.sh does)")
 endif()
 
+# With LibTorch's CUDA libraries linked, c10d's NCCL backend is available too; its header needs
+# nccl.h, which the wheel ships beside torch (site-packages/nvidia/nccl/include).
+if(MEMRT_TORCH_HAS_CUDA)
+  find_path(MEMRT_NCCL_INCLUDE_DIR nccl.h HINTS ${TORCH_INSTALL_PREFIX}/../nvidia/nccl/include)
+  if(MEMRT_NCCL_INCLUDE_DIR)
+    message(STATUS "memrt: c10d NCCL backend enabled (nccl.h in ${MEMRT_NCCL_INCLUDE_DIR})")
+  else()
+    message(STATUS "memrt: nccl.h not found: CUDA tensors cannot be reduced across ranks")
+  endif()
+endif()
+
 # One target for everything torch: headers marked SYSTEM (their warnings are not ours to fix).
 add_library(memrt_torch INTERFACE)
 target_link_libraries(memrt_torch INTERFACE ${TORCH_LIBRARIES})
 target_include_directories(memrt_torch SYSTEM INTERFACE ${TORCH_INCLUDE_DIRS} ${MEMRT_GLOO_INCLUDE_DIR})
 target_compile_definitions(memrt_torch INTERFACE USE_C10D_GLOO)
+if(MEMRT_TORCH_HAS_CUDA AND MEMRT_NCCL_INCLUDE_DIR)
+  target_include_directories(memrt_torch SYSTEM INTERFACE ${MEMRT_NCCL_INCLUDE_DIR})
+  target_compile_definitions(memrt_torch INTERFACE USE_C10D_NCCL)
+endif()
 target_link_options(memrt_torch INTERFACE ${MEMRT_TORCH_LINK_OPTIONS})
 # find_package(Torch) adds its include dirs as non-system through the imported targets too.
 foreach(_t torch torch_cpu c10 torch_cuda c10_cuda torch_library)
@@ -74,8 +81,6 @@ endforeach()
 # .cu files build only where the LibTorch found has CUDA and nvcc exists; nothing here runs them.
 set(MEMRT_BUILD_CUDA OFF)
 if(MEMRT_TORCH_HAS_CUDA)
-  include(CheckLanguage)
-  check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
     enable_language(CUDA)
     set(MEMRT_BUILD_CUDA ON)

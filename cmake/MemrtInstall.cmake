@@ -14,10 +14,11 @@ if(_memrt_plugin_targets)
 endif()
 
 set(MEMRT_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/memrt)
+set(MEMRT_TORCH_CMAKE_DIR ${TORCH_INSTALL_PREFIX}/share/cmake/Torch)
 configure_package_config_file(cmake/memrtConfig.cmake.in ${PROJECT_BINARY_DIR}/memrtConfig.cmake
                               INSTALL_DESTINATION ${MEMRT_CMAKE_DIR})
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/memrtConfigVersion.cmake
                                  COMPATIBILITY SameMajorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/memrtConfig.cmake ${PROJECT_BINARY_DIR}/memrtConfigVersion.cmake
-              cmake/MemrtPlugin.cmake
+              cmake/MemrtPlugin.cmake cmake/MemrtFindTorch.cmake
         DESTINATION ${MEMRT_CMAKE_DIR})

@@ -138,6 +138,35 @@ TEST(Launcher, MainJobLossFallsWellBelowItsStart) {
   EXPECT_NE(r.out.find("tok/s | mem "), std::string::npos) << r.out;
 }
 
+// Fine-tuning a Hugging Face checkpoint directory already on disk (written here by the
+// independent Python reference of tests/models with the safetensors package).
+TEST(Launcher, TrainsFromHuggingFaceCheckpointDirectories) {
+  TempDir dir("hf_dirs");
+  RunResult ref = run(std::string(MEMRT_PYTHON) + " " + MEMRT_SOURCE_DIR + "/tests/models/reference.py models " +
+                      dir.path().string());
+  ASSERT_EQ(ref.exit_code, 0) << ref.out;
+  {  // tokens below the reference models' vocabulary (61), raw uint16
+    std::ofstream bin(dir.path() / "tokens.bin", std::ios::binary);
+    for (uint16_t i = 0; i < 4000; ++i) {
+      const uint16_t t = static_cast<uint16_t>((i * 7 + i / 13) % 61);
+      bin.write(reinterpret_cast<const char*>(&t), sizeof t);
+    }
+  }
+  const std::string ds = dir.write("ds.json", R"({"train_micro_batch_size_per_gpu": 2})");
+  for (const char* model : {"gpt2", "llama"}) {
+    SCOPED_TRACE(model);
+    const std::string yaml = dir.write(std::string("train_") + model + ".yaml",
+                                       "model_name_or_path: " + (dir.path() / model).string() +
+                                           "\ntrain_file: " + (dir.path() / "tokens.bin").string() +
+                                           "\nblock_size: 8\nmax_steps: 3\nlogging_steps: 1\n");
+    RunResult r = run(kLauncher + " --deepspeed " + ds + " " + yaml + " --output_dir=" +
+                      (dir.path() / (std::string("out_") + model)).string());
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_NE(r.out.find(std::string("model: ") + model), std::string::npos) << r.out;
+    EXPECT_EQ(losses(dir.path() / (std::string("out_") + model) / "metrics.jsonl").size(), 3u);
+  }
+}
+
 TEST(Launcher, PrintConfigShowsTheResolvedTriple) {
   const std::string src = MEMRT_SOURCE_DIR;
   RunResult r = run(kLauncher + " --print-config --deepspeed " + src + "/configs/ds_config.json " + src +
