@@ -9,10 +9,14 @@ build=$2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-cmake --install "$build" --prefix "$work/prefix" > "$work/install.log"
-cmake -S "$src/examples/loss_guard" -B "$work/plugin" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-      -DCMAKE_PREFIX_PATH="$work/prefix" > "$work/configure.log"
-cmake --build "$work/plugin" > "$work/build.log"
+step() {  # step <log name> <command...>: runs it, shows its log if it fails
+  local log="$work/$1.log"; shift
+  "$@" > "$log" 2>&1 || { echo "FAIL: $*"; cat "$log"; exit 1; }
+}
+step install cmake --install "$build" --prefix "$work/prefix"
+step configure cmake -S "$src/examples/loss_guard" -B "$work/plugin" -G Ninja \
+     -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$work/prefix"
+step build cmake --build "$work/plugin"
 test -f "$work/plugin/libloss_guard.so"
 
 # factor 0: after 3 warm-up steps every step's loss exceeds 0 x the running mean -> skipped.

@@ -60,9 +60,9 @@ class CausalLM : public torch::nn::Module {
   virtual Block& block(int64_t i) = 0;
   virtual at::Tensor head(const at::Tensor& hidden) = 0;   // (B, T, C) -> (B, T, V)
 
-  // Parameters outside the blocks, with Hugging Face names: those embed() reads (token and
-  // position embeddings), and those head() reads besides a tied embedding (final norm, untied
-  // lm_head). The host uses them to hand each segment its parameters.
+  // Parameters outside the blocks, with Hugging Face names: those embed() reads (the token
+  // embedding first, then any position embedding), and those head() reads besides a tied token
+  // embedding (final norm, untied lm_head). The host hands each segment its parameters from these.
   virtual NamedTensors embedding_parameters() = 0;
   virtual NamedTensors final_parameters() = 0;
 

@@ -5,6 +5,7 @@
 // orders them by priority, prints the order, and calls them at these points — this pseudocode is
 // the engine's step function (runtime/src/engine/engine.cpp), line for line:
 //
+//   data = open train_file            # max_steps now known (from num_train_epochs if need be)
 //   for plugin in plugins:            configure(options, diag, run)        # own config subtree only
 //   model = build_model(...)          # blocks materialised one by one:
 //       for each block:               on_block_ready(BlockReady)           # quantize/partition early

@@ -95,15 +95,6 @@ void Engine::setup() {
   run_ = make_run_info(cfg_, comm_->rank(), comm_->world_size(), dist_ ? dist_->local_rank() : 0);
   const bool main = run_.rank == 0;
 
-  // configure: each plugin gets only its own subtree.
-  ConfigDiagnostics diag;
-  plugins_.configure(run_, diag);
-  if (main) {
-    for (const std::string& w : cfg_.warnings) log_ << "warning: " << w << "\n";
-    for (const std::string& w : diag.warnings) log_ << "warning: " << w << "\n";
-    log_ << plugins_.describe();
-  }
-
   // data
   auto data = TokenDataset::open(cfg_.data);
   if (data->vocab_size() > run_.shape.vocab_size) {
@@ -121,6 +112,15 @@ void Engine::setup() {
                        ? cfg_.max_steps
                        : static_cast<int64_t>(std::ceil(cfg_.num_train_epochs *
                                                         static_cast<double>(loader_->steps_per_epoch())));
+
+  // configure: each plugin gets only its own subtree.
+  ConfigDiagnostics diag;
+  plugins_.configure(run_, diag);
+  if (main) {
+    for (const std::string& w : cfg_.warnings) log_ << "warning: " << w << "\n";
+    for (const std::string& w : diag.warnings) log_ << "warning: " << w << "\n";
+    log_ << plugins_.describe();
+  }
 
   // model: materialised block by block, each handed to the plugins as it appears.
   BuildOptions build;
