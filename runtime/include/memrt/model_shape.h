@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 namespace memrt {
 
@@ -22,5 +23,38 @@ struct ModelShape {
 
   int64_t head_dim() const { return d_model / n_head; }
 };
+
+// What is wrong with a shape, if anything: the field (as named in a train.yaml `model:` block)
+// and why. The config loader and the model builder both report through it.
+struct ShapeProblem {
+  std::string field;
+  std::string message;
+  explicit operator bool() const { return !field.empty(); }
+};
+
+inline ShapeProblem find_shape_problem(const ModelShape& s) {
+  if (s.arch != "gpt2" && s.arch != "llama")
+    return {"arch", "is \"" + s.arch + "\"; memrt's built-in architectures are \"gpt2\" and \"llama\""};
+  const std::pair<const char*, int64_t> sizes[] = {
+      {"n_layer", s.n_layer}, {"n_head", s.n_head}, {"n_kv_head", s.n_kv_head}, {"d_model", s.d_model},
+      {"d_ff", s.d_ff}, {"vocab_size", s.vocab_size}, {"n_ctx", s.n_ctx}};
+  for (const auto& [field, v] : sizes)
+    if (v < 1) return {field, "must be positive, got " + std::to_string(v)};
+  if (s.d_model % s.n_head != 0)
+    return {"n_head", "is " + std::to_string(s.n_head) + ", which does not divide d_model " +
+                          std::to_string(s.d_model)};
+  if (s.n_head % s.n_kv_head != 0)
+    return {"n_kv_head", "is " + std::to_string(s.n_kv_head) + ", which does not divide n_head " +
+                             std::to_string(s.n_head)};
+  if (s.arch == "gpt2" && s.n_kv_head != s.n_head)
+    return {"n_kv_head", "differs from n_head, but GPT-2 has no grouped-query attention: use "
+                         "arch: llama or remove it"};
+  if (s.arch == "llama" && s.head_dim() % 2 != 0)
+    return {"d_model", "gives an odd head size (d_model / n_head = " + std::to_string(s.head_dim()) +
+                           "); rotary embeddings need an even one"};
+  if (!(s.norm_eps > 0.0)) return {"norm_eps", "must be positive"};
+  if (s.arch == "llama" && !(s.rope_theta > 0.0)) return {"rope_theta", "must be positive"};
+  return {};
+}
 
 }  // namespace memrt

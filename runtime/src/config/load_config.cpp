@@ -1421,37 +1421,14 @@ void Loader::resolve_model_and_data() {
     m.tie_embeddings = r.get<bool>("tie_embeddings", !llama);  // GPT-2 ties; Llama does not
     cfg.model.init_std = r.get<double>("init_std", cfg.model.init_std);
     r.finish();
-    const auto positive = [&](const char* key, int64_t v) {
-      if (v <= 0) throw ConfigError(block->file(), join_key_path(block->path(), key), "must be positive, got " + std::to_string(v));
-    };
-    positive("n_layer", m.n_layer);
-    positive("n_head", m.n_head);
-    positive("n_kv_head", m.n_kv_head);
-    positive("d_model", m.d_model);
-    positive("d_ff", m.d_ff);
-    positive("vocab_size", m.vocab_size);
-    if (m.d_model % m.n_head != 0) {
-      throw ConfigError(block->file(), join_key_path(block->path(), "n_head"),
-                        "is " + std::to_string(m.n_head) + ", which does not divide d_model " + std::to_string(m.d_model));
-    }
-    if (m.n_head % m.n_kv_head != 0) {
-      throw ConfigError(block->file(), join_key_path(block->path(), "n_kv_head"),
-                        "is " + std::to_string(m.n_kv_head) + ", which does not divide n_head " + std::to_string(m.n_head));
-    }
-    if (!llama && m.n_kv_head != m.n_head) {
-      throw ConfigError(block->file(), join_key_path(block->path(), "n_kv_head"),
-                        "differs from n_head, but GPT-2 has no grouped-query attention: use arch: llama or remove it");
-    }
-    if (llama && m.head_dim() % 2 != 0) {
-      throw ConfigError(block->file(), join_key_path(block->path(), "d_model"), "gives an odd head size; RoPE needs an even one");
-    }
-    if (m.norm_eps <= 0) throw ConfigError(block->file(), join_key_path(block->path(), "norm_eps"), "must be positive");
     if (cfg.model.init_std <= 0) throw ConfigError(block->file(), join_key_path(block->path(), "init_std"), "must be positive");
     if (n_ctx && !n_ctx->is_null()) {
       m.n_ctx = n_ctx->as_int();
-      positive("n_ctx", m.n_ctx);
     } else if (bs) {
       m.n_ctx = bs->as_int();  // the context the data asks for
+    }
+    if (ShapeProblem p = find_shape_problem(m)) {
+      throw ConfigError(block->file(), join_key_path(block->path(), p.field), p.message);
     }
     if (bs && bs->as_int() > m.n_ctx) {
       throw ConfigError(bs->file(), bs->path(), "is " + std::to_string(bs->as_int()) + " but " +

@@ -51,34 +51,7 @@ int64_t ParamSpec::numel() const {
 }
 
 void validate_shape(const ModelShape& s) {
-  if (s.arch != "gpt2" && s.arch != "llama")
-    throw shape_error("arch", "\"" + s.arch + "\" is not a built-in architecture; use \"gpt2\" or "
-                              "\"llama\"");
-  auto positive = [](const char* field, int64_t v) {
-    if (v < 1) throw shape_error(field, "must be >= 1, got " + std::to_string(v));
-  };
-  positive("n_layer", s.n_layer);
-  positive("n_head", s.n_head);
-  positive("n_kv_head", s.n_kv_head);
-  positive("d_model", s.d_model);
-  positive("d_ff", s.d_ff);
-  positive("vocab_size", s.vocab_size);
-  positive("n_ctx", s.n_ctx);
-  if (s.d_model % s.n_head != 0)
-    throw shape_error("d_model", std::to_string(s.d_model) + " is not divisible by n_head " +
-                                     std::to_string(s.n_head));
-  if (s.n_head % s.n_kv_head != 0)
-    throw shape_error("n_kv_head", "n_head " + std::to_string(s.n_head) +
-                                       " must be a multiple of n_kv_head " +
-                                       std::to_string(s.n_kv_head));
-  if (s.arch == "gpt2" && s.n_kv_head != s.n_head)
-    throw shape_error("n_kv_head", "GPT-2 has no grouped-query attention; n_kv_head must equal "
-                                   "n_head (" + std::to_string(s.n_head) + ")");
-  if (s.arch == "llama" && s.head_dim() % 2 != 0)
-    throw shape_error("d_model", "rotary embeddings need an even head_dim (d_model / n_head = " +
-                                     std::to_string(s.head_dim()) + ")");
-  if (!(s.norm_eps > 0.0)) throw shape_error("norm_eps", "must be > 0");
-  if (s.arch == "llama" && !(s.rope_theta > 0.0)) throw shape_error("rope_theta", "must be > 0");
+  if (ShapeProblem p = find_shape_problem(s)) throw shape_error(p.field, p.message);
 }
 
 std::vector<ParamSpec> parameter_specs(const ModelShape& s) {
