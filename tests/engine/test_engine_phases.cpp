@@ -3,6 +3,7 @@
 // re-gather around every segment in forward and backward, recompute in backward, loss scaling,
 // a skipped step — each checked against a plain run of the same model and data.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>

@@ -1,6 +1,7 @@
 // The plugin loader: each failure has its own message naming what failed and both sides of a
 // mismatch; order is by priority, after-phases reversed; hook exceptions name plugin/phase/step.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>

@@ -3,6 +3,7 @@
 // options or rejects them with a memrt error naming a key of that file — never a crash, never
 // another exception. (tests/config/test_real_configs.cpp covers the loader alone.)
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
