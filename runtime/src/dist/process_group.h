@@ -30,6 +30,8 @@
 #include <string>
 #include <vector>
 
+#include "memrt/comm.h"
+
 namespace memrt {
 
 // Where rank, world size and local rank came from, parsed but not yet connected.
@@ -59,7 +61,8 @@ struct GradReduceOptions {
   bool average = true;
 };
 
-class DistContext {
+// The SDK's Communicator (memrt/comm.h) is this class: plugins reach the collectives through it.
+class DistContext final : public Communicator {
  public:
   // Reads the environment (read_dist_environment) and, when world_size > 1, rendezvouses with the
   // other ranks. `timeout` bounds the rendezvous and every later collective. `device` selects the
@@ -72,12 +75,12 @@ class DistContext {
                                              std::chrono::seconds timeout,
                                              c10::DeviceType device = c10::DeviceType::CPU);
 
-  ~DistContext();
+  ~DistContext() override;
   DistContext(const DistContext&) = delete;
   DistContext& operator=(const DistContext&) = delete;
 
-  int rank() const { return env_.rank; }
-  int world_size() const { return env_.world_size; }
+  int rank() const override { return env_.rank; }
+  int world_size() const override { return env_.world_size; }
   int local_rank() const { return env_.local_rank; }
   bool is_main() const { return rank() == 0; }
   const DistEnvironment& environment() const { return env_; }
@@ -85,15 +88,15 @@ class DistContext {
 
   // In place, over all ranks. Tensors need not be contiguous (a contiguous copy is reduced and
   // copied back).
-  void all_reduce_sum(at::Tensor& t);
-  void all_reduce_max(at::Tensor& t);
-  void broadcast(at::Tensor& t, int root);
-  void barrier();
+  void all_reduce_sum(at::Tensor& t) override;
+  void all_reduce_max(at::Tensor& t) override;
+  void broadcast(at::Tensor& t, int root) override;
+  void barrier() override;
   // out (world_size * n elements) = every rank's `in` (n elements) concatenated in rank order.
-  void all_gather(at::Tensor& out, const at::Tensor& in);
+  void all_gather(at::Tensor& out, const at::Tensor& in) override;
   // out (n elements) = this rank's slice [rank * n, (rank + 1) * n) of the element-wise sum over
   // ranks of `in` (world_size * n elements).
-  void reduce_scatter_sum(at::Tensor& out, const at::Tensor& in);
+  void reduce_scatter_sum(at::Tensor& out, const at::Tensor& in) override;
 
   // Data-parallel gradient averaging (ZeRO stage 0). The defined grads of `params` are treated as
   // one flat sequence per dtype and cut into buckets of at most options.bucket_bytes (a tensor

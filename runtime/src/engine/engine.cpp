@@ -18,7 +18,6 @@
 
 #include "data/dataset.h"
 #include "dist/process_group.h"
-#include "engine/dist_communicator.h"
 #include "models/hf_checkpoint.h"
 #include "models/model_factory.h"
 #include "optim/grad_clip.h"
@@ -67,8 +66,7 @@ bool hf_no_decay(const std::string& name) {
 Engine::Engine(TrainConfig cfg, std::shared_ptr<DistContext> dist, PluginHost plugins,
                std::ostream& log)
     : cfg_(std::move(cfg)),
-      dist_(std::move(dist)),
-      comm_(make_communicator(dist_)),
+      dist_(dist ? std::move(dist) : DistContext::create(DistEnvironment{}, std::chrono::seconds(60))),
       plugins_(std::move(plugins)),
       log_(log) {}
 
@@ -92,7 +90,7 @@ RunInfo make_run_info(const TrainConfig& cfg, int rank, int world_size, int loca
 }
 
 void Engine::setup() {
-  run_ = make_run_info(cfg_, comm_->rank(), comm_->world_size(), dist_ ? dist_->local_rank() : 0);
+  run_ = make_run_info(cfg_, dist_->rank(), dist_->world_size(), dist_->local_rank());
   const bool main = run_.rank == 0;
 
   // data
@@ -128,18 +126,18 @@ void Engine::setup() {
   build.seed = cfg_.seed;
   build.weights_dir = cfg_.model.name_or_path;
   build.on_block_ready = [&](int64_t index, Block& block) {
-    BlockReady ctx{index, block, run_, *comm_};
+    BlockReady ctx{index, block, run_, *dist_};
     plugins_.each("on_block_ready", -1, [&](Plugin& p) { p.on_block_ready(ctx); });
   };
   model_ = build_model(run_.shape, build);
-  ModelContext model_ctx{*model_, run_, *comm_};
+  ModelContext model_ctx{*model_, run_, *dist_};
   plugins_.each("transform_model", -1, [&](Plugin& p) { p.transform_model(model_ctx); });
 
   // Every rank starts from rank 0's weights (the same seed gives the same init; a loaded
   // checkpoint is the same file; this makes it so whatever a plugin did).
   {
     at::NoGradGuard no_grad;
-    for (auto& t : model_->parameters()) comm_->broadcast(t, 0);
+    for (auto& t : model_->parameters()) dist_->broadcast(t, 0);
   }
 
   // optimizer over the trainable parameters
@@ -159,7 +157,7 @@ void Engine::setup() {
   }
   if (groups[1].params.empty()) groups.pop_back();
   optimizer_ = make_optimizer(cfg_.optimizer, std::move(groups));
-  OptimizerContext opt_ctx{*model_, optimizer_, run_, *comm_};
+  OptimizerContext opt_ctx{*model_, optimizer_, run_, *dist_};
   plugins_.each("build_optimizer", -1, [&](Plugin& p) { p.build_optimizer(opt_ctx); });
   if (!optimizer_) throw Error("a plugin's build_optimizer left no optimizer");
 
@@ -203,7 +201,7 @@ void Engine::setup() {
 // ---- one segment: before/after hooks, wrapper chain ---------------------------------------------
 at::Tensor Engine::run_segment(const Segment& segment, const at::Tensor& x, SegmentFn body,
                                int64_t micro) {
-  SegmentContext ctx{segment.kind, segment.index, segment.block, segment.params, step_, micro, run_, *comm_};
+  SegmentContext ctx{segment.kind, segment.index, segment.block, segment.params, step_, micro, run_, *dist_};
   plugins_.each("before_segment_forward", step_, [&](Plugin& p) { p.before_segment_forward(ctx); });
   SegmentFn fn = std::move(body);
   const auto& ps = plugins_.plugins();
@@ -221,7 +219,7 @@ void Engine::advance_backward_events(int64_t upto, int64_t micro) {
   const int64_t n = static_cast<int64_t>(segments_.size());
   for (; backward_events_fired_ < upto && backward_events_fired_ < 2 * n; ++backward_events_fired_) {
     const Segment& s = segments_[n - 1 - backward_events_fired_ / 2];
-    SegmentContext ctx{s.kind, s.index, s.block, s.params, step_, micro, run_, *comm_};
+    SegmentContext ctx{s.kind, s.index, s.block, s.params, step_, micro, run_, *dist_};
     if (backward_events_fired_ % 2 == 0) {
       plugins_.each("before_segment_backward", step_, [&](Plugin& p) { p.before_segment_backward(ctx); });
     } else {
@@ -233,7 +231,7 @@ void Engine::advance_backward_events(int64_t upto, int64_t micro) {
 // ---- one micro-step: forward, loss, backward ------------------------------------------------------
 double Engine::micro_step(int64_t micro) {
   Batch batch = loader_->get(step_, micro);
-  MicroStepContext mctx{*model_, run_, *comm_, step_, micro, batch.inputs, batch.targets, {}, control_};
+  MicroStepContext mctx{*model_, run_, *dist_, step_, micro, batch.inputs, batch.targets, {}, control_};
   plugins_.each("before_forward", step_, [&](Plugin& p) { p.before_forward(mctx); });
 
   // When the gradient reaches a segment's output, that segment's backward is about to run
@@ -303,28 +301,26 @@ void Engine::train_step(TrainSummary& summary) {
   }
   bool grads_partitioned = false;
   const double lr = schedule_->lr(completed_steps_);
-  StepContext sctx{*model_, *optimizer_, run_, *comm_, step_, lr, control_, false, grads,
+  StepContext sctx{*model_, *optimizer_, run_, *dist_, step_, lr, control_, false, grads,
                    grads_partitioned};
   plugins_.each("after_gradient_accumulation", step_,
                 [&](Plugin& p) { p.after_gradient_accumulation(sctx); });
-  if (!plugins_.any_reduces_gradients() && run_.world_size > 1) {
-    dist_->all_reduce_gradients(trainable_, GradReduceOptions());
-  }
+  if (!plugins_.any_reduces_gradients()) dist_->all_reduce_gradients(trainable_, GradReduceOptions());
   plugins_.each("before_optimizer_step", step_, [&](Plugin& p) { p.before_optimizer_step(sctx); });
 
   // Skip votes and the loss are agreed across ranks in one small collective.
   at::Tensor agree = at::tensor({control_.skip_step ? 1.0 : 0.0, loss_sum}, at::kDouble);
   at::Tensor vote = agree.slice(0, 0, 1);
-  comm_->all_reduce_max(vote);
+  dist_->all_reduce_max(vote);
   at::Tensor loss_t = agree.slice(0, 1, 2);
-  comm_->all_reduce_sum(loss_t);
+  dist_->all_reduce_sum(loss_t);
   const bool skip = agree[0].item<double>() > 0.0;
   const double loss = agree[1].item<double>() / run_.world_size;
 
   double grad_norm = std::nan("");
   if (!skip) {
     at::Tensor sq = at::tensor({grad_sq_norm(grads)}, at::kDouble);
-    if (grads_partitioned) comm_->all_reduce_sum(sq);
+    if (grads_partitioned) dist_->all_reduce_sum(sq);
     grad_norm = std::sqrt(sq.item<double>());
     sctx.grad_norm = grad_norm;
     if (cfg_.gradient_clipping > 0.0) clip_grads(grads, cfg_.gradient_clipping, grad_norm);
@@ -392,7 +388,7 @@ TrainSummary Engine::train() {
   TrainSummary summary;
   try {
     setup();
-    TrainContext tctx{*model_, *optimizer_, run_, *comm_, step_};
+    TrainContext tctx{*model_, *optimizer_, run_, *dist_, step_};
     plugins_.each("on_train_begin", -1, [&](Plugin& p) { p.on_train_begin(tctx); });
     const auto t0 = Clock::now();
     while (step_ < run_.max_steps && !control_.stop_training) train_step(summary);
@@ -400,7 +396,7 @@ TrainSummary Engine::train() {
     summary.tokens_per_s = static_cast<double>(step_ * cfg_.train_batch_size * cfg_.data.block_size) /
                            std::max(1e-9, summary.seconds);
     summary.peak_rss_bytes = peak_rss_bytes();
-    TrainContext ectx{*model_, *optimizer_, run_, *comm_, step_};
+    TrainContext ectx{*model_, *optimizer_, run_, *dist_, step_};
     plugins_.each_reversed("on_train_end", -1, [&](Plugin& p) { p.on_train_end(ectx); });
   } catch (const std::exception& e) {
     ErrorContext ectx{run_, step_, e};

@@ -34,7 +34,8 @@ RunInfo make_run_info(const TrainConfig& cfg, int rank, int world_size, int loca
 
 class Engine {
  public:
-  // `log` receives the human-readable output (rank 0 only writes to it).
+  // `log` receives the human-readable output (rank 0 only writes to it). `dist` may be null: one
+  // process, no rendezvous.
   Engine(TrainConfig cfg, std::shared_ptr<DistContext> dist, PluginHost plugins, std::ostream& log);
   ~Engine();
 
@@ -56,8 +57,7 @@ class Engine {
                 bool skipped, const Metrics& extra);
 
   TrainConfig cfg_;
-  std::shared_ptr<DistContext> dist_;
-  std::unique_ptr<Communicator> comm_;
+  std::shared_ptr<DistContext> dist_;  // never null; also the plugins' Communicator
   PluginHost plugins_;
   std::ostream& log_;
   RunInfo run_;
