@@ -110,6 +110,17 @@ class OptimizerBase : public Optimizer {
   }
 
  protected:
+  // fn(group, name, param, t) for every parameter with a gradient, t = its update count including
+  // this one (parameters without a gradient keep their count, as torch's optimizers do).
+  template <class Fn>
+  void for_each_update(Fn&& fn) {
+    for (auto& g : groups_)
+      for (size_t i = 0; i < g.params.size(); ++i) {
+        if (!g.params[i].grad().defined()) continue;
+        fn(g, g.names[i], g.params[i], ++steps_[g.names[i]]);
+      }
+  }
+
   // fp32 zeros of p's shape on p's device, registered as "<name>.<what>".
   at::Tensor& add_state(const std::string& pname, const std::string& what, const at::Tensor& p) {
     at::Tensor t = at::zeros(p.sizes(), p.options().dtype(at::kFloat));  // p's shape, fp32
@@ -148,39 +159,34 @@ class AdamOptimizer : public OptimizerBase {
   std::string name() const override { return decoupled_ ? "AdamW" : "Adam"; }
 
   void step(double lr) override {
-    for (auto& g : groups_)
-      for (size_t i = 0; i < g.params.size(); ++i) {
-        at::Tensor& p = g.params[i];
-        if (!p.grad().defined()) continue;
-        const std::string& pname = g.names[i];
-        int64_t t = ++steps_[pname];
-        AdamScalars s;
-        s.beta1 = static_cast<float>(cfg_.beta1);
-        s.beta2 = static_cast<float>(cfg_.beta2);
-        s.eps = static_cast<float>(cfg_.eps);
-        // Weight decay only when positive, as DeepSpeed's kernel (`if (_weight_decay > 0)`).
-        double wd = g.weight_decay > 0 ? g.weight_decay : 0.0;
-        s.l2 = decoupled_ ? 0.f : static_cast<float>(wd);
-        s.decay = decoupled_ ? static_cast<float>(lr * wd) : 0.f;
-        double bc1 = 1.0, bc2 = 1.0;
-        if (cfg_.bias_correction) {
-          bc1 = 1.0 - std::pow(cfg_.beta1, static_cast<double>(t));
-          bc2 = 1.0 - std::pow(cfg_.beta2, static_cast<double>(t));
-        }
-        s.step_size = static_cast<float>(lr / bc1);
-        s.bc2_rsqrt = static_cast<float>(1.0 / std::sqrt(bc2));
-        at::Tensor& m = state_[pname + ".exp_avg"];
-        at::Tensor& v = state_[pname + ".exp_avg_sq"];
-        with_fp32(pname, p, [&](at::Tensor& p32, const at::Tensor& g32) {
-          float* pp = p32.data_ptr<float>();
-          const float* gp = g32.data_ptr<float>();
-          if (p32.is_cuda())
-            adam_update_cuda(pp, gp, m.data_ptr<float>(), v.data_ptr<float>(), p32.numel(), s,
-                             cuda_stream_of(p32, pname));
-          else
-            adam_update_cpu(pp, gp, m.data_ptr<float>(), v.data_ptr<float>(), p32.numel(), s);
-        });
+    for_each_update([&](const ParamGroup& g, const std::string& pname, at::Tensor& p, int64_t t) {
+      AdamScalars s;
+      s.beta1 = static_cast<float>(cfg_.beta1);
+      s.beta2 = static_cast<float>(cfg_.beta2);
+      s.eps = static_cast<float>(cfg_.eps);
+      // Weight decay only when positive, as DeepSpeed's kernel (`if (_weight_decay > 0)`).
+      double wd = g.weight_decay > 0 ? g.weight_decay : 0.0;
+      s.l2 = decoupled_ ? 0.f : static_cast<float>(wd);
+      s.decay = decoupled_ ? static_cast<float>(lr * wd) : 0.f;
+      double bc1 = 1.0, bc2 = 1.0;
+      if (cfg_.bias_correction) {
+        bc1 = 1.0 - std::pow(cfg_.beta1, static_cast<double>(t));
+        bc2 = 1.0 - std::pow(cfg_.beta2, static_cast<double>(t));
       }
+      s.step_size = static_cast<float>(lr / bc1);
+      s.bc2_rsqrt = static_cast<float>(1.0 / std::sqrt(bc2));
+      at::Tensor& m = state_[pname + ".exp_avg"];
+      at::Tensor& v = state_[pname + ".exp_avg_sq"];
+      with_fp32(pname, p, [&](at::Tensor& p32, const at::Tensor& g32) {
+        float* pp = p32.data_ptr<float>();
+        const float* gp = g32.data_ptr<float>();
+        if (p32.is_cuda())
+          adam_update_cuda(pp, gp, m.data_ptr<float>(), v.data_ptr<float>(), p32.numel(), s,
+                           cuda_stream_of(p32, pname));
+        else
+          adam_update_cpu(pp, gp, m.data_ptr<float>(), v.data_ptr<float>(), p32.numel(), s);
+      });
+    });
   }
 
  private:
@@ -202,29 +208,24 @@ class SgdOptimizer : public OptimizerBase {
   std::string name() const override { return "SGD"; }
 
   void step(double lr) override {
-    for (auto& g : groups_)
-      for (size_t i = 0; i < g.params.size(); ++i) {
-        at::Tensor& p = g.params[i];
-        if (!p.grad().defined()) continue;
-        const std::string& pname = g.names[i];
-        int64_t t = ++steps_[pname];
-        SgdScalars s;
-        s.lr = static_cast<float>(lr);
-        s.momentum = static_cast<float>(cfg_.momentum);
-        s.dampening = static_cast<float>(cfg_.dampening);
-        s.weight_decay = static_cast<float>(g.weight_decay);
-        s.nesterov = cfg_.nesterov;
-        s.first_step = t == 1;
-        float* buf = nullptr;
-        if (cfg_.momentum != 0.0) buf = state_[pname + ".momentum_buffer"].data_ptr<float>();
-        with_fp32(pname, p, [&](at::Tensor& p32, const at::Tensor& g32) {
-          if (p32.is_cuda())
-            sgd_update_cuda(p32.data_ptr<float>(), g32.data_ptr<float>(), buf, p32.numel(), s,
-                            cuda_stream_of(p32, pname));
-          else
-            sgd_update_cpu(p32.data_ptr<float>(), g32.data_ptr<float>(), buf, p32.numel(), s);
-        });
-      }
+    for_each_update([&](const ParamGroup& g, const std::string& pname, at::Tensor& p, int64_t t) {
+      SgdScalars s;
+      s.lr = static_cast<float>(lr);
+      s.momentum = static_cast<float>(cfg_.momentum);
+      s.dampening = static_cast<float>(cfg_.dampening);
+      s.weight_decay = static_cast<float>(g.weight_decay);
+      s.nesterov = cfg_.nesterov;
+      s.first_step = t == 1;
+      float* buf = nullptr;
+      if (cfg_.momentum != 0.0) buf = state_[pname + ".momentum_buffer"].data_ptr<float>();
+      with_fp32(pname, p, [&](at::Tensor& p32, const at::Tensor& g32) {
+        if (p32.is_cuda())
+          sgd_update_cuda(p32.data_ptr<float>(), g32.data_ptr<float>(), buf, p32.numel(), s,
+                          cuda_stream_of(p32, pname));
+        else
+          sgd_update_cpu(p32.data_ptr<float>(), g32.data_ptr<float>(), buf, p32.numel(), s);
+      });
+    });
   }
 
  private:
