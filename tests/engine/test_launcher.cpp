@@ -165,6 +165,12 @@ TEST(Launcher, TrainsFromHuggingFaceCheckpointDirectories) {
     EXPECT_NE(r.out.find(std::string("model: ") + model), std::string::npos) << r.out;
     EXPECT_EQ(losses(dir.path() / (std::string("out_") + model) / "metrics.jsonl").size(), 3u);
   }
+  // The weights really come from the directory: without them the same run fails naming the file.
+  fs::remove(dir.path() / "gpt2" / "model.safetensors");
+  RunResult missing = run(kLauncher + " --deepspeed " + ds + " " + (dir.path() / "train_gpt2.yaml").string() +
+                          " --output_dir=" + (dir.path() / "out_missing").string());
+  EXPECT_EQ(missing.exit_code, 1) << missing.out;
+  EXPECT_NE(missing.out.find("model.safetensors"), std::string::npos) << missing.out;
 }
 
 TEST(Launcher, PrintConfigShowsTheResolvedTriple) {
