@@ -57,17 +57,28 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
 
 
-def main():
-    ap = argparse.ArgumentParser()
+def add_model_args(ap, **defaults):
+    """The main job's shapes, batch and optimizer settings as options (shared with
+    bench/torch_eager_memory.py); keyword arguments add integer options."""
     for k, v in dict(n_layer=4, n_head=4, d_model=256, d_ff=1024, vocab=256, block=128, batch=16,
-                     steps=60, threads=2).items():
+                     **defaults).items():
         ap.add_argument("--" + k, type=int, default=v)
     ap.add_argument("--lr", type=float, default=1e-3)
+
+
+def make_optimizer(model, a):
+    """AdamW as configs/ds_config.json sets it (betas 0.9/0.999 and eps 1e-8 are the defaults)."""
+    return torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.1)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    add_model_args(ap, steps=60, threads=2)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     model = GPT(a)
-    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.1)
+    opt = make_optimizer(model, a)
     for step in range(a.steps):
         idx = torch.randint(0, a.vocab, (a.batch, a.block + 1))
         t0 = time.perf_counter()
