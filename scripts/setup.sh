@@ -2,6 +2,7 @@
 # Installs what memrt needs to build and run, and nothing that is already there.
 #
 #   scripts/setup.sh            # prints the Python interpreter of the LibTorch venv on its last line
+#   scripts/setup.sh --test     # the same, plus what only the tests need (headless Chromium)
 #
 # Debian packages come from apt-get; LibTorch comes from the `torch` wheel on PyPI, installed into
 # a virtual environment outside the source tree ($MEMRT_VENV, default ~/.cache/memrt/venv-torch<ver>)
@@ -15,9 +16,22 @@ venv=${MEMRT_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/memrt/venv-torch${MEMRT_TORCH
 
 log() { echo "[setup] $*" >&2; }
 
+with_test=0
+for arg in "$@"; do
+  case "$arg" in
+    --test) with_test=1 ;;
+    *) log "unknown argument: $arg (the only one is --test)"; exit 2 ;;
+  esac
+done
+
 debs=(g++ cmake ninja-build ccache git python3 python3-venv
       rapidjson-dev libyaml-cpp-dev libboost-dev libboost-filesystem-dev
       libboost-program-options-dev libgtest-dev libgmock-dev libgloo-dev)
+# The memory report test renders memory_report.html in headless Chromium. Without recommends
+# Chromium pulls in no font, so text would draw as boxes: DejaVu is the one font it needs.
+if [ "$with_test" -eq 1 ]; then
+  debs+=(chromium fonts-dejavu-core)
+fi
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
