@@ -7,8 +7,11 @@
 // Phases: after_forward (adds up this step's micro-batch losses), before_optimizer_step (votes to
 // skip; the host agrees the vote across ranks), after_optimizer_step (updates the running mean
 // with accepted steps only), add_metrics ("loss_guard_skips").
-#include <deque>
-#include <numeric>
+//
+// Memory: the last `window` losses live in a tensor the plugin claims as `other`, and
+// estimate_memory() predicts those bytes, so `launcher --estimate` and the end-of-run report both
+// show this plugin's term (docs/memory.md).
+#include <algorithm>
 #include <sstream>
 
 #include <memrt/plugin.h>
@@ -28,6 +31,15 @@ class LossGuard final : public memrt::Plugin {
     if (window_ < 1) throw options.error("window must be >= 1, got " + std::to_string(window_));
   }
 
+  void estimate_memory(memrt::memory::MemoryEstimate& estimate) const override {
+    estimate.table.at(memrt::memory::Category::kOther) += window_ * int64_t{sizeof(double)};
+  }
+
+  void on_train_begin(memrt::TrainContext& /*ctx*/) override {
+    if (!history_.defined()) history_ = at::zeros({window_}, at::kDouble);  // (window,) ring
+    memrt::memory::claim(history_, memrt::memory::Category::kOther);
+  }
+
   void before_forward(memrt::MicroStepContext& ctx) override {
     if (ctx.micro_step == 0) step_loss_ = 0.0;
   }
@@ -37,9 +49,9 @@ class LossGuard final : public memrt::Plugin {
   }
 
   void before_optimizer_step(memrt::StepContext& ctx) override {
-    if (ctx.step < warmup_steps_ || history_.empty()) return;
-    const double mean = std::accumulate(history_.begin(), history_.end(), 0.0) /
-                        static_cast<double>(history_.size());
+    if (ctx.step < warmup_steps_ || accepted_ == 0) return;
+    const int64_t n = std::min(accepted_, window_);
+    const double mean = history_.narrow(0, 0, n).sum().item<double>() / static_cast<double>(n);
     if (step_loss_ > factor_ * mean) {
       std::ostringstream why;
       why << "loss_guard: loss " << step_loss_ << " > " << factor_ << " x running mean " << mean;
@@ -53,8 +65,8 @@ class LossGuard final : public memrt::Plugin {
       ++skips_;
       return;
     }
-    history_.push_back(step_loss_);
-    if (static_cast<int64_t>(history_.size()) > window_) history_.pop_front();
+    history_.data_ptr<double>()[accepted_ % window_] = step_loss_;  // the oldest goes
+    ++accepted_;
   }
 
   void add_metrics(memrt::Metrics& metrics) override {
@@ -63,12 +75,19 @@ class LossGuard final : public memrt::Plugin {
 
   // Resuming continues with the same running mean and skip count.
   memrt::TensorMap state_dict() const override {
-    std::vector<double> h(history_.begin(), history_.end());
-    return {{"history", at::tensor(h, at::kDouble)}, {"skips", at::scalar_tensor(skips_, at::kLong)}};
+    return {{"history", history_.clone()},
+            {"accepted", at::scalar_tensor(accepted_, at::kLong)},
+            {"skips", at::scalar_tensor(skips_, at::kLong)}};
   }
   void load_state_dict(const memrt::TensorMap& state, int /*version*/) override {
-    const at::Tensor h = state.at("history").contiguous();
-    history_.assign(h.data_ptr<double>(), h.data_ptr<double>() + h.numel());
+    const at::Tensor h = state.at("history");
+    if (h.numel() != window_) {
+      throw memrt::Error("loss_guard: the checkpoint's history holds " + std::to_string(h.numel()) +
+                         " losses but \"window\" is " + std::to_string(window_) +
+                         "; resume with the window the run was saved with");
+    }
+    history_ = h.to(at::kDouble).clone();
+    accepted_ = state.at("accepted").item<int64_t>();
     skips_ = state.at("skips").item<int64_t>();
   }
 
@@ -77,7 +96,8 @@ class LossGuard final : public memrt::Plugin {
   int64_t window_ = 20;
   int64_t warmup_steps_ = 10;
   double step_loss_ = 0.0;
-  std::deque<double> history_;
+  at::Tensor history_;     // (window,) the losses of the last accepted steps, a ring
+  int64_t accepted_ = 0;  // accepted steps so far; the next loss goes to accepted_ % window
   int64_t skips_ = 0;
 };
 

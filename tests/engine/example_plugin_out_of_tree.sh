@@ -50,8 +50,18 @@ echo "$last" | grep -q '"skipped_steps": 3' || fail "metrics.jsonl last line lac
 # The plugin's own hooks, in the order of the loop in memrt/plugin.h, for the first step.
 order=$(grep "^\[hook\] loss_guard/" "$work/trace.log" | sed 's/^\[hook\] loss_guard\///' |
         awk '!seen[$0]++' | tr '\n' ' ')
-want="configure on_block_ready transform_model build_optimizer on_train_begin before_forward before_segment_forward after_segment_forward after_forward before_backward before_segment_backward after_segment_backward after_backward after_gradient_accumulation before_optimizer_step after_optimizer_step add_metrics on_train_end "
+want="configure estimate_memory on_block_ready transform_model build_optimizer on_train_begin before_forward before_segment_forward after_segment_forward after_forward before_backward before_segment_backward after_segment_backward after_backward after_gradient_accumulation before_optimizer_step after_optimizer_step add_metrics on_train_end "
 [ "$order" = "$want" ] || fail "hook order
   got:  $order
   want: $want"
+# Its memory: a term of its own in the estimate (4 losses of 8 bytes, claimed as "other"), in the
+# end-of-run report and in `launcher --estimate`.
+term='"source": "loss_guard", "categories": {[^]]*"other": {"device": 32, "host": 0}'
+grep -q "$term" "$work/out/memory_report.json" || fail "memory_report.json lacks loss_guard's term (other +32 bytes)"
+"$work/prefix/bin/launcher" --estimate --num_procs 2 --deepspeed "$work/ds.json" "$work/train.yaml" \
+    > "$work/estimate.log" 2>&1 || { cat "$work/estimate.log"; fail "--estimate failed"; }
+grep -q "^  loss_guard " "$work/estimate.log" || { cat "$work/estimate.log"; fail "--estimate lists no loss_guard term"; }
+[ "$(grep -c "$term" "$work/out/memory_estimate.json")" = 3 ] ||
+  fail "memory_estimate.json should hold loss_guard's term for each of its 3 ranks (world sizes 1 and 2)"
+
 echo "1 passed, 0 failed"

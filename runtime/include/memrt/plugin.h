@@ -7,6 +7,7 @@
 //
 //   data = open train_file            # max_steps now known (from num_train_epochs if need be)
 //   for plugin in plugins:            configure(options, diag, run)        # own config subtree only
+//   for plugin in plugins:            estimate_memory(MemoryEstimate)      # its term of the memory plan
 //   model = build_model(...)          # blocks materialised one by one:
 //       for each block:               on_block_ready(BlockReady)           # quantize/partition early
 //   for plugin in plugins:            transform_model(ModelContext)        # surgery, dtypes, freezing
@@ -62,6 +63,7 @@
 #include "memrt/comm.h"
 #include "memrt/config_node.h"
 #include "memrt/error.h"
+#include "memrt/memory.h"
 #include "memrt/model.h"
 #include "memrt/optimizer.h"
 
@@ -251,18 +253,27 @@ class Plugin {
 
   virtual void on_train_end(TrainContext& /*ctx*/) {}
   virtual void on_error(ErrorContext& /*ctx*/) {}
+
+  // ---- ABI 1.1 ----
+  // Memory this plugin adds, removes or moves, predicted from shapes alone: edit `estimate` (the
+  // plan of plugins before this one, for estimate.run's rank and world size). Called by
+  // `launcher --estimate` and at the start of every run; never allocates the model. The host
+  // records what changed as this plugin's term. Tensors the plugin allocates while training are
+  // counted where memory::claim() puts them (memrt/memory.h, docs/memory.md).
+  virtual void estimate_memory(memory::MemoryEstimate& /*estimate*/) const {}
 };
 
 }  // namespace memrt
 
 // ---- the handshake ------------------------------------------------------------------------------
 // The one exported symbol. Plain C layout; fields are only ever appended (struct_size tells the
-// host which ones exist). The host refuses a plugin whose ABI major differs, whose ABI minor is
+// host which ones exist). Minor versions only append virtual functions to Plugin; the host calls
+// them only on plugins built with that minor or later (1.1: estimate_memory). The host refuses a plugin whose ABI major differs, whose ABI minor is
 // newer than the host's, or whose LibTorch version, C++ ABI flag or CUDA flag differ from its own
 // — plugins pass at::Tensor and nn::Module across the boundary, the same contract as PyTorch C++
 // extensions.
 #define MEMRT_PLUGIN_ABI_MAJOR 1
-#define MEMRT_PLUGIN_ABI_MINOR 0
+#define MEMRT_PLUGIN_ABI_MINOR 1
 #define MEMRT_PLUGIN_ENTRY_SYMBOL "memrt_plugin_entry"
 
 extern "C" {

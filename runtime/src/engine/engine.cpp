@@ -18,6 +18,11 @@
 
 #include "data/dataset.h"
 #include "dist/process_group.h"
+#include "io/safetensors.h"
+#include "memory/estimate.h"
+#include "memory/report_html.h"
+#include "memory/tracking_allocator.h"
+#include "memrt/memory.h"
 #include "models/hf_checkpoint.h"
 #include "models/model_factory.h"
 #include "optim/grad_clip.h"
@@ -28,6 +33,7 @@ namespace memrt {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using memory::Category;
 
 int64_t current_rss_bytes() {
   std::ifstream statm("/proc/self/statm");
@@ -68,7 +74,9 @@ Engine::Engine(TrainConfig cfg, std::shared_ptr<DistContext> dist, PluginHost pl
     : cfg_(std::move(cfg)),
       dist_(dist ? std::move(dist) : DistContext::create(DistEnvironment{}, std::chrono::seconds(60))),
       plugins_(std::move(plugins)),
-      log_(log) {}
+      log_(log) {
+  memory::install_tracking_allocator();  // the launcher did already; tests may not have
+}
 
 Engine::~Engine() = default;
 
@@ -89,11 +97,24 @@ RunInfo make_run_info(const TrainConfig& cfg, int rank, int world_size, int loca
   return run;
 }
 
+EstimateReport estimate_memory(const TrainConfig& cfg, const RunInfo& run, PluginHost& plugins) {
+  HostPlanOptions options;
+  options.optimizer = cfg.optimizer.type;
+  options.momentum = cfg.optimizer.momentum;
+  memory::MemoryEstimate plan = host_memory_plan(run, options);
+  EstimateReport report;
+  report.terms.push_back({"memrt", plan.table});
+  for (memory::EstimateTerm& t : plugins.estimate_memory(plan)) report.terms.push_back(std::move(t));
+  report.table = plan.table;
+  return report;
+}
+
 void Engine::setup() {
   run_ = make_run_info(cfg_, dist_->rank(), dist_->world_size(), dist_->local_rank());
   const bool main = run_.rank == 0;
 
   // data
+  memory::Scope data_scope(Category::kOther);
   auto data = TokenDataset::open(cfg_.data);
   if (data->vocab_size() > run_.shape.vocab_size) {
     throw ConfigError(cfg_.train_yaml_path, "model.vocab_size",
@@ -114,6 +135,7 @@ void Engine::setup() {
   // configure: each plugin gets only its own subtree.
   ConfigDiagnostics diag;
   plugins_.configure(run_, diag);
+  estimate_ = estimate_memory(cfg_, run_, plugins_);
   if (main) {
     for (const std::string& w : cfg_.warnings) log_ << "warning: " << w << "\n";
     for (const std::string& w : diag.warnings) log_ << "warning: " << w << "\n";
@@ -121,6 +143,7 @@ void Engine::setup() {
   }
 
   // model: materialised block by block, each handed to the plugins as it appears.
+  memory::Scope weights_scope(Category::kWeights);
   BuildOptions build;
   build.init_std = cfg_.model.init_std;
   build.seed = cfg_.seed;
@@ -141,6 +164,7 @@ void Engine::setup() {
   }
 
   // optimizer over the trainable parameters
+  memory::Scope optimizer_scope(Category::kOptimizerState);
   std::vector<ParamGroup> groups(2);
   groups[0].weight_decay = cfg_.optimizer.weight_decay;
   groups[1].weight_decay = cfg_.optimizer.from_ds_config ? cfg_.optimizer.weight_decay : 0.0;
@@ -160,6 +184,12 @@ void Engine::setup() {
   OptimizerContext opt_ctx{*model_, optimizer_, run_, *dist_};
   plugins_.each("build_optimizer", -1, [&](Plugin& p) { p.build_optimizer(opt_ctx); });
   if (!optimizer_) throw Error("a plugin's build_optimizer left no optimizer");
+
+  // Gradients are counted as gradients from the moment autograd hands them over, before they are
+  // accumulated: at any instant, mid-backward too, the gradients cell holds exactly what is alive.
+  for (at::Tensor& p : trainable_) {
+    p.register_hook([](const at::Tensor& grad) { memory::claim(grad, Category::kGradients); });
+  }
 
   // Horizons left open by the config (training length from epochs, warmup_ratio) are known now.
   SchedulerConfig sched = cfg_.scheduler;
@@ -230,7 +260,11 @@ void Engine::advance_backward_events(int64_t upto, int64_t micro) {
 
 // ---- one micro-step: forward, loss, backward ------------------------------------------------------
 double Engine::micro_step(int64_t micro) {
-  Batch batch = loader_->get(step_, micro);
+  Batch batch = [&] {
+    memory::Scope scope(Category::kOther);
+    return loader_->get(step_, micro);
+  }();
+  memory::Scope scope(Category::kActivations);
   MicroStepContext mctx{*model_, run_, *dist_, step_, micro, batch.inputs, batch.targets, {}, control_};
   plugins_.each("before_forward", step_, [&](Plugin& p) { p.before_forward(mctx); });
 
@@ -268,12 +302,17 @@ double Engine::micro_step(int64_t micro) {
 
   // DeepSpeed divides every micro-step's gradient by the accumulation steps.
   at::Tensor loss = causal_lm_loss(logits, batch.targets) / static_cast<double>(cfg_.grad_accum_steps);
+  // Autograd keeps what backward needs (log_softmax keeps its output); holding the logits and the
+  // final hidden state here too would add B*T*(V + C) elements to the peak.
+  logits = at::Tensor();
+  h = at::Tensor();
   mctx.loss = loss;
   plugins_.each_reversed("after_forward", step_, [&](Plugin& p) { p.after_forward(mctx); });
 
   at::Tensor to_backprop = loss;
   BackwardContext bctx{run_, step_, micro, to_backprop};
   plugins_.each("before_backward", step_, [&](Plugin& p) { p.before_backward(bctx); });
+  memory_.begin_backward();
   hook_error_ = nullptr;
   try {
     to_backprop.backward();
@@ -282,6 +321,9 @@ double Engine::micro_step(int64_t micro) {
     throw;
   }
   advance_backward_events(2 * n, micro);  // segments whose inputs needed no gradient
+  std::vector<at::Tensor> grads;
+  for (const at::Tensor& p : trainable_) grads.push_back(p.grad());
+  memory_.add_late_gradient_claims(memory::claim_all(grads, Category::kGradients));
   plugins_.each_reversed("after_backward", step_, [&](Plugin& p) { p.after_backward(mctx); });
   return loss.item<double>();
 }
@@ -289,6 +331,7 @@ double Engine::micro_step(int64_t micro) {
 // ---- one optimizer step ---------------------------------------------------------------------------
 void Engine::train_step(TrainSummary& summary) {
   const auto t0 = Clock::now();
+  memory_.begin_step();
   control_.skip_step = false;
   control_.skip_reason.clear();
 
@@ -305,7 +348,10 @@ void Engine::train_step(TrainSummary& summary) {
                    grads_partitioned};
   plugins_.each("after_gradient_accumulation", step_,
                 [&](Plugin& p) { p.after_gradient_accumulation(sctx); });
-  if (!plugins_.any_reduces_gradients()) dist_->all_reduce_gradients(trainable_, GradReduceOptions());
+  if (!plugins_.any_reduces_gradients()) {
+    memory::Scope scope(Category::kCommBuffers);
+    dist_->all_reduce_gradients(trainable_, GradReduceOptions());
+  }
   plugins_.each("before_optimizer_step", step_, [&](Plugin& p) { p.before_optimizer_step(sctx); });
 
   // Skip votes and the loss are agreed across ranks in one small collective.
@@ -324,6 +370,7 @@ void Engine::train_step(TrainSummary& summary) {
     grad_norm = std::sqrt(sq.item<double>());
     sctx.grad_norm = grad_norm;
     if (cfg_.gradient_clipping > 0.0) clip_grads(grads, cfg_.gradient_clipping, grad_norm);
+    memory::Scope scope(Category::kOptimizerState);
     optimizer_->step(lr);
     ++completed_steps_;
   } else {
@@ -337,6 +384,10 @@ void Engine::train_step(TrainSummary& summary) {
   plugins_.each_reversed("after_optimizer_step", step_, [&](Plugin& p) { p.after_optimizer_step(sctx); });
   optimizer_->zero_grad();
   ++step_;
+  grads.clear();
+  for (const LeakFinding& leak : memory_.end_step(step_)) {
+    if (run_.rank == 0) log_ << "warning: " << leak.message() << "\n";
+  }
 
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   const double tokens = static_cast<double>(cfg_.train_batch_size * cfg_.data.block_size);
@@ -360,16 +411,29 @@ void Engine::train_step(TrainSummary& summary) {
   }
 }
 
+void Engine::write_memory_report(TrainSummary& summary) {
+  summary.memory = memory_.report(run_.rank, estimate_, run_.device);
+  const std::vector<std::string> ranks = all_gather_strings(*dist_, rank_report_json(summary.memory));
+  if (run_.rank != 0) return;
+  const std::string json = memory_report_json(run_.world_size, ranks);
+  const std::filesystem::path dir(cfg_.output_dir);
+  write_file_atomic((dir / "memory_report.json").string(), json);
+  write_file_atomic((dir / "memory_report.html").string(), render_memory_report_html(json));
+  log_ << memory_table_text(summary.memory, run_.world_size) << "  report: "
+       << (dir / "memory_report.json").string() << " and memory_report.html\n";
+}
+
 void Engine::log_step(int64_t step, double loss, double lr, double grad_norm, double tokens_per_s,
                       bool skipped, const Metrics& extra) {
   if (run_.rank != 0) return;
   if (isatty(STDOUT_FILENO)) std::cout << "\r\033[K" << std::flush;
+  const memory::AllocatorStats memory = memory::allocator_stats();
   std::ostringstream line;
   line << "step " << std::setw(5) << step << "/" << run_.max_steps << " | loss " << std::fixed
        << std::setprecision(4) << loss << " | lr " << std::scientific << std::setprecision(3) << lr
        << " | grad_norm " << std::fixed << std::setprecision(3) << grad_norm << " | "
-       << std::setprecision(0) << tokens_per_s << " tok/s | mem " << mib(current_rss_bytes())
-       << " (peak " << mib(peak_rss_bytes()) << ")";
+       << std::setprecision(0) << tokens_per_s << " tok/s | mem " << megabytes(memory.current_bytes)
+       << " (peak " << megabytes(memory.peak_bytes) << ", RSS " << mib(current_rss_bytes()) << ")";
   for (const auto& [k, v] : extra) line << " | " << k << " " << std::defaultfloat << v;
   log_ << line.str() << "\n" << std::flush;
 
@@ -378,7 +442,8 @@ void Engine::log_step(int64_t step, double loss, double lr, double grad_norm, do
       << ", \"lr\": " << lr << ", \"grad_norm\": "
       << (std::isfinite(grad_norm) ? std::to_string(grad_norm) : std::string("null"))
       << ", \"tokens_per_s\": " << tokens_per_s << ", \"skipped\": " << (skipped ? "true" : "false")
-      << ", \"skipped_steps\": " << skipped_steps_ << ", \"rss_bytes\": " << current_rss_bytes();
+      << ", \"skipped_steps\": " << skipped_steps_ << ", \"live_bytes\": " << memory.current_bytes
+      << ", \"peak_bytes\": " << memory.peak_bytes << ", \"rss_bytes\": " << current_rss_bytes();
   for (const auto& [k, v] : extra) out << ", \"" << k << "\": " << v;
   out << "}\n";
 }
@@ -398,6 +463,7 @@ TrainSummary Engine::train() {
     summary.peak_rss_bytes = peak_rss_bytes();
     TrainContext ectx{*model_, *optimizer_, run_, *dist_, step_};
     plugins_.each_reversed("on_train_end", -1, [&](Plugin& p) { p.on_train_end(ectx); });
+    write_memory_report(summary);
   } catch (const std::exception& e) {
     ErrorContext ectx{run_, step_, e};
     for (auto it = plugins_.plugins().rbegin(); it != plugins_.plugins().rend(); ++it) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "config/train_config.h"
+#include "memory/report.h"
 #include "memrt/comm.h"
 #include "memrt/plugin.h"
 #include "plugin/plugin_host.h"
@@ -27,10 +28,15 @@ struct TrainSummary {
   double seconds = 0.0;       // wall time of the loop
   double tokens_per_s = 0.0;  // all ranks together
   int64_t peak_rss_bytes = 0; // this process
+  RankMemoryReport memory;     // this rank's estimate and measurement
 };
 
 // The facts plugins see (RunInfo) for a resolved config on a given rank.
 RunInfo make_run_info(const TrainConfig& cfg, int rank, int world_size, int local_rank);
+
+// The memory estimate for `run`'s rank and world size: the host's plan, then every plugin's term
+// (docs/memory.md). The plugins must have been configured.
+EstimateReport estimate_memory(const TrainConfig& cfg, const RunInfo& run, PluginHost& plugins);
 
 class Engine {
  public:
@@ -53,6 +59,7 @@ class Engine {
   at::Tensor run_segment(const Segment& segment, const at::Tensor& x, SegmentFn body, int64_t micro);
   // Per-segment backward phases, fired in order as the gradient reaches each segment boundary.
   void advance_backward_events(int64_t upto, int64_t micro);
+  void write_memory_report(TrainSummary& summary);
   void log_step(int64_t step, double loss, double lr, double grad_norm, double tokens_per_s,
                 bool skipped, const Metrics& extra);
 
@@ -86,6 +93,8 @@ class Engine {
   std::exception_ptr hook_error_;
 
   std::string metrics_path_;
+  EstimateReport estimate_;
+  MemoryMonitor memory_;
 };
 
 }  // namespace memrt

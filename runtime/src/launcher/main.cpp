@@ -3,6 +3,7 @@
 //   launcher --deepspeed ds_config.json train.yaml [--key=value ...]      train
 //   launcher --num_procs N --deepspeed ds_config.json train.yaml          N local ranks
 //   launcher --print-config --deepspeed ds_config.json train.yaml         resolved config, exit
+//   launcher --estimate [--num_procs N] --deepspeed ds_config.json train.yaml   memory plan, exit
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -17,6 +18,8 @@
 #include "dist/local_launch.h"
 #include "dist/process_group.h"
 #include "engine/engine.h"
+#include "io/safetensors.h"
+#include "memory/tracking_allocator.h"
 #include "memrt/build_info.h"
 #include "plugin/plugin_host.h"
 
@@ -35,6 +38,7 @@ struct Args {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   bool print_config = false;
+  bool estimate = false;
   bool trace_hooks = false;
 };
 
@@ -87,6 +91,7 @@ bool parse_args(int argc, char** argv, Args& args) {
       ("master_addr", po::value(&args.master_addr), "rendezvous address (default 127.0.0.1)")
       ("master_port", po::value(&args.master_port), "rendezvous port (default 29500)")
       ("print-config", po::bool_switch(&args.print_config), "print the resolved configuration and exit")
+      ("estimate", po::bool_switch(&args.estimate), "print the memory plan per rank for 1..num_procs ranks, write output_dir/memory_estimate.json, and exit")
       ("trace-hooks", po::bool_switch(&args.trace_hooks), "print every plugin hook call");
   po::variables_map vm;
   po::store(po::command_line_parser(own).options(desc).run(), vm);
@@ -141,6 +146,42 @@ std::vector<std::string> worker_args(int argc, char** argv) {
   return out;
 }
 
+// --estimate: the memory plan from shapes alone, for world sizes 1..num_procs; nothing trained.
+int estimate(const Args& args) {
+  memrt::ConfigSources sources;
+  sources.ds_config_path = args.ds_config;
+  sources.train_yaml_path = args.train_yaml;
+  sources.overrides = args.overrides;
+  sources.world_size = args.num_procs;
+  const memrt::TrainConfig cfg = memrt::load_train_config(sources);
+  memrt::PluginHost plugins = memrt::PluginHost::load(cfg.plugins);
+  memrt::ConfigDiagnostics diag;
+  plugins.configure(memrt::make_run_info(cfg, 0, args.num_procs, 0), diag);
+
+  std::vector<std::vector<memrt::EstimateReport>> by_world_size;
+  for (int w = 1; w <= args.num_procs; ++w) {
+    std::vector<memrt::EstimateReport> ranks;
+    for (int r = 0; r < w; ++r) {
+      memrt::RunInfo run = memrt::make_run_info(cfg, r, w, r);
+      run.train_batch_size = cfg.micro_batch_size * cfg.grad_accum_steps * w;  // micro-batch fixed
+      ranks.push_back(memrt::estimate_memory(cfg, run, plugins));
+    }
+    by_world_size.push_back(std::move(ranks));
+  }
+  const memrt::RunInfo run = memrt::make_run_info(cfg, 0, args.num_procs, 0);
+  std::cout << "memory estimate for " << args.ds_config << " + " << args.train_yaml << ": "
+            << run.shape.arch << ", " << run.shape.n_layer << " blocks, micro-batch "
+            << cfg.micro_batch_size << " x " << run.block_size << " tokens, accumulation "
+            << cfg.grad_accum_steps << "\n"
+            << plugins.describe() << memrt::estimate_table_text(by_world_size);
+  for (const std::string& w : diag.warnings) std::cout << "warning: " << w << "\n";
+  const std::filesystem::path path = std::filesystem::path(cfg.output_dir) / "memory_estimate.json";
+  std::filesystem::create_directories(cfg.output_dir);
+  memrt::write_file_atomic(path.string(), memrt::memory_estimate_json(by_world_size));
+  std::cout << "written: " << path.string() << "\n";
+  return 0;
+}
+
 int run(int argc, char** argv) {
   Args args;
   if (!parse_args(argc, argv, args)) return 0;
@@ -164,6 +205,7 @@ int run(int argc, char** argv) {
     std::cout << std::flush;
     return memrt::run_rank_processes(commands);
   }
+  if (args.estimate) return estimate(args);
   if (args.num_procs > 1 && std::getenv("RANK") == nullptr) {
     memrt::LocalLaunchOptions opts;
     opts.num_procs = args.num_procs;
@@ -202,6 +244,7 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  memrt::memory::install_tracking_allocator();  // before LibTorch allocates anything
   try {
     return run(argc, argv);
   } catch (const po::error& e) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "memrt/error.h"
+#include "memrt/memory.h"
 #include "models/decoder.h"
 
 namespace memrt {
@@ -31,6 +32,9 @@ std::pair<at::Tensor, at::Tensor> RopeCache::get(int64_t seq_len, const at::Tens
     at::Tensor angles = at::cat({freqs, freqs}, -1);                                   // (T, D)
     cos_ = angles.cos().to(options);
     sin_ = angles.sin().to(options);
+    // Built inside the first forward, kept by the model for good: not an activation.
+    memory::claim(cos_, memory::Category::kOther);
+    memory::claim(sin_, memory::Category::kOther);
   }
   return {cos_.narrow(0, 0, seq_len), sin_.narrow(0, 0, seq_len)};
 }

@@ -138,6 +138,7 @@ PluginHost PluginHost::load(const std::vector<PluginSpec>& specs, const HostAbi&
     LoadedPlugin p;
     p.name = info->name;
     p.version = info->version ? info->version : "";
+    p.abi_minor = info->abi_minor;
     p.description = info->description ? info->description : "";
     p.library = path.string();
     p.config_key = spec.config_key;
@@ -244,6 +245,17 @@ void PluginHost::call(LoadedPlugin& p, const char* phase, int64_t step,
     if (step >= 0) where += " at step " + std::to_string(step);
     throw PluginError(where + ": " + e.what());
   }
+}
+
+std::vector<memory::EstimateTerm> PluginHost::estimate_memory(memory::MemoryEstimate& estimate) {
+  std::vector<memory::EstimateTerm> terms;
+  for (LoadedPlugin& p : plugins_) {
+    if (p.abi_minor < 1) continue;
+    const memory::Table before = estimate.table;
+    call(p, "estimate_memory", -1, [&](Plugin& q) { q.estimate_memory(estimate); });
+    if (!(estimate.table == before)) terms.push_back({p.name, estimate.table - before});
+  }
+  return terms;
 }
 
 void PluginHost::each(const char* phase, int64_t step, const std::function<void(Plugin&)>& fn) {

@@ -21,6 +21,7 @@ struct LoadedPlugin {
   std::string library;     // absolute path of the shared library
   std::string config_key;  // what claimed it in the config ("fp16", "plugins[0]")
   int priority = 0;
+  uint32_t abi_minor = MEMRT_PLUGIN_ABI_MINOR;  // the SDK minor it was built with
   ConfigNode options;      // its config subtree (what configure() receives)
   std::unique_ptr<Plugin, void (*)(Plugin*)> plugin{nullptr, nullptr};
 };
@@ -73,6 +74,10 @@ class PluginHost {
   // PluginError "plugin 'x' failed in <phase> at step S: <what>"; `step` < 0 omits the step.
   void each(const char* phase, int64_t step, const std::function<void(Plugin&)>& fn);
   void each_reversed(const char* phase, int64_t step, const std::function<void(Plugin&)>& fn);
+
+  // Every plugin's estimate_memory(), in priority order, on `estimate`; returns one term per
+  // plugin that changed it (plugins built before ABI 1.1 have no estimate and are skipped).
+  std::vector<memory::EstimateTerm> estimate_memory(memory::MemoryEstimate& estimate);
 
   // Prints "<plugin>/<phase>" for every hook call (MEMRT_TRACE_HOOKS=1 or set_trace(true)).
   void set_trace(bool on) { trace_ = on; }

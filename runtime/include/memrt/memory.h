@@ -1,0 +1,159 @@
+// memrt/memory.h — where the bytes go: categories, ownership, and the memory estimate.
+//
+// Measuring. memrt installs a tracking allocator under LibTorch's CPU allocator at start-up. Every
+// allocation is counted in exactly one (category, placement) cell:
+//   - by default, in the category of the innermost memory::Scope open on the allocating thread
+//     (the engine opens one per phase: model build -> weights, forward/backward -> activations,
+//     optimizer step -> optimizer_state, gradient all-reduce -> comm_buffers; outside any scope:
+//     unattributed);
+//   - whoever owns a tensor may move its storage to another cell with memory::claim() — a plugin
+//     claims its master weights, quantization codes, adapters, offloaded state.
+// The engine claims parameter gradients (as gradients) as they are produced. The report then says,
+// to the byte, how the allocator's live bytes split — and what nobody claimed is `unattributed`.
+//
+// Estimating. `launcher --estimate` builds a MemoryEstimate from the model's shapes without
+// allocating it: the host writes the plain fp32 + AdamW data-parallel plan, then every plugin's
+// Plugin::estimate_memory() adjusts it in priority order (precision halves the compute weights and
+// adds masters, ZeRO divides by the world size, checkpointing shrinks activations, ...). What each
+// plugin changed is kept as its term. The same estimate is printed next to the measurement at the
+// end of every run. docs/memory.md has the formulas.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "memrt/model_shape.h"
+
+namespace memrt {
+
+struct RunInfo;
+
+namespace memory {
+
+enum class Category : uint8_t {
+  kWeights,         // the parameters forward computes with (compute copy), trainable or frozen
+  kMasterWeights,   // higher-precision copies the optimizer updates (fp32 masters)
+  kGradients,       // parameter gradients (accumulated, possibly partitioned)
+  kOptimizerState,  // Adam moments, 8-bit states, their scales
+  kQuantState,      // quantized codes and scales of frozen weights (NF4/FP4, absmax)
+  kAdapters,        // LoRA matrices
+  kActivations,     // what forward keeps for backward, and backward's working memory
+  kCommBuffers,     // flattened buckets, gathered partitions
+  kOther,           // claimed, none of the above (the data batch, plugin bookkeeping)
+  kUnattributed,    // nobody claimed it
+};
+constexpr int kNumCategories = 10;
+const char* to_string(Category c);  // "weights", "master_weights", ... (the JSON keys)
+constexpr std::array<Category, kNumCategories> all_categories() {
+  return {Category::kWeights,         Category::kMasterWeights, Category::kGradients,
+          Category::kOptimizerState,  Category::kQuantState,    Category::kAdapters,
+          Category::kActivations,     Category::kCommBuffers,   Category::kOther,
+          Category::kUnattributed};
+}
+
+// Where the config places a tensor: on the training device, or offloaded to host memory. On a
+// CPU-only machine both are the same RAM; the split still says what the config offloads.
+enum class Placement : uint8_t { kDevice, kHost };
+constexpr int kNumPlacements = 2;
+const char* to_string(Placement p);  // "device", "host"
+
+// Bytes per (category, placement).
+struct Table {
+  std::array<std::array<int64_t, kNumPlacements>, kNumCategories> bytes{};
+
+  int64_t& at(Category c, Placement p = Placement::kDevice) {
+    return bytes[static_cast<size_t>(c)][static_cast<size_t>(p)];
+  }
+  int64_t at(Category c, Placement p = Placement::kDevice) const {
+    return bytes[static_cast<size_t>(c)][static_cast<size_t>(p)];
+  }
+  int64_t category(Category c) const { return at(c, Placement::kDevice) + at(c, Placement::kHost); }
+  int64_t placement(Placement p) const;
+  int64_t total() const { return placement(Placement::kDevice) + placement(Placement::kHost); }
+  Table operator-(const Table& other) const;
+  bool operator==(const Table& other) const { return bytes == other.bytes; }
+};
+
+// ---- measuring -----------------------------------------------------------------------------------
+
+// True once the host has installed the tracking allocator (always, in the launcher).
+bool tracking();
+
+// Counts the storage of `t` under (category, placement) from now on; its bytes move out of
+// whatever cell they were in. Returns false, and changes nothing, for storage the tracker did not
+// allocate (a view of a memory-mapped file, memory from another device's allocator).
+bool claim(const at::Tensor& t, Category category, Placement placement = Placement::kDevice);
+// claim() for several tensors; returns the bytes that moved.
+int64_t claim_all(const std::vector<at::Tensor>& tensors, Category category,
+                  Placement placement = Placement::kDevice);
+
+// Allocations made on this thread while a Scope lives default to its cell. Scopes nest.
+class Scope {
+ public:
+  explicit Scope(Category category, Placement placement = Placement::kDevice);
+  ~Scope();
+  Scope(const Scope&) = delete;
+  Scope& operator=(const Scope&) = delete;
+
+ private:
+  uint8_t saved_;
+};
+
+// Live bytes per cell right now (all threads).
+Table live();
+
+// ---- estimating ----------------------------------------------------------------------------------
+
+// One parameter tensor of the model, from its shape alone.
+struct ParamEstimate {
+  std::string name;  // Hugging Face name
+  std::vector<int64_t> shape;
+  int64_t numel = 0;
+  bool trainable = true;
+};
+
+// Activation terms, in bytes, of one micro-batch (docs/memory.md derives each).
+struct ActivationEstimate {
+  std::vector<int64_t> per_block;  // kept by each block's forward for its backward
+  int64_t embedding = 0;           // kept by the embedding segment
+  int64_t head = 0;                // kept by the final norm, the LM head and the loss
+  // Backward's working memory on top of what forward kept, at its two candidate peaks: at the
+  // loss, and in the last block once the head's activations are freed.
+  int64_t backward_at_loss = 0;
+  int64_t backward_in_last_block = 0;
+  int64_t backward_peak = 0;  // the one at the step's peak (the host plan decides)
+  int64_t kept() const;       // what forward keeps: blocks, embedding, head
+  int64_t total() const;      // kept() + backward_peak: the activations at the step's peak
+};
+
+// The activation terms of the built-in architectures (docs/memory.md derives them) for a
+// micro-batch of `micro_batch` sequences of `block_size` tokens computed in `dtype`.
+ActivationEstimate activation_estimate(const ModelShape& shape, int64_t micro_batch,
+                                       int64_t block_size, at::ScalarType dtype);
+
+// What a plugin's estimate_memory() receives and adjusts. `table` is the memory at this rank's
+// peak, by cell; `activations` details its activations cell; `params` the model's parameters as
+// the plan stands (a plugin that freezes or adds parameters edits the list).
+struct MemoryEstimate {
+  const RunInfo* run = nullptr;     // the rank and world size being estimated
+  at::ScalarType compute_dtype = at::kFloat;
+  std::vector<ParamEstimate> params;
+  ActivationEstimate activations;
+  Table table;
+
+  // A plugin that changes the activation terms calls this to re-derive table's activations cell.
+  void refresh_activations(Placement placement = Placement::kDevice);
+};
+
+// A named contribution to the estimate: what one plugin (or the host) changed.
+struct EstimateTerm {
+  std::string source;  // "memrt" for the host's plan, else the plugin's name
+  Table delta;
+};
+
+}  // namespace memory
+}  // namespace memrt

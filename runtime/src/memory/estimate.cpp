@@ -1,0 +1,129 @@
+// The host's memory plan and the activation terms (docs/memory.md, "The estimate").
+#include "memory/estimate.h"
+
+#include <algorithm>
+
+#include "models/model_factory.h"
+
+namespace memrt {
+namespace memory {
+
+int64_t ActivationEstimate::kept() const {
+  int64_t sum = embedding + head;
+  for (int64_t b : per_block) sum += b;
+  return sum;
+}
+
+int64_t ActivationEstimate::total() const { return kept() + backward_peak; }
+
+void MemoryEstimate::refresh_activations(Placement placement) {
+  table.at(Category::kActivations, Placement::kDevice) = 0;
+  table.at(Category::kActivations, Placement::kHost) = 0;
+  table.at(Category::kActivations, placement) = activations.total();
+}
+
+// Bytes of what autograd keeps, op by op; docs/memory.md lists the tensors behind each term.
+// b: bytes per element of the compute dtype; f: of the fp32 statistics (LayerNorm mean/rstd,
+// attention log-sum-exp), which LibTorch keeps in fp32 for fp32 inputs.
+ActivationEstimate activation_estimate(const ModelShape& s, int64_t micro_batch, int64_t block_size,
+                                       at::ScalarType dtype) {
+  const int64_t b = static_cast<int64_t>(c10::elementSize(dtype));
+  const int64_t f = 4;
+  const int64_t BT = micro_batch * block_size;
+  const int64_t d = s.d_model, ff = s.d_ff, H = s.n_head, V = s.vocab_size;
+  const int64_t kv = s.n_kv_head * s.head_dim();
+  const int64_t loss = 2 * f;  // the loss / GAS, and the total weight nll_loss keeps
+
+  ActivationEstimate a;
+  int64_t block = 0, head_kept = 0, block_backward = 0;
+  if (s.arch == "llama") {
+    a.embedding = BT * d * b;
+    //   2 RMSNorms (rstd, x*rstd, output) + q, k after RoPE, v + attention output and its
+    //   log-sum-exp + residual + gate, up, silu(gate), product + block output
+    block = BT * (b * (2 * (1 + 2 * d) + d + 2 * kv + d + d + 4 * ff + d) + f * H);
+    head_kept = BT * b * (1 + 2 * d + V);
+    // the SwiGLU's backward: the gradients of the product, then of silu(gate) and up
+    block_backward = 2 * BT * ff * b;
+  } else {
+    a.embedding = BT * d * b + block_size * 8;  // sum of the two lookups; position ids
+    //   2 LayerNorms (mean, rstd, output) + qkv + attention output and log-sum-exp + residual
+    //   + fc, gelu(fc) + block output
+    block = BT * (b * (2 * d + 3 * d + d + d + 2 * ff + d) + f * (4 + H));
+    head_kept = BT * (b * (d + V) + 2 * f);
+    // the MLP's backward: the gradient of gelu(fc), with mlp.c_proj's weight gradient in flight
+    block_backward = BT * ff * b + ff * d * b;
+  }
+  a.per_block.assign(static_cast<size_t>(s.n_layer), block);
+  a.head = head_kept + loss;
+  // Backward's working memory on top of what forward kept, at its largest: either at the loss
+  // (the gradients of the log-probabilities and of the logits, both B*T*V, alive together), or in
+  // the last block, once the head's activations are freed (a tied embedding's gradient from the
+  // head waits in autograd's input buffer until the embedding's own backward).
+  const int64_t tied_grad = s.tie_embeddings ? V * d * b : 0;
+  a.backward_at_loss = 2 * BT * V * b;
+  a.backward_in_last_block = block_backward + tied_grad - head_kept;
+  a.backward_peak = std::max(a.backward_at_loss, a.backward_in_last_block);
+  return a;
+}
+
+}  // namespace memory
+
+memory::MemoryEstimate host_memory_plan(const RunInfo& run, const HostPlanOptions& options) {
+  using memory::Category;
+  memory::MemoryEstimate e;
+  e.run = &run;
+  e.compute_dtype = at::kFloat;
+  const int64_t b = 4;
+  int64_t all = 0, final_segment = 0;
+  for (const ParamSpec& p : parameter_specs(run.shape)) {
+    e.params.push_back({p.name, p.shape, p.numel(), true});
+    all += p.numel();
+    if (p.block < 0 && p.name.find("embed") == std::string::npos &&
+        p.name.find("wte") == std::string::npos && p.name.find("wpe") == std::string::npos)
+      final_segment += p.numel();  // final norm, untied lm_head
+  }
+  const int64_t trainable = all;
+
+  e.activations = memory::activation_estimate(run.shape, run.micro_batch_size, run.block_size,
+                                              e.compute_dtype);
+  memory::Table& t = e.table;
+  t.at(Category::kWeights) = all * b;
+  const int64_t states = options.optimizer == "SGD" ? (options.momentum != 0.0 ? 1 : 0) : 2;
+  t.at(Category::kOptimizerState) = states * trainable * 4;
+  if (run.world_size > 1) {  // the all-reduce's staging buffers: up to two buckets, kept
+    const int64_t grads = trainable * b;
+    const int64_t bucket = std::min(options.allreduce_bucket_bytes, grads);
+    const int64_t buckets = (grads + bucket - 1) / bucket;
+    t.at(Category::kCommBuffers) = std::min<int64_t>(2, buckets) * bucket;
+  }
+  t.at(Category::kOther) = 2 * run.micro_batch_size * run.block_size * 8;  // input and target ids
+  if (run.shape.arch == "llama")  // the rotary cos/sin tables
+    t.at(Category::kOther) += 2 * run.block_size * run.shape.head_dim() * b;
+
+  // The peak is in backward — at the loss, or in the last block, with every gradient of the
+  // earlier micro-steps alive when accumulating, and otherwise those handed over by then — or in
+  // the optimizer step (every gradient, no activations).
+  memory::ActivationEstimate& a = e.activations;
+  const int64_t all_grads = trainable * b;
+  // In the last block the final segment (norm, untied lm_head) and the last block's down
+  // projection have handed over their gradients: Llama's weight; GPT-2's bias (its weight's
+  // gradient is still in flight, counted in backward_in_last_block).
+  const int64_t last_projection =
+      run.shape.arch == "llama" ? run.shape.d_ff * run.shape.d_model : run.shape.d_model;
+  const int64_t grads_at_loss = run.grad_accum_steps > 1 ? all_grads : 0;
+  const int64_t grads_in_block =
+      run.grad_accum_steps > 1 ? all_grads : (final_segment + last_projection) * b;
+  const bool at_loss =
+      a.backward_at_loss + grads_at_loss >= a.backward_in_last_block + grads_in_block;
+  a.backward_peak = at_loss ? a.backward_at_loss : a.backward_in_last_block;
+  const int64_t grads_in_backward = at_loss ? grads_at_loss : grads_in_block;
+  if (a.total() + grads_in_backward >= all_grads) {
+    t.at(Category::kGradients) = grads_in_backward;
+    e.refresh_activations();
+  } else {
+    t.at(Category::kGradients) = all_grads;
+  }
+  return e;
+}
+
+}  // namespace memrt

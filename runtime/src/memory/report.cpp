@@ -1,0 +1,300 @@
+#include "memory/report.h"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <iomanip>
+#include <sstream>
+
+namespace memrt {
+
+using memory::Category;
+using memory::Placement;
+
+std::string megabytes(int64_t bytes) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.3f MB", static_cast<double>(bytes) / 1e6);
+  return buf;
+}
+
+std::string LeakFinding::message() const {
+  std::ostringstream os;
+  os << "memory: '" << memory::to_string(category) << "' grows by " << bytes_per_step
+     << " bytes (" << megabytes(bytes_per_step) << ") per step (steps " << first_step << ".." << last_step
+     << ", live bytes at the end of each step); something keeps tensors alive across steps";
+  if (category == Category::kActivations) os << " (e.g. a loss kept with its graph)";
+  return os.str();
+}
+
+// ---- the monitor -----------------------------------------------------------------------------------
+
+void MemoryMonitor::begin_step() {
+  memory::open_window();
+}
+
+void MemoryMonitor::begin_backward() {
+  report_.activations_kept_bytes = std::max(report_.activations_kept_bytes,
+                                            memory::live().category(Category::kActivations));
+}
+
+std::vector<LeakFinding> MemoryMonitor::end_step(int64_t step) {
+  const memory::WindowPeaks window = memory::window_peaks();
+  const memory::AllocatorStats stats = memory::allocator_stats();
+  StepMemory s;
+  s.step = step;
+  s.live_bytes = stats.current_bytes;
+  s.peak_bytes = window.total;
+  s.activations_peak_bytes = window.cells.category(Category::kActivations);
+  if (stats.peak_bytes > last_peak_) report_.peak_step = step;  // the first step to reach it
+  last_peak_ = stats.peak_bytes;
+  report_.activations_peak_bytes = std::max(report_.activations_peak_bytes, s.activations_peak_bytes);
+  report_.timeline.push_back(s);
+
+  std::vector<LeakFinding> found;
+  if (step < 2) return found;  // step 1 allocates the optimizer's state
+  recent_.push_back(memory::live());
+  if (recent_.size() > static_cast<size_t>(kLeakSteps) + 1) recent_.pop_front();
+  if (recent_.size() <= static_cast<size_t>(kLeakSteps)) return found;
+  for (Category c : memory::all_categories()) {
+    const auto i = static_cast<size_t>(c);
+    if (warned_[i]) continue;
+    bool grows = true;
+    for (size_t k = 1; k < recent_.size() && grows; ++k)
+      grows = recent_[k].category(c) > recent_[k - 1].category(c);
+    if (!grows) continue;
+    warned_[i] = true;
+    LeakFinding f;
+    f.category = c;
+    f.bytes_per_step = (recent_.back().category(c) - recent_.front().category(c)) / kLeakSteps;
+    f.first_step = step - kLeakSteps;
+    f.last_step = step;
+    report_.leaks.push_back(f);
+    found.push_back(f);
+  }
+  return found;
+}
+
+RankMemoryReport MemoryMonitor::report(int rank, EstimateReport estimate,
+                                       const c10::Device& device) const {
+  RankMemoryReport r = report_;
+  r.rank = rank;
+  r.estimate = std::move(estimate);
+  r.measured = memory::allocator_stats();
+  r.device = memory::device_allocator_stats(device);
+  return r;
+}
+
+// ---- JSON ------------------------------------------------------------------------------------------
+
+std::string categories_json(const memory::Table& t) {
+  std::ostringstream os;
+  os << "{";
+  bool first = true;
+  for (Category c : memory::all_categories()) {
+    os << (first ? "" : ", ") << "\"" << memory::to_string(c) << "\": {\"device\": "
+       << t.at(c, Placement::kDevice) << ", \"host\": " << t.at(c, Placement::kHost) << "}";
+    first = false;
+  }
+  os << "}";
+  return os.str();
+}
+
+std::string estimate_json(const EstimateReport& e, const std::string& indent) {
+  std::ostringstream os;
+  os << "{\n" << indent << "  \"categories\": " << categories_json(e.table) << ",\n"
+     << indent << "  \"peak_bytes\": " << e.peak_bytes() << ",\n" << indent << "  \"terms\": [";
+  for (size_t i = 0; i < e.terms.size(); ++i) {
+    os << (i ? ",\n" : "\n") << indent << "    {\"source\": \"" << e.terms[i].source
+       << "\", \"categories\": " << categories_json(e.terms[i].delta) << "}";
+  }
+  os << "\n" << indent << "  ]\n" << indent << "}";
+  return os.str();
+}
+
+std::string rank_report_json(const RankMemoryReport& r) {
+  std::ostringstream os;
+  os << "{\n      \"rank\": " << r.rank << ",\n      \"estimate\": " << estimate_json(r.estimate, "      ")
+     << ",\n      \"measured\": {\n        \"categories\": "
+     << categories_json(r.measured.at_peak) << ",\n        \"peak_bytes\": " << r.measured.peak_bytes
+     << ",\n        \"peak_step\": " << r.peak_step
+     << ",\n        \"current_bytes\": " << r.measured.current_bytes
+     << ",\n        \"allocations\": " << r.measured.allocations
+     << ",\n        \"frees\": " << r.measured.frees
+     << ",\n        \"activations_kept_bytes\": " << r.activations_kept_bytes
+     << ",\n        \"activations_peak_bytes\": " << r.activations_peak_bytes
+     << ",\n        \"gradient_bytes_claimed_late\": " << r.gradient_bytes_claimed_late
+     << ",\n        \"device_allocator\": ";
+  if (r.device.available) {
+    os << "{\"current_bytes\": " << r.device.current_bytes << ", \"peak_bytes\": " << r.device.peak_bytes << "}";
+  } else {
+    os << "null";
+  }
+  os << "\n      },\n      \"timeline\": [";
+  for (size_t i = 0; i < r.timeline.size(); ++i) {
+    const StepMemory& s = r.timeline[i];
+    os << (i ? "," : "") << "\n        {\"step\": " << s.step << ", \"live_bytes\": " << s.live_bytes
+       << ", \"peak_bytes\": " << s.peak_bytes
+       << ", \"activations_peak_bytes\": " << s.activations_peak_bytes << "}";
+  }
+  os << "\n      ],\n      \"leaks\": [";
+  for (size_t i = 0; i < r.leaks.size(); ++i) {
+    const LeakFinding& f = r.leaks[i];
+    os << (i ? "," : "") << "\n        {\"category\": \"" << memory::to_string(f.category)
+       << "\", \"bytes_per_step\": " << f.bytes_per_step << ", \"first_step\": " << f.first_step
+       << ", \"last_step\": " << f.last_step << "}";
+  }
+  os << "\n      ]\n    }";
+  return os.str();
+}
+
+namespace {
+std::string category_names_json() {
+  std::string out = "[";
+  for (Category c : memory::all_categories())
+    out += std::string(out.size() > 1 ? ", " : "") + "\"" + memory::to_string(c) + "\"";
+  return out + "]";
+}
+}  // namespace
+
+std::string memory_estimate_json(const std::vector<std::vector<EstimateReport>>& by_world_size) {
+  std::ostringstream os;
+  os << "{\n  \"version\": 1,\n  \"units\": \"bytes\",\n  \"categories\": " << category_names_json()
+     << ",\n  \"world_sizes\": [";
+  for (size_t w = 0; w < by_world_size.size(); ++w) {
+    os << (w ? "," : "") << "\n    {\"world_size\": " << by_world_size[w].size() << ", \"ranks\": [";
+    for (size_t r = 0; r < by_world_size[w].size(); ++r) {
+      os << (r ? "," : "") << "\n      {\"rank\": " << r
+         << ", \"estimate\": " << estimate_json(by_world_size[w][r], "      ") << "}";
+    }
+    os << "\n    ]}";
+  }
+  os << "\n  ]\n}\n";
+  return os.str();
+}
+
+std::string memory_report_json(int world_size, const std::vector<std::string>& rank_entries) {
+  std::ostringstream os;
+  os << "{\n  \"version\": 1,\n  \"units\": \"bytes\",\n  \"world_size\": " << world_size
+     << ",\n  \"categories\": " << category_names_json();
+  os << ",\n  \"ranks\": [";
+  for (size_t i = 0; i < rank_entries.size(); ++i) os << (i ? ", " : "\n    ") << rank_entries[i];
+  os << "\n  ]\n}\n";
+  return os.str();
+}
+
+std::vector<std::string> all_gather_strings(Communicator& comm, const std::string& mine) {
+  const int n = comm.world_size();
+  if (n == 1) return {mine};
+  at::Tensor len = at::tensor({static_cast<int64_t>(mine.size())}, at::kLong);
+  at::Tensor lens = at::empty({n}, at::kLong);
+  comm.all_gather(lens, len);
+  const int64_t longest = lens.max().item<int64_t>();
+  at::Tensor bytes = at::zeros({longest}, at::kByte);
+  std::copy(mine.begin(), mine.end(), bytes.data_ptr<uint8_t>());
+  at::Tensor all = at::empty({n * longest}, at::kByte);
+  comm.all_gather(all, bytes);
+  std::vector<std::string> out;
+  const auto* p = all.data_ptr<uint8_t>();
+  for (int r = 0; r < n; ++r) {
+    const char* s = reinterpret_cast<const char*>(p + r * longest);
+    out.emplace_back(s, static_cast<size_t>(lens[r].item<int64_t>()));
+  }
+  return out;
+}
+
+// ---- console -----------------------------------------------------------------------------------------
+
+namespace {
+std::string mb(int64_t bytes) {  // a right-aligned MB column
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%12.3f", static_cast<double>(bytes) / 1e6);
+  return buf;
+}
+
+std::string row_name(Category c, Placement p) {
+  std::string name = memory::to_string(c);
+  if (p == Placement::kHost) name += " (host)";
+  return name;
+}
+}  // namespace
+
+std::string estimate_table_text(const std::vector<std::vector<EstimateReport>>& by_world_size) {
+  std::ostringstream os;
+  const std::vector<EstimateReport>& ranks = by_world_size.back();
+  os << "per rank at world size " << ranks.size() << " (MB = 10^6 bytes):\n  " << std::left
+     << std::setw(24) << "category" << std::right;
+  for (size_t r = 0; r < ranks.size(); ++r) os << std::setw(13) << ("rank " + std::to_string(r));
+  os << "\n";
+  for (Category c : memory::all_categories()) {
+    for (Placement p : {Placement::kDevice, Placement::kHost}) {
+      const bool any = std::any_of(ranks.begin(), ranks.end(),
+                                   [&](const EstimateReport& e) { return e.table.at(c, p) != 0; });
+      if (!any) continue;
+      os << "  " << std::left << std::setw(24) << row_name(c, p) << std::right;
+      for (const EstimateReport& e : ranks) os << " " << mb(e.table.at(c, p));
+      os << "\n";
+    }
+  }
+  os << "  " << std::left << std::setw(24) << "peak" << std::right;
+  for (const EstimateReport& e : ranks) os << " " << mb(e.peak_bytes());
+  os << "\n\nterms of rank 0 (what the host and each plugin add, MB):\n";
+  for (const memory::EstimateTerm& t : ranks.front().terms) {
+    os << "  " << std::left << std::setw(12) << t.source << std::right;
+    for (Category c : memory::all_categories()) {
+      for (Placement p : {Placement::kDevice, Placement::kHost}) {
+        const int64_t d = t.delta.at(c, p);
+        if (d == 0) continue;
+        char buf[96];
+        std::snprintf(buf, sizeof buf, " %s %+.3f", row_name(c, p).c_str(), static_cast<double>(d) / 1e6);
+        os << buf;
+      }
+    }
+    os << "\n";
+  }
+  os << "\npeak of the largest rank by world size (MB):\n  world size ";
+  for (const auto& w : by_world_size) os << std::setw(12) << w.size() << " ";
+  os << "\n  peak       ";
+  for (const auto& w : by_world_size) {
+    int64_t peak = 0;
+    for (const EstimateReport& e : w) peak = std::max(peak, e.peak_bytes());
+    os << mb(peak) << " ";
+  }
+  os << "\n";
+  return os.str();
+}
+
+std::string memory_table_text(const RankMemoryReport& r, int world_size) {
+  std::ostringstream os;
+  const memory::Table& est = r.estimate.table;
+  const memory::Table& got = r.measured.at_peak;
+  os << "memory at the peak, rank " << r.rank << " of " << world_size
+     << " (MB = 10^6 bytes):\n"
+     << "  category                     estimate     measured\n";
+  for (Category c : memory::all_categories()) {
+    for (Placement p : {Placement::kDevice, Placement::kHost}) {
+      if (est.at(c, p) == 0 && got.at(c, p) == 0) continue;
+      os << "  " << std::left << std::setw(24) << row_name(c, p) << std::right << mb(est.at(c, p))
+         << " " << mb(got.at(c, p)) << "\n";
+    }
+  }
+  const int64_t peak = r.measured.peak_bytes;
+  const double off = r.estimate.peak_bytes() > 0
+                         ? 100.0 * (static_cast<double>(peak) / r.estimate.peak_bytes() - 1.0)
+                         : 0.0;
+  const int64_t unattributed = got.category(Category::kUnattributed);
+  char line[256];
+  std::snprintf(line, sizeof line, "  %-24s%s %s  (%+.1f%% against the estimate, at step %" PRId64 ")\n",
+                "peak", mb(r.estimate.peak_bytes()).c_str(), mb(peak).c_str(), off, r.peak_step);
+  os << line;
+  std::snprintf(line, sizeof line,
+                "  unattributed at the peak: %s (%.2f%%); activations kept by forward %s, "
+                "largest %s\n",
+                megabytes(unattributed).c_str(),
+                peak > 0 ? 100.0 * static_cast<double>(unattributed) / static_cast<double>(peak) : 0.0,
+                megabytes(r.activations_kept_bytes).c_str(),
+                megabytes(r.activations_peak_bytes).c_str());
+  os << line;
+  return os.str();
+}
+
+}  // namespace memrt

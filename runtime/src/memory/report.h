@@ -1,0 +1,92 @@
+// What a run measured about its memory, the leak check, and the reports built from it
+// (docs/memory.md, "Reports" and "Leak check").
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "memory/tracking_allocator.h"
+#include "memrt/comm.h"
+#include "memrt/memory.h"
+
+namespace memrt {
+
+struct StepMemory {
+  int64_t step = 0;                    // 1-based: after this many optimizer steps
+  int64_t live_bytes = 0;              // at the end of the step, gradients dropped
+  int64_t peak_bytes = 0;              // the largest live bytes during the step
+  int64_t activations_peak_bytes = 0;  // the largest activations cell during the step
+};
+
+struct LeakFinding {
+  memory::Category category = memory::Category::kUnattributed;
+  int64_t bytes_per_step = 0;
+  int64_t first_step = 0, last_step = 0;
+  std::string message() const;  // the warning, as printed
+};
+
+// One rank's estimate, with the terms behind it.
+struct EstimateReport {
+  memory::Table table;
+  std::vector<memory::EstimateTerm> terms;
+  int64_t peak_bytes() const { return table.total(); }
+};
+
+struct RankMemoryReport {
+  int rank = 0;
+  EstimateReport estimate;
+  memory::AllocatorStats measured;
+  memory::DeviceAllocatorStats device;  // the CUDA caching allocator, when training on a GPU
+  int64_t peak_step = 0;               // the step during which the peak was reached
+  int64_t activations_kept_bytes = 0;  // the most forward kept for backward, over micro-steps
+  int64_t activations_peak_bytes = 0;  // the largest activations cell, over steps
+  int64_t gradient_bytes_claimed_late = 0;  // gradients the per-parameter hooks missed (0)
+  std::vector<StepMemory> timeline;
+  std::vector<LeakFinding> leaks;
+};
+
+// Follows one rank through the steps; the engine calls it at fixed points of each step.
+class MemoryMonitor {
+ public:
+  // Leak check: a category growing at each of this many consecutive steps is a leak.
+  static constexpr int kLeakSteps = 5;
+
+  void begin_step();      // opens the step's window
+  void begin_backward();  // forward has kept what backward needs: record it
+  // End of step `step` (1-based), gradients dropped. Returns the leaks first found now.
+  std::vector<LeakFinding> end_step(int64_t step);
+  void add_late_gradient_claims(int64_t bytes) { report_.gradient_bytes_claimed_late += bytes; }
+
+  // The measurement so far, with `estimate` beside it.
+  RankMemoryReport report(int rank, EstimateReport estimate, const c10::Device& device) const;
+
+ private:
+  RankMemoryReport report_;
+  int64_t last_peak_ = 0;
+  std::deque<memory::Table> recent_;  // end-of-step live tables, steps >= 2
+  std::vector<bool> warned_ = std::vector<bool>(memory::kNumCategories, false);
+};
+
+// {"device": n, "host": m} per category, in the order of memory::all_categories().
+std::string categories_json(const memory::Table& t);
+// One rank's entry of memory_report.json's "ranks".
+std::string rank_report_json(const RankMemoryReport& r);
+// memory_report.json from every rank's entry (rank order).
+std::string memory_report_json(int world_size, const std::vector<std::string>& rank_entries);
+// memory_estimate.json: by_world_size[w - 1][rank] for world sizes 1..N.
+std::string memory_estimate_json(const std::vector<std::vector<EstimateReport>>& by_world_size);
+// `launcher --estimate`'s table: every rank at the largest world size, rank 0's terms, and the
+// peak by world size.
+std::string estimate_table_text(const std::vector<std::vector<EstimateReport>>& by_world_size);
+// Gathers every rank's text on every rank (rank order); `comm` may be a single rank.
+std::vector<std::string> all_gather_strings(Communicator& comm, const std::string& mine);
+
+// The console table: estimate against the measurement at the peak, per category.
+std::string memory_table_text(const RankMemoryReport& r, int world_size);
+
+// "12.345 MB": the MB of the reports (10^6 bytes).
+std::string megabytes(int64_t bytes);
+
+}  // namespace memrt

@@ -1,0 +1,184 @@
+// The estimate against exact measurements, and against the textbook figures (docs/memory.md).
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <sstream>
+
+#include "engine/engine.h"
+#include "memory/estimate.h"
+#include "memory/tracking_allocator.h"
+#include "models/model_factory.h"
+
+namespace memrt {
+namespace {
+
+namespace fs = std::filesystem;
+using memory::Category;
+
+struct Case {
+  const char* name;
+  ModelShape shape;
+  int64_t micro_batch, block_size, grad_accum;
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+ModelShape shape(const char* arch, int64_t layers, int64_t heads, int64_t kv_heads, int64_t d,
+                 int64_t ff, int64_t vocab, bool tied) {
+  ModelShape s;
+  s.arch = arch;
+  s.n_layer = layers;
+  s.n_head = heads;
+  s.n_kv_head = kv_heads;
+  s.d_model = d;
+  s.d_ff = ff;
+  s.vocab_size = vocab;
+  s.n_ctx = 64;
+  s.tie_embeddings = tied;
+  return s;
+}
+
+TrainConfig config(const Case& c) {
+  TrainConfig cfg;
+  cfg.micro_batch_size = c.micro_batch;
+  cfg.grad_accum_steps = c.grad_accum;
+  cfg.train_batch_size = c.micro_batch * c.grad_accum;
+  cfg.gradient_clipping = 1.0;
+  cfg.steps_per_print = 100;
+  cfg.max_steps = 3;
+  cfg.optimizer.type = "AdamW";
+  cfg.model.shape = c.shape;
+  cfg.data.block_size = c.block_size;
+  cfg.output_dir = (fs::temp_directory_path() /
+                    ("memrt_estimate_" + std::string(c.name) + "_" + std::to_string(getpid()))).string();
+  return cfg;
+}
+
+// Shapes chosen so the backward peak falls at the loss in some (large vocabulary against the
+// MLP) and in the last block in others, with and without accumulation, tied and untied heads.
+const Case kCases[] = {
+    {"gpt2_small_mlp", shape("gpt2", 2, 2, 2, 32, 64, 256, true), 2, 16, 1},
+    {"gpt2_wide_mlp_accum", shape("gpt2", 2, 4, 4, 64, 512, 256, true), 3, 32, 2},
+    {"llama_gqa_untied", shape("llama", 2, 4, 2, 64, 256, 300, false), 2, 24, 1},
+    {"llama_tied_accum", shape("llama", 3, 2, 2, 32, 96, 256, true), 2, 20, 2},
+};
+
+class EstimateMatchesMeasurement : public ::testing::TestWithParam<Case> {};
+
+// Every run's peak is predicted to the byte by the formulas of docs/memory.md: the activation
+// terms (what autograd keeps, op by op), backward's working memory, the gradients alive then.
+TEST_P(EstimateMatchesMeasurement, ToTheByte) {
+  const Case& c = GetParam();
+  TrainConfig cfg = config(c);
+  const std::string out = cfg.output_dir;
+  memory::install_tracking_allocator();
+  memory::reset_peak();
+  std::ostringstream log;
+  Engine engine(std::move(cfg), nullptr, PluginHost(), log);
+  const TrainSummary s = engine.train();
+  fs::remove_all(out);
+  const RankMemoryReport& r = s.memory;
+
+  const memory::ActivationEstimate a =
+      memory::activation_estimate(c.shape, c.micro_batch, c.block_size, at::kFloat);
+  EXPECT_EQ(r.activations_kept_bytes, a.kept()) << "what forward keeps";
+  EXPECT_EQ(r.activations_peak_bytes,
+            a.kept() + std::max(a.backward_at_loss, a.backward_in_last_block))
+      << "the largest activations cell";
+  for (Category cat : memory::all_categories()) {
+    EXPECT_EQ(r.measured.at_peak.category(cat), r.estimate.table.category(cat))
+        << memory::to_string(cat) << "\n" << memory_table_text(r, 1);
+  }
+  EXPECT_EQ(r.measured.peak_bytes, r.estimate.peak_bytes());
+  EXPECT_EQ(r.measured.at_peak.category(Category::kUnattributed), 0);
+  EXPECT_EQ(r.gradient_bytes_claimed_late, 0) << "every gradient claimed as autograd handed it over";
+  EXPECT_TRUE(r.leaks.empty());
+  EXPECT_EQ(r.timeline.size(), 3u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, EstimateMatchesMeasurement, ::testing::ValuesIn(kCases),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// GPT-2 124M (Radford et al. 2019; 124,439,808 parameters with the tied head): 4 bytes per
+// parameter of fp32 weights, 8 of AdamW moments, 4 of gradients. The textbook's 496 / 992 / 496 MB
+// are these per-parameter bytes times 124e6; with the exact count they are 497.8 / 995.5 / 497.8.
+TEST(Estimate, Gpt2SmallModelStatesAreTheTextbookFigures) {
+  RunInfo run;
+  run.shape = shape("gpt2", 12, 12, 12, 768, 3072, 50257, true);
+  run.shape.n_ctx = 1024;
+  run.micro_batch_size = 1;
+  run.block_size = 1024;
+  run.grad_accum_steps = 2;  // every gradient alive in backward
+  const memory::MemoryEstimate e = host_memory_plan(run, HostPlanOptions{});
+  const int64_t P = 124'439'808;
+  EXPECT_EQ(e.table.at(Category::kWeights), 4 * P);
+  EXPECT_EQ(e.table.at(Category::kOptimizerState), 8 * P);
+  EXPECT_EQ(e.table.at(Category::kGradients), 4 * P);
+  EXPECT_EQ(megabytes(4 * P), "497.759 MB");
+  EXPECT_EQ(megabytes(8 * P), "995.518 MB");
+  EXPECT_EQ(4 * int64_t{124'000'000} / 1'000'000, 496);  // the textbook rounding
+}
+
+TEST(Estimate, SgdWithoutMomentumHasNoOptimizerState) {
+  RunInfo run;
+  run.shape = shape("gpt2", 1, 2, 2, 32, 64, 256, true);
+  run.micro_batch_size = 1;
+  run.block_size = 8;
+  HostPlanOptions sgd;
+  sgd.optimizer = "SGD";
+  EXPECT_EQ(host_memory_plan(run, sgd).table.at(Category::kOptimizerState), 0);
+  sgd.momentum = 0.9;
+  const int64_t P = count_parameters(*build_model(run.shape, BuildOptions{}));
+  EXPECT_EQ(host_memory_plan(run, sgd).table.at(Category::kOptimizerState), 4 * P);
+}
+
+TEST(Estimate, DataParallelKeepsOneStagingBucketOfGradients) {
+  RunInfo run;
+  run.shape = shape("gpt2", 1, 2, 2, 32, 64, 256, true);
+  run.micro_batch_size = 1;
+  run.block_size = 8;
+  const int64_t P = count_parameters(*build_model(run.shape, BuildOptions{}));
+  EXPECT_EQ(host_memory_plan(run, HostPlanOptions{}).table.at(Category::kCommBuffers), 0);
+  run.world_size = 4;
+  EXPECT_EQ(host_memory_plan(run, HostPlanOptions{}).table.at(Category::kCommBuffers), 4 * P);
+  HostPlanOptions small;
+  small.allreduce_bucket_bytes = 1000;  // many buckets: two staging slots of one bucket each
+  EXPECT_EQ(host_memory_plan(run, small).table.at(Category::kCommBuffers), 2000);
+}
+
+// A plugin's estimate_memory() edits the plan; what it changed is its term.
+class MastersPlugin final : public Plugin {
+ public:
+  void estimate_memory(memory::MemoryEstimate& e) const override {
+    int64_t n = 0;
+    for (const auto& p : e.params) n += p.numel;
+    e.table.at(Category::kMasterWeights, memory::Placement::kHost) += 4 * n;
+    e.table.at(Category::kWeights) /= 2;
+  }
+};
+
+TEST(Estimate, EachPluginsChangeIsItsTerm) {
+  TrainConfig cfg = config(kCases[0]);
+  PluginHost host;
+  host.add("masters", "test", std::make_unique<MastersPlugin>());
+  host.add("idle", "test", std::make_unique<Plugin>());
+  host.order();
+  const RunInfo run = make_run_info(cfg, 0, 1, 0);
+  const EstimateReport r = estimate_memory(cfg, run, host);
+  ASSERT_EQ(r.terms.size(), 2u);  // the host's plan and the plugin that changed something
+  EXPECT_EQ(r.terms[0].source, "memrt");
+  EXPECT_EQ(r.terms[1].source, "masters");
+  const int64_t P = count_parameters(*build_model(run.shape, BuildOptions{}));
+  EXPECT_EQ(r.terms[1].delta.at(Category::kMasterWeights, memory::Placement::kHost), 4 * P);
+  EXPECT_EQ(r.terms[1].delta.at(Category::kWeights), -2 * P);
+  memory::Table sum = r.terms[0].delta;
+  for (Category c : memory::all_categories())
+    for (auto p : {memory::Placement::kDevice, memory::Placement::kHost})
+      sum.at(c, p) += r.terms[1].delta.at(c, p);
+  EXPECT_TRUE(sum == r.table);
+}
+
+}  // namespace
+}  // namespace memrt
