@@ -129,7 +129,8 @@ TEST(Shipped, EveryExampleLoads) {
                         Pair{"configs/ds_auto.json", "configs/train_hf.yaml", 1},
                         Pair{"configs/ds_zero0_2rank.json", "configs/train.yaml", 2},
                         Pair{"configs/ds_zero3_offload.json", "configs/train_llama.yaml", 1},
-                        Pair{"configs/ds_fp16.json", "configs/train_llama.yaml", 1}}) {
+                        Pair{"configs/ds_fp16.json", "configs/train_llama.yaml", 1},
+                        Pair{"configs/ds_qlora.json", "configs/train_qlora.yaml", 1}}) {
     SCOPED_TRACE(std::string(p.ds) + " + " + p.yaml);
     ConfigSources s;
     s.ds_config_path = source(p.ds);
