@@ -103,6 +103,7 @@ def main():
     memrt_rss = None if args.report else statistics.median(r for _, r in memrt_runs)
     eager_rss = statistics.median(r for _, r in plain_runs)
     eager_rss_train = statistics.median(p["peak_rss_bytes"] for p, _ in plain_runs)
+    eager_rss_import = statistics.median(p["peak_rss_after_import_bytes"] for p, _ in plain_runs)
     peaks = sorted({r["measured"]["peak_bytes"] for r, _ in memrt_runs})
     failed = [k for k, ok in prof["checks"].items() if not ok]
     if failed:
@@ -139,7 +140,8 @@ def main():
     print("peak RSS: ru_maxrss of the process (wait4), launcher against the unprofiled eager run; "
           f"runs: memrt {[r for _, r in memrt_runs] if not args.report else '—'}, "
           f"eager {[r for _, r in plain_runs]}; eager's own ru_maxrss at the end of training "
-          f"(before interpreter exit) {eager_rss_train:,} B (median)")
+          f"(before interpreter exit) {eager_rss_train:,} B, right after `import torch` "
+          f"{eager_rss_import:,} B (medians)")
     print()
     print("| | memrt measured | memrt estimate | PyTorch eager | memrt / eager |")
     print("|---|---:|---:|---:|---:|")

@@ -17,8 +17,9 @@ over). The live bytes are checked against the allocator's own running total afte
 and the cells against the tensors' `nbytes` sums (parameters, gradients, AdamW state).
 
 Without `--profile` the run is plain eager (no profiler in the process) and the JSON has only the
-`nbytes` sums and the process's peak RSS (`ru_maxrss`); that is the RSS to compare, since the
-profiler's own event buffers inflate the resident set.
+`nbytes` sums and the process's peak RSS (`ru_maxrss`, after `import torch` and at the end of
+training); that is the RSS to compare, since the profiler's own event buffers inflate the resident
+set.
 
     python bench/torch_eager_memory.py [--steps 5] [--threads 2] [--profile]
 """
@@ -34,6 +35,9 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from torch_eager_gpt2 import GPT, add_model_args, make_optimizer  # noqa: E402
+
+# The interpreter with torch imported, before any tensor: the floor under the run's peak RSS.
+RSS_AFTER_IMPORT = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 CATEGORIES = ["weights", "master_weights", "gradients", "optimizer_state", "quant_state",
               "adapters", "activations", "comm_buffers", "other", "unattributed"]
@@ -239,7 +243,8 @@ def main():
     result.update(facts)
     result.update(threads=torch.get_num_threads(), steps=a.steps, batch=a.batch, block=a.block,
                   torch=torch.__version__,
-                  peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+                  peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                  peak_rss_after_import_bytes=RSS_AFTER_IMPORT)
     print(json.dumps(result), flush=True)
 
 
