@@ -14,7 +14,8 @@ class CheckpointPlugin final : public memrt::Plugin {
                  const memrt::RunInfo& /*run*/) override {
     memrt::ConfigReader top(options, diag);
     const bool enabled = top.get<bool>("gradient_checkpointing", false);
-    if (const memrt::ConfigNode* ac = top.child("activation_checkpointing")) {
+    const memrt::ConfigNode* ac = top.child("activation_checkpointing");
+    if (ac) {
       memrt::ConfigReader r(*ac, diag);
       for (const char* k : {"partition_activations", "cpu_checkpointing",
                             "contiguous_memory_optimization", "number_checkpoints",
@@ -23,6 +24,11 @@ class CheckpointPlugin final : public memrt::Plugin {
       r.finish();
     }
     top.finish();
+    if (enabled && ac) {
+      throw ac->error("activation checkpointing is not implemented yet in this memrt version "
+                      "(plugins/checkpoint); remove the section (and gradient_checkpointing from "
+                      "train.yaml)");
+    }
     if (enabled) {
       throw options.error("gradient_checkpointing is not implemented yet in this memrt version "
                           "(plugins/checkpoint); set gradient_checkpointing: false in train.yaml");

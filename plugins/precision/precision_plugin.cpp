@@ -1,57 +1,253 @@
-// plugins/precision — fp16 with dynamic loss scaling, bf16, fp32 master weights.
+// plugins/precision — fp16 with DeepSpeed's dynamic loss scaling, bf16, fp32 master weights.
 //
-// This version validates the `fp16`, `bf16` and `data_types` sections and is a no-op when both
-// are disabled; enabling either is refused with a clear message until the precision work lands.
+// Compute weights, activations and gradients are 16-bit; the optimizer updates fp32 masters, and
+// the 16-bit weights are copied from them after every step. docs/precision.md has the phases in
+// pseudocode and where memrt follows or leaves DeepSpeed.
+#include <cmath>
+#include <iostream>
+#include <optional>
+#include <unordered_map>
+
 #include <memrt/plugin.h>
 
+#include "loss_scaler.h"
+
 namespace {
+
+using memrt::memory::Category;
+using memrt::precision::LossScaler;
+using memrt::precision::LossScalerOptions;
+using memrt::precision::LossScalerState;
+using memrt::precision::ScalerKind;
+
+const char* dtype_name(at::ScalarType t) { return t == at::kHalf ? "fp16" : "bf16"; }
 
 class PrecisionPlugin final : public memrt::Plugin {
  public:
   int priority() const override { return memrt::priority::kPrecision; }
 
   void configure(const memrt::ConfigNode& options, memrt::ConfigDiagnostics& diag,
-                 const memrt::RunInfo& /*run*/) override {
+                 const memrt::RunInfo& run) override {
     memrt::ConfigReader top(options, diag);
     if (const memrt::ConfigNode* fp16 = top.child("fp16")) {
       memrt::ConfigReader r(*fp16, diag);
-      const bool enabled = r.get<bool>("enabled", false);
-      for (const char* k : {"auto_cast", "loss_scale", "initial_scale_power", "loss_scale_window",
-                            "hysteresis", "consecutive_hysteresis", "min_loss_scale",
-                            "fp16_master_weights_and_grads"})
-        r.child(k);
+      if (r.get<bool>("enabled", false)) dtype_ = at::kHalf;
+      LossScalerOptions o;
+      o.loss_scale = r.get<double>("loss_scale", o.loss_scale);
+      o.initial_scale_power = r.get<int>("initial_scale_power", o.initial_scale_power);
+      o.loss_scale_window = r.get<int64_t>("loss_scale_window", o.loss_scale_window);
+      o.hysteresis = r.get<int64_t>("hysteresis", o.hysteresis);
+      o.consecutive_hysteresis = r.get<bool>("consecutive_hysteresis", o.consecutive_hysteresis);
+      o.min_loss_scale = r.get<double>("min_loss_scale", o.min_loss_scale);
       r.finish();
-      if (enabled) throw not_yet(*fp16, "fp16");
+      if (dtype_ == at::kHalf) {
+        // Without ZeRO DeepSpeed runs FP16_Optimizer, whose scaler has no hysteresis; ZeRO's
+        // optimizers use DynamicLossScaler.
+        const ScalerKind kind = run.zero_stage >= 1 ? ScalerKind::kZero : ScalerKind::kFp16Optimizer;
+        try {
+          scaler_.emplace(o, kind);
+        } catch (const memrt::Error& e) {
+          throw fp16->error(e.what());
+        }
+      }
     }
     if (const memrt::ConfigNode* bf16 = top.child("bf16")) {
       memrt::ConfigReader r(*bf16, diag);
-      const bool enabled = r.get<bool>("enabled", false);
-      for (const char* k : {"immediate_grad_update", "check_grad_overflow",
-                            "bf16_master_weights_and_grads", "bf16_optimizer_states"})
-        r.child(k);
+      if (r.get<bool>("enabled", false)) dtype_ = at::kBFloat16;
+      check_overflow_ = r.get<bool>("check_grad_overflow", true);
       r.finish();
-      if (enabled) throw not_yet(*bf16, "bf16");
     }
     if (const memrt::ConfigNode* types = top.child("data_types")) {
       memrt::ConfigReader r(*types, diag);
-      for (const char* k : {"grad_accum_dtype", "param_dtype", "buffer_dtype"}) {
-        if (auto v = r.optional<std::string>(k); v && *v != "fp32")
-          throw types->error(std::string(k) + " \"" + *v + "\" needs 16-bit training, which is "
-                             "not implemented yet; use \"fp32\" or remove it");
+      const std::string compute = dtype_ == at::kFloat ? "fp32" : dtype_name(dtype_);
+      if (auto accum = r.optional<std::string>("grad_accum_dtype"); accum && *accum != compute) {
+        throw types->error("grad_accum_dtype \"" + *accum + "\" differs from the " + compute +
+                           " the model trains in: without ZeRO gradients accumulate in the model's "
+                           "dtype (DeepSpeed: \"unsupported mix of model_dtype and "
+                           "grad_accum_dtype\"); remove it or set \"" + compute + "\"");
       }
+      r.child("param_dtype");  // the config loader checked it agrees with fp16/bf16
       r.finish();
     }
     top.finish();
+    if (dtype_ == at::kFloat) scaler_.reset();
+  }
+
+  void estimate_memory(memrt::memory::MemoryEstimate& e) const override {
+    if (dtype_ == at::kFloat) return;
+    using memrt::memory::Placement;
+    const int64_t b = static_cast<int64_t>(c10::elementSize(dtype_));
+    int64_t trainable = 0;
+    for (const auto& p : e.params) trainable += p.trainable ? p.numel : 0;
+    memrt::memory::Table& t = e.table;
+    for (Placement pl : {Placement::kDevice, Placement::kHost}) {
+      t.at(Category::kWeights, pl) = t.at(Category::kWeights, pl) / 4 * b;
+      t.at(Category::kCommBuffers, pl) = t.at(Category::kCommBuffers, pl) / 4 * b;
+    }
+    t.at(Category::kMasterWeights) += trainable * 4;
+
+    // Activations in the compute dtype, at the same backward candidate as the plan before.
+    const bool at_loss = e.activations.backward_peak == e.activations.backward_at_loss;
+    e.compute_dtype = dtype_;
+    e.activations = memrt::memory::activation_estimate(e.run->shape, e.run->micro_batch_size,
+                                                       e.run->block_size, dtype_);
+    e.activations.backward_peak =
+        at_loss ? e.activations.backward_at_loss : e.activations.backward_in_last_block;
+    if (scaler_) e.activations.head += 4;  // the scaled loss backward starts from
+    // Backward: 16-bit gradients. The step: every gradient as an fp32 master gradient.
+    const int64_t backward_grads = e.backward_grad_elements * b;
+    const int64_t step_grads = trainable * 4;
+    e.peak_in_backward = e.activations.total() + backward_grads >= step_grads;
+    if (e.peak_in_backward) {
+      t.at(Category::kGradients) = backward_grads;
+      e.refresh_activations();
+    } else {
+      t.at(Category::kGradients) = step_grads;
+      t.at(Category::kActivations) = 0;
+    }
+  }
+
+  void transform_model(memrt::ModelContext& ctx) override {
+    if (dtype_ == at::kFloat) return;
+    at::NoGradGuard no_grad;
+    for (auto& item : ctx.model.named_parameters(/*recurse=*/true)) {
+      at::Tensor& p = item.value();
+      if (!p.is_floating_point() || p.scalar_type() == dtype_) continue;
+      if (p.requires_grad()) {
+        memrt::memory::Scope scope(Category::kMasterWeights);
+        masters_.push_back({item.key(), p, p.detach().to(at::kFloat, false, /*copy=*/true)});
+      }
+      p.set_data(p.to(dtype_));
+    }
+  }
+
+  void build_optimizer(memrt::OptimizerContext& ctx) override {
+    if (dtype_ == at::kFloat) return;
+    // The optimizer updates the masters; its groups keep their names and hyper-parameters.
+    std::unordered_map<const c10::TensorImpl*, const at::Tensor*> master_of;
+    for (const Master& m : masters_) master_of[m.param.unsafeGetTensorImpl()] = &m.master;
+    for (memrt::ParamGroup& group : ctx.optimizer->param_groups()) {
+      for (at::Tensor& p : group.params) {
+        auto it = master_of.find(p.unsafeGetTensorImpl());
+        if (it != master_of.end()) p = *it->second;
+      }
+    }
+  }
+
+  void before_backward(memrt::BackwardContext& ctx) override {
+    if (scaler_) ctx.loss = ctx.loss.to(at::kFloat) * scaler_->scale();
+  }
+
+  void before_optimizer_step(memrt::StepContext& ctx) override {
+    if (dtype_ == at::kFloat) return;
+    // Unscale into fp32 master gradients, dropping each 16-bit gradient as soon as it is copied.
+    at::NoGradGuard no_grad;
+    memrt::memory::Scope scope(Category::kGradients);
+    const double inv_scale = scaler_ ? 1.0 / scaler_->scale() : 1.0;
+    double sum = 0.0;
+    ctx.grads.clear();
+    for (Master& m : masters_) {
+      at::Tensor g = m.param.grad();
+      m.param.mutable_grad() = at::Tensor();
+      if (!g.defined()) continue;
+      at::Tensor g32 = g.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+      g = at::Tensor();
+      if (inv_scale != 1.0) g32.mul_(inv_scale);
+      if (scaler_ || check_overflow_) sum += g32.sum().item<double>();  // inf/NaN propagate
+      m.master.mutable_grad() = g32;
+      ctx.grads.push_back(g32);
+    }
+    overflow_ = false;
+    if (scaler_ || check_overflow_) {
+      at::Tensor flag = at::tensor({std::isfinite(sum) ? 0.0 : 1.0}, at::kDouble);
+      ctx.comm.all_reduce_max(flag);  // every rank agrees
+      overflow_ = flag.item<double>() > 0.0;
+    }
+    if (scaler_) {
+      const std::string line = scaler_->update(overflow_);
+      if (!overflow_ && !line.empty() && ctx.run.rank == 0) std::cout << "[precision] " << line << "\n";
+      if (overflow_) {
+        ctx.control.skip_step = true;
+        ctx.control.skip_reason = line;
+      }
+    } else if (overflow_) {
+      ctx.control.skip_step = true;
+      ctx.control.skip_reason = "bf16 gradients hold inf/NaN (bf16.check_grad_overflow)";
+    }
+  }
+
+  void after_optimizer_step(memrt::StepContext& ctx) override {
+    if (dtype_ == at::kFloat) return;
+    at::NoGradGuard no_grad;
+    for (Master& m : masters_) {
+      if (!ctx.skipped && m.master.grad().defined()) m.param.copy_(m.master);
+      m.master.mutable_grad() = at::Tensor();
+    }
+  }
+
+  void add_metrics(memrt::Metrics& metrics) override {
+    if (scaler_) metrics["loss_scale"] = scaler_->scale();
+  }
+
+  // The scaler's counters and the fp32 masters: a resumed run continues exactly.
+  memrt::TensorMap state_dict() const override {
+    memrt::TensorMap out;
+    if (scaler_) {
+      const LossScalerState s = scaler_->state();
+      out["loss_scale"] = at::scalar_tensor(s.cur_scale, at::kDouble);
+      out["cur_iter"] = at::scalar_tensor(s.cur_iter, at::kLong);
+      out["last_overflow_iter"] = at::scalar_tensor(s.last_overflow_iter, at::kLong);
+      out["cur_hysteresis"] = at::scalar_tensor(s.cur_hysteresis, at::kLong);
+    }
+    for (const Master& m : masters_) out["master." + m.name] = m.master;
+    return out;
+  }
+
+  void load_state_dict(const memrt::TensorMap& state, int version) override {
+    if (version != 1) {
+      throw memrt::Error("precision: checkpoint state version " + std::to_string(version) +
+                         " is not one this plugin reads (1); use the memrt version that wrote it");
+    }
+    auto need = [&](const std::string& key) -> const at::Tensor& {
+      auto it = state.find(key);
+      if (it == state.end())
+        throw memrt::Error("precision: the checkpoint lacks '" + key + "' (was it saved with " +
+                           dtype_name(dtype_) + " enabled?)");
+      return it->second;
+    };
+    if (scaler_) {
+      LossScalerState s;
+      s.cur_scale = need("loss_scale").item<double>();
+      s.cur_iter = need("cur_iter").item<int64_t>();
+      s.last_overflow_iter = need("last_overflow_iter").item<int64_t>();
+      s.cur_hysteresis = need("cur_hysteresis").item<int64_t>();
+      scaler_->load_state(s);
+    }
+    at::NoGradGuard no_grad;
+    for (Master& m : masters_) {
+      const at::Tensor& t = need("master." + m.name);
+      if (t.sizes() != m.master.sizes())
+        throw memrt::Error("precision: checkpoint master '" + m.name + "' has another shape than the model's");
+      m.master.copy_(t);
+      m.param.copy_(m.master);
+    }
   }
 
  private:
-  static memrt::ConfigError not_yet(const memrt::ConfigNode& section, const std::string& key) {
-    return section.error(key + " training is not implemented yet in this memrt version "
-                         "(plugins/precision); train in fp32: set \"" + key +
-                         "\": {\"enabled\": false} (and " + key + ": false in train.yaml)");
-  }
+  struct Master {
+    std::string name;
+    at::Tensor param;   // the model's 16-bit parameter
+    at::Tensor master;  // its fp32 copy, the one the optimizer updates
+  };
+
+  at::ScalarType dtype_ = at::kFloat;  // the compute dtype; kFloat: the plugin is idle
+  std::optional<LossScaler> scaler_;   // fp16 only
+  bool check_overflow_ = true;         // bf16: skip steps with inf/NaN gradients
+  bool overflow_ = false;
+  std::vector<Master> masters_;
 };
 
 }  // namespace
 
-MEMRT_PLUGIN(PrecisionPlugin, "precision", "0.1.0", "fp16 / bf16 mixed precision (validation only)")
+MEMRT_PLUGIN(PrecisionPlugin, "precision", "1.0.0",
+             "fp16 with DeepSpeed's dynamic loss scaling, bf16, fp32 master weights")

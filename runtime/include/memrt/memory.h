@@ -143,6 +143,11 @@ struct MemoryEstimate {
   at::ScalarType compute_dtype = at::kFloat;
   std::vector<ParamEstimate> params;
   ActivationEstimate activations;
+  // Gradient elements alive at backward's peak (the host's plan: all of them when accumulating,
+  // else those handed over by then). A plugin that changes the gradients' dtype scales these.
+  int64_t backward_grad_elements = 0;
+  // Whether the peak is in backward (else in the optimizer step, every gradient alive).
+  bool peak_in_backward = true;
   Table table;
 
   // A plugin that changes the activation terms calls this to re-derive table's activations cell.

@@ -82,6 +82,7 @@ struct RunInfo {
   ModelShape shape;
   std::string output_dir;
   at::Device device = at::kCPU;
+  int zero_stage = 0;       // zero_optimization.stage (0: plain data parallel)
 };
 
 // ---- flow control: a small struct of flags, not a handle on the trainer ------------------------

@@ -94,6 +94,7 @@ RunInfo make_run_info(const TrainConfig& cfg, int rank, int world_size, int loca
   // A Hugging Face checkpoint directory brings its own shape (config.json).
   run.shape = cfg.model.name_or_path.empty() ? cfg.model.shape : read_hf_config(cfg.model.name_or_path);
   run.output_dir = cfg.output_dir;
+  run.zero_stage = cfg.zero_stage;
   return run;
 }
 
@@ -434,7 +435,7 @@ void Engine::log_step(int64_t step, double loss, double lr, double grad_norm, do
        << " | grad_norm " << std::fixed << std::setprecision(3) << grad_norm << " | "
        << std::setprecision(0) << tokens_per_s << " tok/s | mem " << megabytes(memory.current_bytes)
        << " (peak " << megabytes(memory.peak_bytes) << ", RSS " << mib(current_rss_bytes()) << ")";
-  for (const auto& [k, v] : extra) line << " | " << k << " " << std::defaultfloat << v;
+  for (const auto& [k, v] : extra) line << " | " << k << " " << std::defaultfloat << std::setprecision(6) << v;
   log_ << line.str() << "\n" << std::flush;
 
   std::ofstream out(metrics_path_, std::ios::app);

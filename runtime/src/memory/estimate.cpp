@@ -23,8 +23,8 @@ void MemoryEstimate::refresh_activations(Placement placement) {
 }
 
 // Bytes of what autograd keeps, op by op; docs/memory.md lists the tensors behind each term.
-// b: bytes per element of the compute dtype; f: of the fp32 statistics (LayerNorm mean/rstd,
-// attention log-sum-exp), which LibTorch keeps in fp32 for fp32 inputs.
+// b: bytes per element of the compute dtype; f = 4: what LibTorch keeps in fp32 whatever the
+// compute dtype (the attention's log-sum-exp; the loss side, which runs in fp32).
 ActivationEstimate activation_estimate(const ModelShape& s, int64_t micro_batch, int64_t block_size,
                                        at::ScalarType dtype) {
   const int64_t b = static_cast<int64_t>(c10::elementSize(dtype));
@@ -37,19 +37,25 @@ ActivationEstimate activation_estimate(const ModelShape& s, int64_t micro_batch,
   ActivationEstimate a;
   int64_t block = 0, head_kept = 0, block_backward = 0;
   if (s.arch == "llama") {
+    // RMSNorm is composite and computes in fp32: whatever the compute dtype it keeps 2*C + 1
+    // fp32 values per token (fp32: rstd, x*rstd, the output; 16-bit: the fp32 input, rstd,
+    // x*rstd, with the 16-bit output a view the next op keeps).
+    const int64_t norm = f * (2 * d + 1);
     a.embedding = BT * d * b;
-    //   2 RMSNorms (rstd, x*rstd, output) + q, k after RoPE, v + attention output and its
-    //   log-sum-exp + residual + gate, up, silu(gate), product + block output
-    block = BT * (b * (2 * (1 + 2 * d) + d + 2 * kv + d + d + 4 * ff + d) + f * H);
-    head_kept = BT * b * (1 + 2 * d + V);
+    //   2 RMSNorms + q, k after RoPE, v + attention output and its log-sum-exp + residual
+    //   + gate, up, silu(gate), product + block output
+    block = BT * (2 * norm + b * (d + 2 * kv + d + d + 4 * ff + d) + f * H);
+    //   the final RMSNorm + fp32 log-probabilities
+    head_kept = BT * (norm + f * V);
     // the SwiGLU's backward: the gradients of the product, then of silu(gate) and up
     block_backward = 2 * BT * ff * b;
   } else {
     a.embedding = BT * d * b + block_size * 8;  // sum of the two lookups; position ids
     //   2 LayerNorms (mean, rstd, output) + qkv + attention output and log-sum-exp + residual
     //   + fc, gelu(fc) + block output
-    block = BT * (b * (2 * d + 3 * d + d + d + 2 * ff + d) + f * (4 + H));
-    head_kept = BT * (b * (d + V) + 2 * f);
+    block = BT * (b * (2 * (2 + d) + 3 * d + d + d + 2 * ff + d) + f * H);
+    //   the final LayerNorm (mean, rstd, output) + fp32 log-probabilities
+    head_kept = BT * (b * (2 + d) + f * V);
     // the MLP's backward: the gradient of gelu(fc), with mlp.c_proj's weight gradient in flight
     block_backward = BT * ff * b + ff * d * b;
   }
@@ -60,7 +66,7 @@ ActivationEstimate activation_estimate(const ModelShape& s, int64_t micro_batch,
   // the last block, once the head's activations are freed (a tied embedding's gradient from the
   // head waits in autograd's input buffer until the embedding's own backward).
   const int64_t tied_grad = s.tie_embeddings ? V * d * b : 0;
-  a.backward_at_loss = 2 * BT * V * b;
+  a.backward_at_loss = 2 * BT * V * f;
   a.backward_in_last_block = block_backward + tied_grad - head_kept;
   a.backward_peak = std::max(a.backward_at_loss, a.backward_in_last_block);
   return a;
@@ -117,7 +123,9 @@ memory::MemoryEstimate host_memory_plan(const RunInfo& run, const HostPlanOption
       a.backward_at_loss + grads_at_loss >= a.backward_in_last_block + grads_in_block;
   a.backward_peak = at_loss ? a.backward_at_loss : a.backward_in_last_block;
   const int64_t grads_in_backward = at_loss ? grads_at_loss : grads_in_block;
-  if (a.total() + grads_in_backward >= all_grads) {
+  e.backward_grad_elements = grads_in_backward / b;
+  e.peak_in_backward = a.total() + grads_in_backward >= all_grads;
+  if (e.peak_in_backward) {
     t.at(Category::kGradients) = grads_in_backward;
     e.refresh_activations();
   } else {

@@ -155,7 +155,10 @@ at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& targets) {
     throw Error("causal_lm_loss: targets must be int64 token ids, got " +
                 std::string(c10::toString(targets.scalar_type())));
   const int64_t V = logits.size(2);
-  return at::cross_entropy_loss(logits.reshape({-1, V}), targets.reshape({-1}));  // scalar
+  // 16-bit logits are upcast first (as Hugging Face models do): the log-probabilities of a large
+  // vocabulary need fp32.
+  const at::Tensor l = logits.scalar_type() == at::kFloat ? logits : logits.to(at::kFloat);
+  return at::cross_entropy_loss(l.reshape({-1, V}), targets.reshape({-1}));  // scalar, fp32
 }
 
 int64_t count_parameters(const CausalLM& model) {

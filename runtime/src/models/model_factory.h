@@ -35,7 +35,8 @@ struct BuildOptions {
 // dtypes) before anything is allocated. Errors: memrt::ConfigError (bad shape), FileError (files).
 std::shared_ptr<CausalLM> build_model(const ModelShape& shape, const BuildOptions& options);
 
-// Mean cross-entropy of next-token prediction. logits (B, T, V) float, targets (B, T) int64
+// Mean cross-entropy of next-token prediction, in fp32. logits (B, T, V) float (16-bit logits are
+// upcast), targets (B, T) int64
 // (already shifted: targets[b, t] is the token after position t); targets of -100 are ignored.
 // Returns a scalar.
 at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& targets);
