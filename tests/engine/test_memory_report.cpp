@@ -94,8 +94,8 @@ TEST_P(ShippedConfig, PeakIsWithinTenPercentOfTheEstimateAndAttributed) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Configs, ShippedConfig, ::testing::ValuesIn(kMeasured),
-                         [](const auto& info) {
-                           std::string n = std::string(info.param.ds) + "_" + info.param.yaml;
+                         [](const auto& p) {
+                           std::string n = std::string(p.param.ds) + "_" + p.param.yaml;
                            for (char& c : n) c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
                            return n;
                          });

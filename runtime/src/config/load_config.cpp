@@ -118,6 +118,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>> kYamlKeys = 
     {"seed", {"seed"}},
     {"logging_steps", {"logging_steps"}},
     {"save_steps", {"save_steps"}},
+    {"save_total_limit", {"save_total_limit"}},
     {"max_steps", {"max_steps"}},
     {"num_train_epochs", {"num_train_epochs", "num_epochs"}},
     {"per_device_train_batch_size", {"per_device_train_batch_size", "micro_batch_size"}},
@@ -184,7 +185,6 @@ const std::vector<std::pair<const char*, const char*>> kYamlIgnored = {
     {"flash_attention", "memrt has one attention implementation"},
     {"tf32", "TF32 matmul is a GPU setting; memrt keeps fp32 matmul exact"},
     {"save_strategy", "checkpoints follow save_steps"},
-    {"save_total_limit", "memrt keeps every checkpoint"},
     {"save_only_model", "checkpoints always hold the full training state"},
     {"saves_per_epoch", "checkpoints follow save_steps"},
     {"overwrite_output_dir", "memrt writes into output_dir"},
@@ -592,6 +592,10 @@ void Loader::resolve_batch(const ConfigNode* tbs, const ConfigNode* mbs, const C
   if (const ConfigNode* x = yv("save_steps")) {
     cfg.save_steps = x->as_int();
     if (cfg.save_steps < 0) throw x->error("must be >= 0 (0: no periodic checkpoints)");
+  }
+  if (const ConfigNode* x = yv("save_total_limit"); x && !x->is_null()) {
+    cfg.save_total_limit = x->as_int();
+    if (cfg.save_total_limit < 0) throw x->error("must be >= 0 (0 or null: keep every checkpoint)");
   }
   if (const ConfigNode* x = yv("output_dir")) cfg.output_dir = x->as_string();
   if (const ConfigNode* x = yv("seed")) {
@@ -1473,6 +1477,7 @@ std::string resolved_config_json(const TrainConfig& cfg) {
   root.set("max_steps", num(static_cast<double>(cfg.max_steps)));
   root.set("num_train_epochs", num(cfg.num_train_epochs));
   root.set("save_steps", num(static_cast<double>(cfg.save_steps)));
+  root.set("save_total_limit", num(static_cast<double>(cfg.save_total_limit)));
   root.set("output_dir", str(cfg.output_dir));
   root.set("seed", num(static_cast<double>(cfg.seed)));
   root.set("compute_dtype", str(cfg.compute_dtype));

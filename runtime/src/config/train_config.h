@@ -98,6 +98,7 @@ struct TrainConfig {
   int64_t max_steps = -1;
   double num_train_epochs = 1.0;
   int64_t save_steps = 0;          // 0: no periodic checkpoints
+  int64_t save_total_limit = 0;    // > 0: keep at most this many checkpoints (0: all)
   // "fp32", "fp16" or "bf16": what the precision plugin will train in (fp16/bf16 sections or
   // train.yaml fp16/bf16). Informational: the precision plugin does the work.
   std::string compute_dtype = "fp32";

@@ -436,7 +436,7 @@ int run_rank_processes(const std::vector<RankCommand>& commands, const Superviso
         break;
       }
     }
-    return first_bad != 0 ? first_bad : 128 + interrupted_by;
+    return first_bad;  // 0: every rank stopped cleanly (the engine saves and exits 0)
   }
   return 0;
 }

@@ -1,5 +1,6 @@
 #include "engine/engine.h"
 
+#include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -18,6 +19,7 @@
 
 #include "data/dataset.h"
 #include "dist/process_group.h"
+#include "checkpoint/checkpoint_files.h"
 #include "io/safetensors.h"
 #include "memory/estimate.h"
 #include "memory/report_html.h"
@@ -218,7 +220,7 @@ void Engine::setup() {
   if (main) {
     std::filesystem::create_directories(cfg_.output_dir);
     metrics_path_ = (std::filesystem::path(cfg_.output_dir) / "metrics.jsonl").string();
-    std::ofstream(metrics_path_, std::ios::trunc);
+    if (!resume_) std::ofstream(metrics_path_, std::ios::trunc);  // a resumed run keeps its history
     log_ << "model: " << run_.shape.arch << ", " << count_parameters(*model_) << " parameters ("
          << trainable_.size() << " trainable tensors)\n"
          << "data: " << data->description() << ", " << loader_->samples() << " samples, "
@@ -232,14 +234,18 @@ void Engine::setup() {
 // ---- one segment: before/after hooks, wrapper chain ---------------------------------------------
 at::Tensor Engine::run_segment(const Segment& segment, const at::Tensor& x, SegmentFn body,
                                int64_t micro) {
-  SegmentContext ctx{segment.kind, segment.index, segment.block, segment.params, step_, micro, run_, *dist_};
+  // The chain may run again after this function returns (a recompute in backward calls `next`
+  // from its autograd node), so every link owns the context it passes on.
+  auto shared = std::make_shared<SegmentContext>(SegmentContext{
+      segment.kind, segment.index, segment.block, segment.params, step_, micro, run_, *dist_});
+  SegmentContext& ctx = *shared;
   plugins_.each("before_segment_forward", step_, [&](Plugin& p) { p.before_segment_forward(ctx); });
   SegmentFn fn = std::move(body);
   const auto& ps = plugins_.plugins();
   for (auto it = ps.rbegin(); it != ps.rend(); ++it) {  // lowest priority ends up outermost
     Plugin* p = it->plugin.get();
     if (!p->wraps_segments()) continue;
-    fn = [p, &ctx, inner = std::move(fn)](const at::Tensor& in) { return p->run_segment(ctx, in, inner); };
+    fn = [p, shared, inner = std::move(fn)](const at::Tensor& in) { return p->run_segment(*shared, in, inner); };
   }
   at::Tensor out = fn(x);
   plugins_.each_reversed("after_segment_forward", step_, [&](Plugin& p) { p.after_segment_forward(ctx); });
@@ -355,14 +361,17 @@ void Engine::train_step(TrainSummary& summary) {
   }
   plugins_.each("before_optimizer_step", step_, [&](Plugin& p) { p.before_optimizer_step(sctx); });
 
-  // Skip votes and the loss are agreed across ranks in one small collective.
-  at::Tensor agree = at::tensor({control_.skip_step ? 1.0 : 0.0, loss_sum}, at::kDouble);
-  at::Tensor vote = agree.slice(0, 0, 1);
-  dist_->all_reduce_max(vote);
-  at::Tensor loss_t = agree.slice(0, 1, 2);
+  // Skip votes, stop signals and the loss are agreed across ranks in one small collective.
+  at::Tensor agree = at::tensor({control_.skip_step ? 1.0 : 0.0,
+                                 static_cast<double>(stop_signal_received()), loss_sum},
+                                at::kDouble);
+  at::Tensor votes = agree.slice(0, 0, 2);
+  dist_->all_reduce_max(votes);
+  at::Tensor loss_t = agree.slice(0, 2, 3);
   dist_->all_reduce_sum(loss_t);
   const bool skip = agree[0].item<double>() > 0.0;
-  const double loss = agree[1].item<double>() / run_.world_size;
+  stop_agreed_ = agree[1].item<double>() > 0.0;
+  const double loss = agree[2].item<double>() / run_.world_size;
 
   double grad_norm = std::nan("");
   if (!skip) {
@@ -454,12 +463,20 @@ TrainSummary Engine::train() {
   TrainSummary summary;
   try {
     setup();
+    if (resume_) load_checkpoint(checkpoint_dir(cfg_.output_dir, *resume_));
     TrainContext tctx{*model_, *optimizer_, run_, *dist_, step_};
     plugins_.each("on_train_begin", -1, [&](Plugin& p) { p.on_train_begin(tctx); });
     const auto t0 = Clock::now();
-    while (step_ < run_.max_steps && !control_.stop_training) train_step(summary);
+    const int64_t first_step = step_;
+    while (step_ < run_.max_steps && !control_.stop_training && !stop_agreed_) {
+      train_step(summary);
+      const bool periodic = cfg_.save_steps > 0 && (step_ % cfg_.save_steps == 0 || step_ == run_.max_steps);
+      if (periodic || stop_agreed_) summary.last_checkpoint = save_checkpoint();
+    }
+    if (stop_agreed_) summary.stop_signal = stop_signal_received() ? stop_signal_received() : SIGTERM;
     summary.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-    summary.tokens_per_s = static_cast<double>(step_ * cfg_.train_batch_size * cfg_.data.block_size) /
+    summary.tokens_per_s = static_cast<double>((step_ - first_step) * cfg_.train_batch_size *
+                                               cfg_.data.block_size) /
                            std::max(1e-9, summary.seconds);
     summary.peak_rss_bytes = peak_rss_bytes();
     TrainContext ectx{*model_, *optimizer_, run_, *dist_, step_};
@@ -475,6 +492,11 @@ TrainSummary Engine::train() {
       }
     }
     throw;
+  }
+  if (run_.rank == 0 && summary.stop_signal) {
+    log_ << "stopped by " << (summary.stop_signal == SIGINT ? "SIGINT" : "SIGTERM") << " after step "
+         << step_ << "; checkpoint saved in " << summary.last_checkpoint
+         << "; continue with the same command and --resume\n";
   }
   if (run_.rank == 0) {
     log_ << std::defaultfloat << "done: " << summary.steps << " steps ("

@@ -5,6 +5,7 @@
 #include <exception>
 #include <iosfwd>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,7 +30,15 @@ struct TrainSummary {
   double tokens_per_s = 0.0;  // all ranks together
   int64_t peak_rss_bytes = 0; // this process
   RankMemoryReport memory;     // this rank's estimate and measurement
+  int stop_signal = 0;         // SIGTERM/SIGINT that stopped the run early (0: ran to the end)
+  std::string last_checkpoint; // the folder of the newest checkpoint this run saved, if any
 };
+
+// SIGTERM and SIGINT ask the engine to finish the current step, save a checkpoint and stop; a
+// second signal aborts at once (the default action). Installed by the launcher.
+void install_stop_signal_handlers();
+// The stop signal received so far in this process (0: none).
+int stop_signal_received();
 
 // The facts plugins see (RunInfo) for a resolved config on a given rank.
 RunInfo make_run_info(const TrainConfig& cfg, int rank, int world_size, int local_rank);
@@ -47,6 +56,10 @@ class Engine {
 
   TrainSummary train();
 
+  // Continue from a checkpoint of cfg.output_dir: "" for the newest (its `latest`), else a tag
+  // such as "global_step40". Call before train().
+  void resume_from(std::string tag) { resume_ = std::move(tag); }
+
   const RunInfo& run_info() const { return run_; }
   // After train(): the trained model (tests, export).
   CausalLM& model() { return *model_; }
@@ -60,6 +73,9 @@ class Engine {
   // Per-segment backward phases, fired in order as the gradient reaches each segment boundary.
   void advance_backward_events(int64_t upto, int64_t micro);
   void write_memory_report(TrainSummary& summary);
+  // docs/checkpoints.md: every rank writes its part, rank 0 the model and the manifest.
+  std::string save_checkpoint();
+  void load_checkpoint(const std::string& dir);
   void log_step(int64_t step, double loss, double lr, double grad_norm, double tokens_per_s,
                 bool skipped, const Metrics& extra);
 
@@ -93,6 +109,8 @@ class Engine {
   std::exception_ptr hook_error_;
 
   std::string metrics_path_;
+  std::optional<std::string> resume_;
+  bool stop_agreed_ = false;  // every rank saw a stop signal by this step
   EstimateReport estimate_;
   MemoryMonitor memory_;
 };

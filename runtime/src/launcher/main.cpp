@@ -4,8 +4,10 @@
 //   launcher --num_procs N --deepspeed ds_config.json train.yaml          N local ranks
 //   launcher --print-config --deepspeed ds_config.json train.yaml         resolved config, exit
 //   launcher --estimate [--num_procs N] --deepspeed ds_config.json train.yaml   memory plan, exit
+//   launcher ... --resume | --resume=TAG                                  continue from a checkpoint
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -39,6 +41,7 @@ struct Args {
   int master_port = 29500;
   bool print_config = false;
   bool estimate = false;
+  std::optional<std::string> resume;  // --resume ("": newest) or --resume=TAG
   bool trace_hooks = false;
 };
 
@@ -63,6 +66,21 @@ bool parse_args(int argc, char** argv, Args& args) {
   // Everything up to the first bare word (TRAIN.yaml) is the launcher's; everything after it
   // overrides train.yaml keys and is parsed by the config loader.
   std::vector<std::string> own;
+  // --resume[=TAG] may stand anywhere (users append it to the training command).
+  std::vector<char*> rest{argv[0]};
+  for (int k = 1; k < argc; ++k) {
+    const std::string w = argv[k];
+    if (w == "--resume") {
+      args.resume = "";
+    } else if (w.rfind("--resume=", 0) == 0) {
+      args.resume = w.substr(9);
+      if (args.resume->empty()) throw memrt::Error("--resume= needs a tag, e.g. --resume=global_step40");
+    } else {
+      rest.push_back(argv[k]);
+    }
+  }
+  argc = static_cast<int>(rest.size());
+  argv = rest.data();
   int i = 1;
   for (; i < argc; ++i) {
     std::string w = argv[i];
@@ -237,6 +255,8 @@ int run(int argc, char** argv) {
   }
   if (args.trace_hooks) plugins.set_trace(true);
   memrt::Engine engine(std::move(cfg), dist, std::move(plugins), std::cout);
+  if (args.resume) engine.resume_from(*args.resume);
+  memrt::install_stop_signal_handlers();
   engine.train();
   return 0;
 }

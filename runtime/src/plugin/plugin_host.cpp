@@ -231,8 +231,8 @@ std::string PluginHost::describe() const {
   return os.str();
 }
 
-void PluginHost::call(LoadedPlugin& p, const char* phase, int64_t step,
-                      const std::function<void(Plugin&)>& fn) {
+void PluginHost::call(const LoadedPlugin& p, const char* phase, int64_t step,
+                      const std::function<void(Plugin&)>& fn) const {
   if (trace_) std::cerr << "[hook] " << p.name << "/" << phase << "\n";
   try {
     fn(*p.plugin);

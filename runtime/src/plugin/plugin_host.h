@@ -79,11 +79,14 @@ class PluginHost {
   // plugin that changed it (plugins built before ABI 1.1 have no estimate and are skipped).
   std::vector<memory::EstimateTerm> estimate_memory(memory::MemoryEstimate& estimate);
 
+  // fn(plugin) for one plugin, with the same error attribution.
+  void call(const LoadedPlugin& p, const char* phase, int64_t step,
+            const std::function<void(Plugin&)>& fn) const;
+
   // Prints "<plugin>/<phase>" for every hook call (MEMRT_TRACE_HOOKS=1 or set_trace(true)).
   void set_trace(bool on) { trace_ = on; }
 
  private:
-  void call(LoadedPlugin& p, const char* phase, int64_t step, const std::function<void(Plugin&)>& fn);
   std::vector<LoadedPlugin> plugins_;
   bool trace_ = false;
 };

@@ -1,0 +1,238 @@
+// Training-state checkpoints as users run them (docs/checkpoints.md): stop and resume exactly,
+// damaged files detected, a save killed half-way, stop signals. Real launcher processes.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "run_helpers.h"
+
+namespace {
+
+using namespace memrt_test;
+namespace fs = std::filesystem;
+
+const char* kTinyModel =
+    "model: {arch: gpt2, n_layer: 2, n_head: 2, d_model: 64, d_ff: 128, vocab_size: 256, n_ctx: 32}\n"
+    "block_size: 32\nlogging_steps: 1\nlearning_rate: 3.0e-3\nwarmup_steps: 3\nseed: 5\n";
+
+std::vector<std::string> metric_lines(const fs::path& out) {
+  std::vector<std::string> lines;
+  std::ifstream in(out / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    // step, loss, lr, grad_norm: what must continue exactly (not the timings)
+    const auto end = line.find(", \"tokens_per_s\"");
+    lines.push_back(line.substr(0, end));
+  }
+  return lines;
+}
+
+struct ResumeCase {
+  const char* name;
+  const char* ds;      // ds_config body (JSON, without the braces' plugins entry)
+  const char* yaml;    // extra train.yaml lines
+  int ranks;
+};
+
+void PrintTo(const ResumeCase& c, std::ostream* os) { *os << c.name; }
+
+class ExactResume : public ::testing::TestWithParam<ResumeCase> {};
+
+// 12 steps straight equal 6 steps, a crash (SIGKILL at the start of step 7, after the step-6
+// checkpoint), and a resumed run to 12: the same metrics line by line (step, loss, lr, grad
+// norm, printed with all digits) and byte-identical final weights.
+TEST_P(ExactResume, StraightEqualsStoppedAndResumed) {
+  const ResumeCase& c = GetParam();
+  TempDir dir(std::string("resume_") + c.name);
+  const std::string yaml = dir.write("train.yaml", std::string(kTinyModel) + c.yaml +
+                                                       "max_steps: 12\nsave_steps: 6\n");
+  const std::string ds = dir.write("ds.json", std::string("{") + c.ds + "}");
+  const std::string ds_killed = dir.write(
+      "ds_killed.json", std::string("{") + c.ds + R"(, "plugins": [{"name": "fixture_killer",
+        "library": ")" + FIXTURE_KILLER + R"(", "options": {"rank": )" +
+                            std::to_string(c.ranks - 1) + R"(, "step": 6}}]})");
+  auto launch = [&](const std::string& ds_path, const fs::path& out, const std::string& extra) {
+    return run(kLauncher + " --num_procs " + std::to_string(c.ranks) + " --master_port " +
+               std::to_string(free_port()) + " --deepspeed " + ds_path + " " + yaml +
+               " --output_dir=" + out.string() + extra);
+  };
+  const fs::path straight = dir.path() / "straight", stopped = dir.path() / "stopped";
+  RunResult a = launch(ds, straight, "");
+  ASSERT_EQ(a.exit_code, 0) << a.out;
+  RunResult b = launch(ds_killed, stopped, "");
+  ASSERT_NE(b.exit_code, 0) << "the killer fixture should have ended the run\n" << b.out;
+  ASSERT_TRUE(fs::exists(stopped / "global_step6" / "manifest.json")) << b.out;
+  RunResult r = launch(ds, stopped, " --resume");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("resumed from " + (stopped / "global_step6").string() + " at step 6"),
+            std::string::npos) << r.out;
+
+  const auto want = metric_lines(straight), got = metric_lines(stopped);
+  ASSERT_EQ(want.size(), 12u);
+  EXPECT_EQ(got, want);
+  const std::string model = "/global_step12/model.safetensors";
+  EXPECT_EQ(slurp(straight.string() + model), slurp(stopped.string() + model)) << "final weights differ";
+}
+
+const ResumeCase kResumeCases[] = {
+    {"fp32", R"("train_micro_batch_size_per_gpu": 4, "gradient_clipping": 1.0)", "", 1},
+    {"accumulation", R"("train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2)", "", 1},
+    {"bf16", R"("train_micro_batch_size_per_gpu": 4, "bf16": {"enabled": true})", "", 1},
+    {"fp16", R"("train_micro_batch_size_per_gpu": 4, "fp16": {"enabled": true, "initial_scale_power": 8})", "", 1},
+    {"two_ranks", R"("train_batch_size": 8, "train_micro_batch_size_per_gpu": 4)", "", 2},
+    {"bf16_two_ranks", R"("train_batch_size": 8, "train_micro_batch_size_per_gpu": 4, "bf16": {"enabled": true})", "", 2},
+};
+
+INSTANTIATE_TEST_SUITE_P(Runs, ExactResume, ::testing::ValuesIn(kResumeCases),
+                         [](const auto& p) { return std::string(p.param.name); });
+
+// Across epoch boundaries: a 600-byte corpus gives a few steps per epoch, so the 12 steps span
+// several epochs and the resumed half starts mid-epoch.
+TEST(Checkpoints, ResumeAcrossEpochBoundariesIsExact) {
+  TempDir dir("resume_epochs");
+  std::string text;
+  for (int i = 0; text.size() < 600; ++i) text += "In the beginning line " + std::to_string(i) + ". ";
+  const std::string corpus = dir.write("corpus.txt", text);
+  ResumeCase c{"epochs", R"("train_micro_batch_size_per_gpu": 4)", "", 1};
+  const std::string yaml = dir.write("train.yaml", std::string(kTinyModel) + "train_file: " + corpus +
+                                                       "\nmax_steps: 12\nsave_steps: 5\n");
+  const std::string ds = dir.write("ds.json", std::string("{") + c.ds + "}");
+  const fs::path straight = dir.path() / "straight", stopped = dir.path() / "stopped";
+  RunResult a = run(kLauncher + " --deepspeed " + ds + " " + yaml + " --output_dir=" + straight.string());
+  ASSERT_EQ(a.exit_code, 0) << a.out;
+  const auto per_epoch = a.out.find(" steps per epoch");
+  ASSERT_NE(per_epoch, std::string::npos) << a.out;
+  const int64_t steps_per_epoch = std::stoll(a.out.substr(a.out.rfind(", ", per_epoch) + 2));
+  ASSERT_LT(steps_per_epoch, 5) << "the corpus should give epochs shorter than the resume point";
+  // Stop after step 5 by copying the straight run's checkpoint, as a stopped run would have left it.
+  fs::create_directories(stopped);
+  fs::copy(straight / "global_step5", stopped / "global_step5", fs::copy_options::recursive);
+  std::ofstream(stopped / "latest") << "global_step5\n";
+  RunResult r = run(kLauncher + " --deepspeed " + ds + " " + yaml + " --output_dir=" + stopped.string() + " --resume");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto want = metric_lines(straight), got = metric_lines(stopped);
+  ASSERT_EQ(want.size(), 12u);
+  EXPECT_EQ(std::vector<std::string>(got.begin(), got.end()),
+            std::vector<std::string>(want.begin() + 5, want.end()));
+}
+
+// One flipped byte in any file of a checkpoint, or a truncated file, is an error naming the file.
+TEST(Checkpoints, AnyDamagedByteIsDetectedNamingTheFile) {
+  TempDir dir("damaged");
+  const std::string yaml = dir.write("train.yaml", std::string(kTinyModel) + "max_steps: 3\nsave_steps: 2\n");
+  const std::string ds = dir.write("ds.json", R"({"train_micro_batch_size_per_gpu": 4})");
+  const fs::path good = dir.path() / "good";
+  RunResult a = run(kLauncher + " --deepspeed " + ds + " " + yaml + " --output_dir=" + good.string());
+  ASSERT_EQ(a.exit_code, 0) << a.out;
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(good / "global_step2")) files.push_back(e.path().filename().string());
+  ASSERT_EQ(files.size(), 5u);
+  for (const std::string& file : files) {
+    for (const char* how : {"flip", "truncate"}) {
+      SCOPED_TRACE(file + " " + how);
+      const fs::path out = dir.path() / (file + how);
+      fs::create_directories(out);
+      fs::copy(good / "global_step2", out / "global_step2", fs::copy_options::recursive);
+      std::ofstream(out / "latest") << "global_step2\n";
+      const fs::path victim = out / "global_step2" / file;
+      std::string bytes = slurp(victim);
+      if (std::string(how) == "flip") {
+        bytes[bytes.size() / 2] = static_cast<char>(bytes[bytes.size() / 2] ^ 0x01);
+      } else {
+        bytes.resize(bytes.size() - 1);
+      }
+      std::ofstream(victim, std::ios::binary | std::ios::trunc) << bytes;
+      RunResult r = run(kLauncher + " --deepspeed " + ds + " " + yaml + " --output_dir=" + out.string() + " --resume");
+      EXPECT_NE(r.exit_code, 0) << r.out;
+      EXPECT_NE(r.out.find("error: "), std::string::npos) << r.out;
+      EXPECT_NE(r.out.find(victim.string()), std::string::npos) << "the message names the file\n" << r.out;
+    }
+  }
+}
+
+// A save killed half-way (SIGKILL while the checkpoint collects plugin state) leaves the previous
+// checkpoint and `latest` intact, and the run resumes from it.
+TEST(Checkpoints, ASaveKilledHalfWayLeavesThePreviousOneUsable) {
+  TempDir dir("killed_save");
+  const std::string yaml = dir.write("train.yaml", std::string(kTinyModel) + "max_steps: 6\nsave_steps: 2\n");
+  const std::string ds = dir.write("ds.json", R"({"train_micro_batch_size_per_gpu": 4})");
+  const std::string ds_killed = dir.write("ds_killed.json", std::string(R"({"train_micro_batch_size_per_gpu": 4,
+      "plugins": [{"name": "fixture_killer", "library": ")") + FIXTURE_KILLER +
+      R"(", "options": {"rank": 0, "step": 4, "when": "save"}}]})");
+  const fs::path out = dir.path() / "out";
+  RunResult a = run(kLauncher + " --deepspeed " + ds_killed + " " + yaml + " --output_dir=" + out.string());
+  ASSERT_NE(a.exit_code, 0) << a.out;
+  EXPECT_TRUE(fs::exists(out / ".tmp_global_step4")) << "the save was meant to die half-way";
+  EXPECT_FALSE(fs::exists(out / "global_step4"));
+  EXPECT_EQ(slurp(out / "latest"), "global_step2\n");
+  RunResult r = run(kLauncher + " --deepspeed " + ds + " " + yaml + " --output_dir=" + out.string() + " --resume");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("at step 2"), std::string::npos) << r.out;
+  EXPECT_EQ(slurp(out / "latest"), "global_step6\n");
+  EXPECT_FALSE(fs::exists(out / ".tmp_global_step4")) << "the next save cleans up";
+}
+
+TEST(Checkpoints, SaveTotalLimitKeepsTheNewest) {
+  TempDir dir("limit");
+  const std::string yaml = dir.write("train.yaml", std::string(kTinyModel) +
+                                                       "max_steps: 8\nsave_steps: 2\nsave_total_limit: 2\n");
+  const std::string ds = dir.write("ds.json", R"({"train_micro_batch_size_per_gpu": 4})");
+  RunResult a = run(kLauncher + " --deepspeed " + ds + " " + yaml + " --output_dir=" + dir.path().string());
+  ASSERT_EQ(a.exit_code, 0) << a.out;
+  std::vector<std::string> tags;
+  for (const auto& e : fs::directory_iterator(dir.path()))
+    if (e.path().filename().string().rfind("global_step", 0) == 0) tags.push_back(e.path().filename().string());
+  std::sort(tags.begin(), tags.end());
+  EXPECT_EQ(tags, (std::vector<std::string>{"global_step6", "global_step8"}));
+}
+
+TEST(Checkpoints, PluginStateNewerThanThePluginIsRefused) {
+  TempDir dir("versions");
+  const std::string yaml = dir.write("train.yaml", std::string(kTinyModel) + "max_steps: 2\nsave_steps: 2\n");
+  auto ds_with = [&](int version) {
+    return dir.write("ds" + std::to_string(version) + ".json",
+                     std::string(R"({"train_micro_batch_size_per_gpu": 4, "plugins": [{"name": "fixture_versioned",
+                       "library": ")") + FIXTURE_VERSIONED + R"(", "options": {"state_version": )" +
+                         std::to_string(version) + "}}]}");
+  };
+  RunResult a = run(kLauncher + " --deepspeed " + ds_with(2) + " " + yaml + " --output_dir=" + dir.path().string());
+  ASSERT_EQ(a.exit_code, 0) << a.out;
+  RunResult r = run(kLauncher + " --deepspeed " + ds_with(1) + " " + yaml + " --max_steps=3 --output_dir=" +
+                    dir.path().string() + " --resume");
+  EXPECT_NE(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("holds plugin 'fixture_versioned' state version 2, newer than this plugin"),
+            std::string::npos) << r.out;
+  RunResult plain = run(kLauncher + " --deepspeed " + dir.write("plain.json", R"({"train_micro_batch_size_per_gpu": 4})") +
+                        " " + yaml + " --max_steps=3 --output_dir=" + dir.path().string() + " --resume");
+  EXPECT_NE(plain.exit_code, 0) << plain.out;
+  EXPECT_NE(plain.out.find("holds state of plugin 'fixture_versioned', which this run does not load"),
+            std::string::npos) << plain.out;
+}
+
+// SIGTERM: the step finishes, a checkpoint is saved, the launcher exits 0 saying where.
+TEST(Checkpoints, SigtermSavesAndExitsZero) {
+  TempDir dir("sigterm");
+  const std::string yaml = dir.write("train.yaml", std::string(kTinyModel) + "max_steps: 100000\n");
+  const std::string ds = dir.write("ds.json", R"({"train_micro_batch_size_per_gpu": 4})");
+  const fs::path out = dir.path() / "out";
+  // Start, wait (bounded) until three steps are logged, send SIGTERM, report the exit code.
+  const std::string script =
+      kLauncher + " --deepspeed " + ds + " " + yaml + " --output_dir=" + out.string() + " & pid=$!; " +
+      "for i in $(seq 600); do [ $(cat " + (out / "metrics.jsonl").string() +
+      " 2>/dev/null | wc -l) -ge 3 ] && break; sleep 0.1; done; kill -TERM $pid; wait $pid; echo exit=$?";
+  RunResult r = run("bash -c '" + script + "'", 120);
+  EXPECT_NE(r.out.find("exit=0"), std::string::npos) << r.out;
+  const auto at = r.out.find("stopped by SIGTERM after step ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const std::string tag = slurp(out / "latest");
+  EXPECT_NE(r.out.find("checkpoint saved in " + (out / tag.substr(0, tag.size() - 1)).string()),
+            std::string::npos) << r.out;
+  RunResult resumed = run(kLauncher + " --deepspeed " + ds + " " + yaml + " --max_steps=" +
+                          std::to_string(std::stoll(tag.substr(11)) + 2) + " --output_dir=" +
+                          out.string() + " --resume");
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.out;
+}
+
+}  // namespace
