@@ -49,17 +49,18 @@ fi
 
 want_torch() {
   "$venv/bin/python" - "$MEMRT_TORCH_VERSION" <<'PY' 2>/dev/null
-import sys, torch, safetensors, numpy
+import sys, torch, safetensors, numpy, transformers
 sys.exit(0 if torch.__version__.split("+")[0] == sys.argv[1] else 1)
 PY
 }
-stamp="$venv/.memrt-torch-$MEMRT_TORCH_VERSION"   # written once the venv has been verified
+# Written once the venv has been verified; the name changes when the package list does.
+stamp="$venv/.memrt-deps2-torch-$MEMRT_TORCH_VERSION"
 if [ ! -f "$stamp" ] && ! want_torch; then
   log "creating $venv with torch==$MEMRT_TORCH_VERSION (a few GiB, once)"
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check \
-      "torch==${MEMRT_TORCH_VERSION}" numpy safetensors >&2
-  want_torch || { log "torch==$MEMRT_TORCH_VERSION did not import from $venv"; exit 1; }
+      "torch==${MEMRT_TORCH_VERSION}" numpy safetensors transformers >&2
+  want_torch || { log "torch==$MEMRT_TORCH_VERSION (with numpy, safetensors, transformers) did not import from $venv"; exit 1; }
 fi
 touch "$stamp"
 echo "$venv/bin/python"

@@ -7,6 +7,11 @@
 #include <string>
 #include <vector>
 
+#include <ATen/ATen.h>
+
+#include "io/safetensors.h"
+#include "models/hf_checkpoint.h"
+#include "models/model_factory.h"
 #include "run_helpers.h"
 
 namespace {
@@ -233,6 +238,53 @@ TEST(Checkpoints, SigtermSavesAndExitsZero) {
                           std::to_string(std::stoll(tag.substr(11)) + 2) + " --output_dir=" +
                           out.string() + " --resume");
   EXPECT_EQ(resumed.exit_code, 0) << resumed.out;
+}
+
+// `launcher export` writes a directory `transformers` loads, giving memrt's logits to 1e-5: GPT-2
+// trained in bf16 (exported from its fp32 masters) and Llama in fp32.
+TEST(Checkpoints, ExportLoadsInTransformersWithTheSameLogits) {
+  struct Model {
+    const char* name;
+    const char* model;
+    const char* ds;
+  };
+  const Model models[] = {
+      {"gpt2_bf16", "{arch: gpt2, n_layer: 2, n_head: 2, d_model: 64, d_ff: 128, vocab_size: 256, n_ctx: 32}",
+       R"({"train_micro_batch_size_per_gpu": 4, "bf16": {"enabled": true}})"},
+      {"llama", "{arch: llama, n_layer: 2, n_head: 4, n_kv_head: 2, d_model: 64, d_ff: 96, vocab_size: 256, n_ctx: 32}",
+       R"({"train_micro_batch_size_per_gpu": 4})"},
+  };
+  for (const Model& m : models) {
+    SCOPED_TRACE(m.name);
+    TempDir dir(std::string("export_") + m.name);
+    const std::string yaml = dir.write("train.yaml", std::string("model: ") + m.model +
+                                                         "\nblock_size: 32\nmax_steps: 3\nsave_steps: 3\n");
+    const std::string ds = dir.write("ds.json", m.ds);
+    const fs::path out = dir.path() / "run", hf = dir.path() / "hf";
+    RunResult a = run(kLauncher + " --deepspeed " + ds + " " + yaml + " --output_dir=" + out.string());
+    ASSERT_EQ(a.exit_code, 0) << a.out;
+    RunResult e = run(kLauncher + " export " + out.string() + " " + hf.string());
+    ASSERT_EQ(e.exit_code, 0) << e.out;
+    if (std::string(m.name) == "gpt2_bf16") {
+      EXPECT_NE(e.out.find("from the fp32 master weights"), std::string::npos) << e.out;
+    }
+    const std::string ids = "1,50,100,200,255,7,9,11,13,17,19,23";
+    const fs::path logits_file = dir.path() / "logits.safetensors";
+    RunResult py = run(std::string(MEMRT_PYTHON) + " " + MEMRT_SOURCE_DIR + "/tests/engine/hf_logits.py " +
+                       hf.string() + " " + ids + " " + logits_file.string());
+    ASSERT_EQ(py.exit_code, 0) << py.out;
+    const at::Tensor theirs = memrt::SafetensorsFile::open(logits_file.string()).tensor("logits");
+
+    memrt::BuildOptions build;
+    build.weights_dir = hf.string();
+    auto model = memrt::build_model(memrt::read_hf_config(hf.string()), build);
+    at::NoGradGuard no_grad;
+    at::Tensor h = model->embed(at::tensor({1, 50, 100, 200, 255, 7, 9, 11, 13, 17, 19, 23}, at::kLong).view({1, -1}));
+    for (int64_t i = 0; i < model->num_blocks(); ++i) h = model->block(i).forward(h);
+    const at::Tensor ours = model->head(h);
+    ASSERT_EQ(ours.sizes(), theirs.sizes());
+    EXPECT_LT((ours - theirs).abs().max().item<double>(), 1e-5);
+  }
 }
 
 }  // namespace

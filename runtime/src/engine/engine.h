@@ -40,6 +40,11 @@ void install_stop_signal_handlers();
 // The stop signal received so far in this process (0: none).
 int stop_signal_received();
 
+// `launcher export`: verifies the checkpoint (a global_step* folder, or an output_dir whose
+// `latest` names one) and writes a Hugging Face directory (config.json, model.safetensors) in
+// fp32 — the precision plugin's fp32 masters when the checkpoint has them. Returns a summary line.
+std::string export_checkpoint(const std::string& checkpoint, const std::string& out_dir);
+
 // The facts plugins see (RunInfo) for a resolved config on a given rank.
 RunInfo make_run_info(const TrainConfig& cfg, int rank, int world_size, int local_rank);
 

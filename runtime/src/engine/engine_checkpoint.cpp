@@ -241,4 +241,35 @@ void Engine::load_checkpoint(const std::string& dir) {
   }
 }
 
+std::string export_checkpoint(const std::string& checkpoint, const std::string& out_dir) {
+  const std::string dir = fs::exists(fs::path(checkpoint) / "manifest.json")
+                              ? checkpoint
+                              : checkpoint_dir(checkpoint, "");
+  const Manifest m = read_manifest(dir);
+  const std::string state_file = rank_file(0);
+  for (const std::string& name : {std::string("config.json"), std::string("model.safetensors"), state_file})
+    verify_checkpoint_file(dir, m, name);
+  BuildOptions build;
+  build.weights_dir = dir;
+  std::shared_ptr<CausalLM> model = build_model(read_hf_config(dir), build);  // fp32
+  // The fp32 masters a 16-bit run kept are the exact weights; the model file holds them rounded.
+  const SafetensorsFile state = SafetensorsFile::open((fs::path(dir) / state_file).string());
+  const std::string prefix = "plugin/precision/master.";
+  auto params = model->named_parameters(/*recurse=*/true);
+  int64_t from_masters = 0;
+  at::NoGradGuard no_grad;
+  for (const std::string& name : state.names()) {
+    if (name.rfind(prefix, 0) != 0) continue;
+    const std::string param = name.substr(prefix.size());
+    if (!params.contains(param))
+      throw FileError(state.path(), "holds a master weight for '" + param + "', which the model lacks");
+    params[param].copy_(state.tensor(name));
+    ++from_masters;
+  }
+  save_hf_checkpoint(*model, out_dir);
+  return "exported " + dir + " to " + out_dir + ": config.json, model.safetensors (fp32, " +
+         std::to_string(count_parameters(*model)) + " parameters" +
+         (from_masters > 0 ? ", from the fp32 master weights" : "") + ")";
+}
+
 }  // namespace memrt

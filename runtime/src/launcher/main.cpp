@@ -5,6 +5,7 @@
 //   launcher --print-config --deepspeed ds_config.json train.yaml         resolved config, exit
 //   launcher --estimate [--num_procs N] --deepspeed ds_config.json train.yaml   memory plan, exit
 //   launcher ... --resume | --resume=TAG                                  continue from a checkpoint
+//   launcher export CHECKPOINT DIR                                        Hugging Face directory
 #include <cstdlib>
 #include <filesystem>
 #include <optional>
@@ -201,6 +202,14 @@ int estimate(const Args& args) {
 }
 
 int run(int argc, char** argv) {
+  if (argc >= 2 && std::string(argv[1]) == "export") {
+    if (argc != 4) {
+      throw memrt::Error("usage: launcher export CHECKPOINT DIR\n  CHECKPOINT: a global_step* folder, or "
+                         "an output_dir (its newest checkpoint); DIR: the Hugging Face directory to write");
+    }
+    std::cout << memrt::export_checkpoint(argv[2], argv[3]) << "\n";
+    return 0;
+  }
   Args args;
   if (!parse_args(argc, argv, args)) return 0;
 
