@@ -42,6 +42,12 @@ ModelShape shape(const char* arch, int64_t layers, int64_t heads, int64_t kv_hea
   return s;
 }
 
+ModelShape dropout(ModelShape s) {
+  s.attn_pdrop = 0.1;
+  if (s.arch == "gpt2") s.embd_pdrop = s.resid_pdrop = 0.1;
+  return s;
+}
+
 TrainConfig config(const Case& c) {
   TrainConfig cfg;
   cfg.micro_batch_size = c.micro_batch;
@@ -70,6 +76,10 @@ const Case kCases[] = {
      R"({"fp16": {"enabled": true}})"},
     {"llama_bf16_gqa_untied", shape("llama", 2, 4, 2, 64, 256, 300, false), 2, 24, 1,
      R"({"bf16": {"enabled": true}})"},
+    // Dropout: GPT-2's three, Llama's attention dropout (scaled_dot_product_attention's math path).
+    {"gpt2_dropout", dropout(shape("gpt2", 2, 2, 2, 32, 64, 256, true)), 2, 16, 1},
+    {"gpt2_dropout_wide_mlp_accum", dropout(shape("gpt2", 2, 4, 4, 64, 512, 256, true)), 3, 32, 2},
+    {"llama_dropout_gqa_untied", dropout(shape("llama", 2, 4, 2, 64, 256, 300, false)), 2, 24, 1},
 };
 
 // The built-in precision plugin, configured with `options` (JSON).

@@ -135,6 +135,13 @@ struct ActivationEstimate {
 ActivationEstimate activation_estimate(const ModelShape& shape, int64_t micro_batch,
                                        int64_t block_size, at::ScalarType dtype);
 
+// Backward's working memory inside one block at its largest, on top of what the block's forward
+// kept (docs/memory.md: the gradients alive in the MLP's backward). The last-block candidate of
+// activation_estimate() is this plus a tied embedding's gradient minus the head's activations;
+// a plugin that changes what blocks keep (activation checkpointing) builds its candidates from it.
+int64_t block_backward_bytes(const ModelShape& shape, int64_t micro_batch, int64_t block_size,
+                             at::ScalarType dtype);
+
 // What a plugin's estimate_memory() receives and adjusts. `table` is the memory at this rank's
 // peak, by cell; `activations` details its activations cell; `params` the model's parameters as
 // the plan stands (a plugin that freezes or adds parameters edits the list).

@@ -20,6 +20,13 @@ struct ModelShape {
   double norm_eps = 1e-5;
   double rope_theta = 10000.0;  // llama
   bool tie_embeddings = true;   // lm_head shares the token embedding
+  // Dropout probabilities while training, as Hugging Face names them (0: none, the default).
+  // GPT-2: embd_pdrop after the embedding sum, attn_pdrop on the attention weights, resid_pdrop
+  // after each block's attention and MLP projections. Llama: attention_dropout is attn_pdrop;
+  // Hugging Face's Llama has no other dropout.
+  double embd_pdrop = 0.0;
+  double attn_pdrop = 0.0;
+  double resid_pdrop = 0.0;
 
   int64_t head_dim() const { return d_model / n_head; }
 };
@@ -54,6 +61,15 @@ inline ShapeProblem find_shape_problem(const ModelShape& s) {
                            "); rotary embeddings need an even one"};
   if (!(s.norm_eps > 0.0)) return {"norm_eps", "must be positive"};
   if (s.arch == "llama" && !(s.rope_theta > 0.0)) return {"rope_theta", "must be positive"};
+  const std::pair<const char*, double> drops[] = {
+      {"embd_pdrop", s.embd_pdrop}, {s.arch == "llama" ? "attention_dropout" : "attn_pdrop", s.attn_pdrop},
+      {"resid_pdrop", s.resid_pdrop}};
+  for (const auto& [field, p] : drops)
+    if (!(p >= 0.0 && p < 1.0))
+      return {field, "is " + std::to_string(p) + "; a dropout probability must be in [0, 1)"};
+  if (s.arch == "llama" && (s.embd_pdrop != 0.0 || s.resid_pdrop != 0.0))
+    return {s.embd_pdrop != 0.0 ? "embd_pdrop" : "resid_pdrop",
+            "is a GPT-2 dropout; Llama has attention dropout only (attention_dropout)"};
   return {};
 }
 

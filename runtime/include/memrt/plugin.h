@@ -113,7 +113,9 @@ struct SegmentContext {
 };
 
 // run_segment() wrappers form a chain: each may run `next` differently (under no_grad with a
-// recompute in backward, with gathered parameters, ...) and must return its result.
+// recompute in backward, with gathered parameters, ...) and must return its result. `next` (and
+// the SegmentContext it hands to inner wrappers) stays valid after run_segment returns: a wrapper
+// may keep a copy and call it again inside backward (activation checkpointing's recompute).
 using SegmentFn = std::function<at::Tensor(const at::Tensor&)>;
 
 // ---- phase contexts -------------------------------------------------------------------------------

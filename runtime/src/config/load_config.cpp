@@ -1174,6 +1174,7 @@ void Loader::resolve_checkpoint(const ConfigNode* ac) {
     ConfigNode out = ConfigNode::object(ac->file(), ac->path());
     pass(r, out, "cpu_checkpointing", Ty::Bool);
     pass(r, out, "profile", Ty::Bool);
+    pass(r, out, "every_n_blocks", Ty::Int);  // memrt's: which blocks (DeepSpeed has no such key)
     if (const ConfigNode* n = r.child("partition_activations"); n && !n->is_null() && n->as_bool()) {
       diag.warnings.push_back(where(*n) + " is accepted but ignored: it partitions over model-parallel ranks, "
                               "and memrt has none (DeepSpeed saves nothing with pure data parallelism either)");
@@ -1423,6 +1424,17 @@ void Loader::resolve_model_and_data() {
     m.norm_eps = r.get<double>("norm_eps", m.norm_eps);
     m.rope_theta = r.get<double>("rope_theta", m.rope_theta);
     m.tie_embeddings = r.get<bool>("tie_embeddings", !llama);  // GPT-2 ties; Llama does not
+    // Dropout under Hugging Face's names: GPT-2 embd_pdrop, attn_pdrop, resid_pdrop; Llama
+    // attention_dropout (find_shape_problem refuses GPT-2's embedding/residual dropout on Llama).
+    const char* attn_key = llama ? "attention_dropout" : "attn_pdrop";
+    const char* other_attn_key = llama ? "attn_pdrop" : "attention_dropout";
+    if (const ConfigNode* n = r.child(other_attn_key)) {
+      throw n->error(std::string("is ") + (llama ? "GPT-2's" : "Llama's") + " name for attention dropout; arch " +
+                     m.arch + " calls it " + attn_key);
+    }
+    m.embd_pdrop = r.get<double>("embd_pdrop", m.embd_pdrop);
+    m.attn_pdrop = r.get<double>(attn_key, m.attn_pdrop);
+    m.resid_pdrop = r.get<double>("resid_pdrop", m.resid_pdrop);
     cfg.model.init_std = r.get<double>("init_std", cfg.model.init_std);
     r.finish();
     if (cfg.model.init_std <= 0) throw ConfigError(block->file(), join_key_path(block->path(), "init_std"), "must be positive");
@@ -1534,6 +1546,13 @@ std::string resolved_config_json(const TrainConfig& cfg) {
     model.set("norm_eps", num(m.norm_eps));
     model.set("rope_theta", num(m.rope_theta));
     model.set("tie_embeddings", ConfigNode::boolean(m.tie_embeddings));
+    if (m.arch == "llama") {
+      model.set("attention_dropout", num(m.attn_pdrop));
+    } else {
+      model.set("embd_pdrop", num(m.embd_pdrop));
+      model.set("attn_pdrop", num(m.attn_pdrop));
+      model.set("resid_pdrop", num(m.resid_pdrop));
+    }
     model.set("init_std", num(cfg.model.init_std));
   }
   root.set("model", model);

@@ -156,6 +156,9 @@ void Engine::setup() {
     plugins_.each("on_block_ready", -1, [&](Plugin& p) { p.on_block_ready(ctx); });
   };
   model_ = build_model(run_.shape, build);
+  // The default generator feeds dropout: seeded like Hugging Face's set_seed (the same seed on
+  // every rank), so a config's run is reproducible. Model init has its own generator.
+  at::manual_seed(cfg_.seed);
   ModelContext model_ctx{*model_, run_, *dist_};
   plugins_.each("transform_model", -1, [&](Plugin& p) { p.transform_model(model_ctx); });
 

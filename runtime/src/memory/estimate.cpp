@@ -22,6 +22,19 @@ void MemoryEstimate::refresh_activations(Placement placement) {
   table.at(Category::kActivations, placement) = activations.total();
 }
 
+int64_t block_backward_bytes(const ModelShape& s, int64_t micro_batch, int64_t block_size,
+                             at::ScalarType dtype) {
+  const int64_t b = static_cast<int64_t>(c10::elementSize(dtype));
+  const int64_t BT = micro_batch * block_size;
+  // Llama, the SwiGLU's backward: the gradients of the product, then of silu(gate) and up.
+  if (s.arch == "llama") return 2 * BT * s.d_ff * b;
+  // GPT-2, the MLP's backward: the gradient of gelu(fc), with mlp.c_proj's weight gradient in
+  // flight; with residual dropout also the gradient of c_proj's output, the dropout's 1-byte mask
+  // being freed by then.
+  const int64_t resid = s.resid_pdrop > 0.0 ? BT * s.d_model * (b - 1) : 0;
+  return BT * s.d_ff * b + s.d_ff * s.d_model * b + resid;
+}
+
 // Bytes of what autograd keeps, op by op; docs/memory.md lists the tensors behind each term.
 // b: bytes per element of the compute dtype; f = 4: what LibTorch keeps in fp32 whatever the
 // compute dtype (the attention's log-sum-exp; the loss side, which runs in fp32).
@@ -34,6 +47,16 @@ ActivationEstimate activation_estimate(const ModelShape& s, int64_t micro_batch,
   const int64_t kv = s.n_kv_head * s.head_dim();
   const int64_t loss = 2 * f;  // the loss / GAS, and the total weight nll_loss keeps
 
+  // Attention dropout sends scaled_dot_product_attention to its math path (the CPU's fused
+  // kernel has no dropout): it keeps fp32 copies of the scaled q and k and of v (repeated to
+  // every head under grouped-query attention), and three (T x T) matrices per head — the
+  // softmax, the dropout's scaled mask and the dropped weights — in place of the fused kernel's
+  // output and log-sum-exp; the attention output is then a copy, not a view. Other dropouts
+  // (native_dropout) keep a 1-byte mask.
+  const bool attn_drop = s.attn_pdrop > 0.0;
+  const int64_t T = block_size;
+  const int64_t math_attn = f * (3 * d + 3 * H * T);  // per token
+
   ActivationEstimate a;
   int64_t block = 0, head_kept = 0, block_backward = 0;
   if (s.arch == "llama") {
@@ -44,20 +67,26 @@ ActivationEstimate activation_estimate(const ModelShape& s, int64_t micro_batch,
     a.embedding = BT * d * b;
     //   2 RMSNorms + q, k after RoPE, v + attention output and its log-sum-exp + residual
     //   + gate, up, silu(gate), product + block output
-    block = BT * (2 * norm + b * (d + 2 * kv + d + d + 4 * ff + d) + f * H);
+    block = attn_drop
+                //   2 RMSNorms + attention output copy + residual + gate, up, silu(gate),
+                //   product + block output + the math attention's tensors
+                ? BT * (2 * norm + b * (d + d + 4 * ff + d) + math_attn)
+                : BT * (2 * norm + b * (d + 2 * kv + d + d + 4 * ff + d) + f * H);
     //   the final RMSNorm + fp32 log-probabilities
     head_kept = BT * (norm + f * V);
-    // the SwiGLU's backward: the gradients of the product, then of silu(gate) and up
-    block_backward = 2 * BT * ff * b;
+    block_backward = block_backward_bytes(s, micro_batch, block_size, dtype);
   } else {
-    a.embedding = BT * d * b + block_size * 8;  // sum of the two lookups; position ids
+    // sum of the two lookups (with embd_pdrop: the dropout's output and its mask); position ids
+    a.embedding = BT * d * b + block_size * 8 + (s.embd_pdrop > 0.0 ? BT * d : 0);
     //   2 LayerNorms (mean, rstd, output) + qkv + attention output and log-sum-exp + residual
-    //   + fc, gelu(fc) + block output
-    block = BT * (b * (2 * (2 + d) + 3 * d + d + d + 2 * ff + d) + f * H);
+    //   + fc, gelu(fc) + block output; with attention dropout the math attention's tensors and
+    //   the attention output's copy replace qkv, the output and the log-sum-exp
+    block = attn_drop ? BT * (b * (2 * (2 + d) + d + d + 2 * ff + d) + math_attn)
+                      : BT * (b * (2 * (2 + d) + 3 * d + d + d + 2 * ff + d) + f * H);
+    if (s.resid_pdrop > 0.0) block += 2 * BT * d;  // the two residual dropouts' masks
     //   the final LayerNorm (mean, rstd, output) + fp32 log-probabilities
     head_kept = BT * (b * (2 + d) + f * V);
-    // the MLP's backward: the gradient of gelu(fc), with mlp.c_proj's weight gradient in flight
-    block_backward = BT * ff * b + ff * d * b;
+    block_backward = block_backward_bytes(s, micro_batch, block_size, dtype);
   }
   a.per_block.assign(static_cast<size_t>(s.n_layer), block);
   a.head = head_kept + loss;

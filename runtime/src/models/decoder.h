@@ -22,6 +22,13 @@
 
 namespace memrt {
 
+// Dropout as Hugging Face's models apply it: only while training and when p > 0. The fused
+// kernel keeps a 1-byte mask for backward (torch.nn.functional.dropout on the CPU keeps a
+// full-width copy of its scaled mask instead).
+inline at::Tensor train_dropout(const at::Tensor& x, double p, bool training) {
+  if (!training || p == 0.0) return x;
+  return std::get<0>(at::native_dropout(x, p, true));
+}
 
 // y = x / sqrt(mean(x^2) + eps) * weight over the last dimension (Llama's RMSNorm).
 class RMSNormImpl : public torch::nn::Module {

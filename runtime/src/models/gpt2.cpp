@@ -11,7 +11,8 @@ namespace {
 class Gpt2Block : public DecoderBlock {
  public:
   Gpt2Block(const ModelShape& s, int64_t index)
-      : DecoderBlock("transformer.h." + std::to_string(index)), n_head_(s.n_head) {
+      : DecoderBlock("transformer.h." + std::to_string(index)),
+        n_head_(s.n_head), attn_pdrop_(s.attn_pdrop), resid_pdrop_(s.resid_pdrop) {
     const int64_t C = s.d_model;
     auto ln = [&](const char* name) {
       return register_module(name, torch::nn::LayerNorm(
@@ -28,9 +29,10 @@ class Gpt2Block : public DecoderBlock {
   }
 
   at::Tensor forward(const at::Tensor& x) override {  // (B, T, C) -> (B, T, C)
-    at::Tensor h = x + attention(ln_1_(x));
+    const bool train = is_training();
+    at::Tensor h = x + train_dropout(attention(ln_1_(x)), resid_pdrop_, train);
     at::Tensor m = mlp_proj_->forward(at::gelu(c_fc_->forward(ln_2_(h)), "tanh"));  // (B, T, C)
-    return h + m;
+    return h + train_dropout(m, resid_pdrop_, train);
   }
 
  private:
@@ -42,12 +44,14 @@ class Gpt2Block : public DecoderBlock {
     };
     auto parts = qkv.split(C, -1);
     at::Tensor y = at::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]),
-                                                    heads(parts[2]), {}, 0.0,
+                                                    heads(parts[2]), {},
+                                                    is_training() ? attn_pdrop_ : 0.0,
                                                     /*is_causal=*/true);  // (B, nh, T, hd)
     return attn_proj_->forward(y.transpose(1, 2).reshape({B, T, C}));  // (B, T, C)
   }
 
   int64_t n_head_;
+  double attn_pdrop_, resid_pdrop_;
   torch::nn::LayerNorm ln_1_{nullptr}, ln_2_{nullptr};
   torch::nn::AnyModule *c_attn_, *attn_proj_, *c_fc_, *mlp_proj_;
 };
@@ -93,7 +97,7 @@ class Gpt2LM : public DecoderLM {
       throw Error("gpt2: sequence length " + std::to_string(T) + " exceeds the model's context (" +
                   "n_ctx " + std::to_string(shape_.n_ctx) + "); lower block_size");
     at::Tensor pos = at::arange(T, tokens.options().dtype(at::kLong));  // (T)
-    return wte_(tokens) + wpe_(pos);                                     // (B, T, C)
+    return train_dropout(wte_(tokens) + wpe_(pos), shape_.embd_pdrop, is_training());  // (B, T, C)
   }
 
   at::Tensor head(const at::Tensor& hidden) override {  // (B, T, C) -> (B, T, V)

@@ -122,6 +122,11 @@ ModelShape read_hf_config(const std::string& dir) {
     s.d_ff = c.integer("n_inner", 4 * s.d_model);
     s.norm_eps = c.number("layer_norm_epsilon", 1e-5);
     s.tie_embeddings = c.boolean("tie_word_embeddings", true);
+    // Dropout as the file says (GPT2Config writes all three; 0.1 in OpenAI's checkpoints). A key
+    // that is absent means no dropout (Hugging Face's class default would be 0.1).
+    s.embd_pdrop = c.number("embd_pdrop", 0.0);
+    s.attn_pdrop = c.number("attn_pdrop", 0.0);
+    s.resid_pdrop = c.number("resid_pdrop", 0.0);
     const std::string act = c.string("activation_function", "gelu_new");
     if (act != "gelu_new" && act != "gelu_pytorch_tanh")
       throw ConfigError(file, "activation_function",
@@ -146,6 +151,7 @@ ModelShape read_hf_config(const std::string& dir) {
     s.norm_eps = c.number("rms_norm_eps", 1e-6);
     s.rope_theta = c.number("rope_theta", 10000.0);
     s.tie_embeddings = c.boolean("tie_word_embeddings", false);
+    s.attn_pdrop = c.number("attention_dropout", 0.0);
     const std::string act = c.string("hidden_act", "silu");
     if (act != "silu")
       throw ConfigError(file, "hidden_act", "\"" + act + "\" is not supported; memrt's Llama uses "
@@ -216,10 +222,10 @@ std::string hf_config_json(const ModelShape& s, double init_std) {
     key_int("n_inner", s.d_ff);
     key_str("activation_function", "gelu_new");
     key_num("layer_norm_epsilon", s.norm_eps);
-    // memrt trains without dropout; say so, so transformers trains the same model.
-    key_num("resid_pdrop", 0.0);
-    key_num("embd_pdrop", 0.0);
-    key_num("attn_pdrop", 0.0);
+    // Written even when 0: transformers' own default is 0.1.
+    key_num("resid_pdrop", s.resid_pdrop);
+    key_num("embd_pdrop", s.embd_pdrop);
+    key_num("attn_pdrop", s.attn_pdrop);
   } else {
     key_str("model_type", "llama");
     key_int("vocab_size", s.vocab_size);
@@ -237,7 +243,7 @@ std::string hf_config_json(const ModelShape& s, double init_std) {
     key_str("hidden_act", "silu");
     key_bool("attention_bias", false);
     key_bool("mlp_bias", false);
-    key_num("attention_dropout", 0.0);
+    key_num("attention_dropout", s.attn_pdrop);
   }
   key_bool("tie_word_embeddings", s.tie_embeddings);
   key_num("initializer_range", init_std);

@@ -15,7 +15,8 @@ class LlamaBlock : public DecoderBlock {
  public:
   LlamaBlock(const ModelShape& s, int64_t index, std::shared_ptr<RopeCache> rope)
       : DecoderBlock("model.layers." + std::to_string(index)),
-        n_head_(s.n_head), n_kv_head_(s.n_kv_head), head_dim_(s.head_dim()), rope_(std::move(rope)) {
+        n_head_(s.n_head), n_kv_head_(s.n_kv_head), head_dim_(s.head_dim()),
+        attention_dropout_(s.attn_pdrop), rope_(std::move(rope)) {
     const int64_t C = s.d_model, kv = s.n_kv_head * s.head_dim();
     auto attn = register_module("self_attn", std::make_shared<torch::nn::Module>("self_attn"));
     q_proj_ = &add_linear(*attn, "self_attn", "q_proj", C, C, false);   // (C, C)
@@ -46,13 +47,16 @@ class LlamaBlock : public DecoderBlock {
     auto [cos, sin] = rope_->get(T, q.options());  // (T, hd) each
     q = q * cos + rotate_half(q) * sin;
     k = k * cos + rotate_half(k) * sin;
-    at::Tensor y = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true,
+    at::Tensor y = at::scaled_dot_product_attention(q, k, v, {},
+                                                    is_training() ? attention_dropout_ : 0.0,
+                                                    /*is_causal=*/true,
                                                     std::nullopt,
                                                     /*enable_gqa=*/n_kv_head_ != n_head_);  // (B, nh, T, hd)
     return o_proj_->forward(y.transpose(1, 2).reshape({B, T, C}));  // (B, T, C)
   }
 
   int64_t n_head_, n_kv_head_, head_dim_;
+  double attention_dropout_;
   std::shared_ptr<RopeCache> rope_;
   torch::nn::AnyModule *q_proj_, *k_proj_, *v_proj_, *o_proj_, *gate_proj_, *up_proj_, *down_proj_;
   RMSNorm input_layernorm_{nullptr}, post_attention_layernorm_{nullptr};
