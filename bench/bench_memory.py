@@ -18,49 +18,19 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-CATEGORIES = ["weights", "master_weights", "gradients", "optimizer_state", "quant_state",
-              "adapters", "activations", "comm_buffers", "other", "unattributed"]
-
-
-def run(cmd, env):
-    """Runs cmd; returns (stdout, peak RSS in bytes of that process)."""
-    with tempfile.TemporaryFile() as out:
-        p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.PIPE, env=env)
-        stderr = p.stderr.read().decode()
-        _, status, usage = os.wait4(p.pid, 0)
-        out.seek(0)
-        text = out.read().decode()
-    if os.waitstatus_to_exitcode(status) != 0:
-        sys.exit(f"{cmd[0]} failed:\n{text}\n{stderr}")
-    return text, usage.ru_maxrss * 1024
-
-
-def cells(table):
-    """{category: device + host bytes} of a report's categories."""
-    return {c: sum(table.get(c, {}).values()) for c in CATEGORIES}
+from bench_common import CATEGORIES, ROOT, cells, fmt, launcher, ratio, run
 
 
 def memrt(args, env):
     """Rank 0 of the run's memory_report.json and the launcher's peak RSS (wait4)."""
     if args.report:
-        report, rss = json.loads(Path(args.report).read_text()), None
-    else:
-        with tempfile.TemporaryDirectory() as out_dir:
-            console, rss = run([str(ROOT / args.build / "bin" / "launcher"), "--deepspeed",
-                                str(ROOT / "configs/ds_config.json"),
-                                str(ROOT / "configs/train.yaml"), f"--max_steps={args.steps}",
-                                f"--output_dir={out_dir}"], env)
-            path = Path(out_dir, "memory_report.json")
-            if not path.exists():
-                sys.exit(f"launcher wrote no {path.name}; its output:\n{console}")
-            report = json.loads(path.read_text())
-    return next(r for r in report["ranks"] if r["rank"] == 0), rss
+        report = json.loads(Path(args.report).read_text())
+        return next(r for r in report["ranks"] if r["rank"] == 0), None
+    r = launcher(args.build, "configs/ds_config.json", args.steps, env)
+    return r["report"], r["rss"]
 
 
 def eager(args, env, profile):
@@ -69,14 +39,6 @@ def eager(args, env, profile):
     text, rss = run(cmd, env)
     result = json.loads([l for l in text.splitlines() if l.startswith("{")][-1])
     return result, rss
-
-
-def fmt(v):
-    return "—" if v is None else f"{v:,} B ({v / 1e6:.3f} MB)"
-
-
-def ratio(a, b):
-    return "—" if a is None or not b else f"{a / b:.3f}"
 
 
 def main():

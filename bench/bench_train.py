@@ -12,36 +12,15 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def run(cmd, env):
-    """Runs cmd; returns (stdout, peak RSS in bytes of that process)."""
-    with tempfile.TemporaryFile() as out:
-        p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.PIPE, env=env)
-        _, status, usage = os.wait4(p.pid, 0)
-        stderr = p.stderr.read().decode()
-        out.seek(0)
-        text = out.read().decode()
-    if os.waitstatus_to_exitcode(status) != 0:
-        sys.exit(f"{cmd[0]} failed:\n{text}\n{stderr}")
-    return text, usage.ru_maxrss * 1024
+from bench_common import ROOT, launcher, run
 
 
 def memrt(args, env):
-    with tempfile.TemporaryDirectory() as out_dir:
-        _, rss = run([str(ROOT / args.build / "bin" / "launcher"), "--deepspeed",
-                      str(ROOT / "configs/ds_config.json"), str(ROOT / "configs/train.yaml"),
-                      f"--max_steps={args.steps}", "--logging_steps=1", f"--output_dir={out_dir}"],
-                     env)
-        rows = [json.loads(l) for l in Path(out_dir, "metrics.jsonl").read_text().splitlines()]
-    tps = [r["tokens_per_s"] for r in rows if r["step"] > args.warmup]
-    return statistics.median(tps), rss
+    r = launcher(args.build, "configs/ds_config.json", args.steps, env, ["--logging_steps=1"])
+    tps = [m["tokens_per_s"] for m in r["metrics"] if m["step"] > args.warmup]
+    return statistics.median(tps), r["rss"]
 
 
 def eager(args, env):

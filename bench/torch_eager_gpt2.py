@@ -2,12 +2,19 @@
 
 Same architecture as memrt's GPT-2 (pre-LayerNorm blocks, fused qkv, tanh GELU, learned
 positions, tied embeddings), same shapes, batch, optimizer (AdamW) and threads. Prints one JSON
-line per step: {"step", "seconds", "tokens"}.
+line per step: {"step", "seconds", "tokens", "loss"} (and "loss_scale" in fp16).
+
+`--precision bf16|fp16` trains as autocast users do: fp32 weights, gradients and AdamW, forward
+under `torch.autocast("cpu", dtype=...)` (backward follows the dtypes forward chose); fp16 adds
+`torch.amp.GradScaler("cpu")` (it works on the CPU in torch 2.13) with DeepSpeed's dynamic scale as
+configs/ds_fp16_dp.json sets it: 2^16 to start, halved on an overflow (the step is skipped),
+doubled after 1000 clean steps.
 
     python bench/torch_eager_gpt2.py --n_layer 4 --n_head 4 --d_model 256 --d_ff 1024 \
-        --vocab 256 --block 128 --batch 16 --steps 60 --threads 2
+        --vocab 256 --block 128 --batch 16 --steps 60 --threads 2 [--precision fp32]
 """
 import argparse
+import contextlib
 import json
 import math
 import time
@@ -57,6 +64,10 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
 
 
+# --precision: the autocast dtype (fp32: no autocast).
+AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
 def add_model_args(ap, **defaults):
     """The main job's shapes, batch and optimizer settings as options (shared with
     bench/torch_eager_memory.py); keyword arguments add integer options."""
@@ -64,11 +75,47 @@ def add_model_args(ap, **defaults):
                      **defaults).items():
         ap.add_argument("--" + k, type=int, default=v)
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--precision", choices=sorted(AUTOCAST_DTYPES), default="fp32")
 
 
 def make_optimizer(model, a):
     """AdamW as configs/ds_config.json sets it (betas 0.9/0.999 and eps 1e-8 are the defaults)."""
     return torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.1)
+
+
+def make_scaler(a):
+    """fp16: GradScaler with configs/ds_fp16_dp.json's dynamic loss scale; otherwise None."""
+    if a.precision != "fp16":
+        return None
+    return torch.amp.GradScaler("cpu", init_scale=2.0 ** 16, growth_factor=2.0, backoff_factor=0.5,
+                                growth_interval=1000)
+
+
+# One training step in phases, shared with bench/torch_eager_memory.py (which files each phase's
+# allocations in memrt's cells): forward_loss, backward, clip, optimizer_step, then
+# opt.zero_grad(set_to_none=True).
+def forward_loss(model, idx, a):
+    dtype = AUTOCAST_DTYPES[a.precision]
+    with torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext():
+        return model(idx[:, :-1], idx[:, 1:])
+
+
+def backward(loss, scaler):
+    (scaler.scale(loss) if scaler else loss).backward()
+
+
+def clip(params, opt, scaler):
+    if scaler:
+        scaler.unscale_(opt)
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+
+
+def optimizer_step(opt, scaler):
+    if scaler:
+        scaler.step(opt)  # skipped when unscale_ found an inf/NaN
+        scaler.update()
+    else:
+        opt.step()
 
 
 def main():
@@ -79,17 +126,20 @@ def main():
     torch.manual_seed(0)
     model = GPT(a)
     opt = make_optimizer(model, a)
+    scaler = make_scaler(a)
     for step in range(a.steps):
         idx = torch.randint(0, a.vocab, (a.batch, a.block + 1))
         t0 = time.perf_counter()
-        loss = model(idx[:, :-1], idx[:, 1:])
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        loss = forward_loss(model, idx, a)
+        backward(loss, scaler)
+        clip(model.parameters(), opt, scaler)
+        optimizer_step(opt, scaler)
         opt.zero_grad(set_to_none=True)
         dt = time.perf_counter() - t0
-        print(json.dumps({"step": step + 1, "seconds": dt, "tokens": a.batch * a.block,
-                          "loss": loss.item()}), flush=True)
+        row = {"step": step + 1, "seconds": dt, "tokens": a.batch * a.block, "loss": loss.item()}
+        if scaler:
+            row["loss_scale"] = scaler.get_scale()
+        print(json.dumps(row), flush=True)
     assert math.isfinite(loss.item())
 
 

@@ -1,7 +1,8 @@
 """Where the main job's memory goes in PyTorch eager, in memrt's categories (docs/memory.md).
 
-Trains bench/torch_eager_gpt2.py's model (the main job's shapes, batch, AdamW, clipping 1.0, fp32)
-for `--steps` steps on the CPU and prints one JSON line.
+Trains bench/torch_eager_gpt2.py's model (the main job's shapes, batch, AdamW, clipping 1.0; fp32,
+or `--precision bf16|fp16` under autocast with fp32 weights, gradients and AdamW, fp16 with
+GradScaler) for `--steps` steps on the CPU and prints one JSON line.
 
 `--profile` runs everything, the model build included, under
 `torch.profiler.profile(activities=[CPU], profile_memory=True, record_shapes=False)` and rebuilds
@@ -10,10 +11,10 @@ one event per allocation and per free with its pointer, its size and the allocat
 total of live bytes; `prof.events()` folds an op's allocations into one figure per op and loses
 what happens inside it). Every byte goes into the cell memrt's scopes would give it: the phase
 that allocated it (model build: weights; AdamW construction and `step()`: optimizer_state; the
-batch: other; forward and backward: activations; clipping, `zero_grad` and anything outside a
-phase: unattributed), except the storages that end up as `.grad` after backward, which are
-gradients from the moment they were allocated (memrt claims each gradient as autograd hands it
-over). The live bytes are checked against the allocator's own running total after every event,
+batch: other; forward and backward: activations; clipping (GradScaler's unscale_ included),
+`zero_grad` and anything outside a phase: unattributed), except the storages that end up as
+`.grad` after backward, which are gradients from the moment they were allocated (memrt claims
+each gradient as autograd hands it over). The live bytes are checked against the allocator's own running total after every event,
 and the cells against the tensors' `nbytes` sums (parameters, gradients, AdamW state).
 
 Without `--profile` the run is plain eager (no profiler in the process) and the JSON has only the
@@ -21,7 +22,7 @@ Without `--profile` the run is plain eager (no profiler in the process) and the 
 training); that is the RSS to compare, since the profiler's own event buffers inflate the resident
 set.
 
-    python bench/torch_eager_memory.py [--steps 5] [--threads 2] [--profile]
+    python bench/torch_eager_memory.py [--steps 5] [--threads 2] [--precision fp32] [--profile]
 """
 import argparse
 import contextlib
@@ -34,13 +35,13 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from torch_eager_gpt2 import GPT, add_model_args, make_optimizer  # noqa: E402
+from bench_common import CATEGORIES  # noqa: E402
+from torch_eager_gpt2 import (GPT, add_model_args, backward, clip, forward_loss,  # noqa: E402
+                              make_optimizer, make_scaler, optimizer_step)
 
 # The interpreter with torch imported, before any tensor: the floor under the run's peak RSS.
 RSS_AFTER_IMPORT = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
-CATEGORIES = ["weights", "master_weights", "gradients", "optimizer_state", "quant_state",
-              "adapters", "activations", "comm_buffers", "other", "unattributed"]
 PHASE_CATEGORY = {"build": "weights", "optimizer_init": "optimizer_state", "batch": "other",
                   "forward": "activations", "backward": "activations", "clip": "unattributed",
                   "step": "optimizer_state", "zero_grad": "unattributed"}
@@ -58,34 +59,38 @@ def storages_nbytes(tensors):
 
 def train(a, mark):
     """The eager training loop, each phase inside mark(phase, step); returns what the replay needs."""
-    facts = {"grad_storages": {}}
+    facts = {"grad_storages": {}, "optimizer_state_nbytes_by_step": {}, "loss_scales": []}
     with mark("build", 0):
         torch.manual_seed(0)
         model = GPT(a)
     params = list(model.parameters())
     with mark("optimizer_init", 0):
         opt = make_optimizer(model, a)
+        scaler = make_scaler(a)
     for step in range(1, a.steps + 1):
         with mark("batch", step):
             idx = torch.randint(0, a.vocab, (a.batch, a.block + 1))
         with mark("forward", step):
-            loss = model(idx[:, :-1], idx[:, 1:])
+            loss = forward_loss(model, idx, a)
         with mark("backward", step):
-            loss.backward()
+            backward(loss, scaler)
         grads = [p.grad for p in params if p.grad is not None]
         facts["grad_storages"][step] = {g.untyped_storage().data_ptr(): g.untyped_storage().nbytes()
                                         for g in grads}
         facts.setdefault("gradients_nbytes", storages_nbytes(grads))
         del grads
         with mark("clip", step):
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            clip(params, opt, scaler)
         with mark("step", step):
-            opt.step()
-        if step == 1:
-            state = [t for s in opt.state.values() for t in s.values() if torch.is_tensor(t)]
-            facts["optimizer_state_nbytes"] = storages_nbytes(state)
-            facts["optimizer_state_tensors"] = len(state)
-            del state
+            optimizer_step(opt, scaler)
+        if scaler:
+            facts["loss_scales"].append(scaler.get_scale())
+        # AdamW's state (an fp16 step skipped on overflow allocates none yet).
+        state = [t for s in opt.state.values() for t in s.values() if torch.is_tensor(t)]
+        facts["optimizer_state_nbytes_by_step"][step] = storages_nbytes(state)
+        facts["optimizer_state_nbytes"] = storages_nbytes(state)
+        facts["optimizer_state_tensors"] = len(state)
+        del state
         with mark("zero_grad", step):
             opt.zero_grad(set_to_none=True)
         facts["last_loss"] = loss.item()
@@ -233,16 +238,17 @@ def main():
             checks[f"step {k}: gradients cell after backward == .grad nbytes"] = (
                 s["gradients_after_backward"] == facts["gradients_nbytes"])
             checks[f"step {k}: optimizer_state cell after step == AdamW state nbytes"] = (
-                s["optimizer_state_after_step"] == facts["optimizer_state_nbytes"])
+                s["optimizer_state_after_step"] == facts["optimizer_state_nbytes_by_step"][int(k)])
         checks["live bytes == allocator's running total after every event"] = (
             result["allocator_total_mismatches"] == 0)
         checks["every .grad storage found among backward's allocations"] = (
             not result["unmatched_gradients"])
         result["checks"] = checks
     facts["grad_storages"] = {k: len(v) for k, v in facts["grad_storages"].items()}
+    del facts["optimizer_state_nbytes_by_step"]
     result.update(facts)
     result.update(threads=torch.get_num_threads(), steps=a.steps, batch=a.batch, block=a.block,
-                  torch=torch.__version__,
+                  precision=a.precision, torch=torch.__version__,
                   peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                   peak_rss_after_import_bytes=RSS_AFTER_IMPORT)
     print(json.dumps(result), flush=True)
