@@ -25,26 +25,15 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from bench_common import run
+
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = dict(n_layer=12, n_head=4, d_model=256, d_ff=1024, vocab=256, block=512)
-
-
-def run(cmd, env):
-    """Runs cmd; returns (stdout, peak RSS in bytes of that process, from wait4)."""
-    with tempfile.TemporaryFile() as out:
-        p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-        _, status, usage = os.wait4(p.pid, 0)
-        out.seek(0)
-        text = out.read().decode()
-    if os.waitstatus_to_exitcode(status) != 0:
-        sys.exit(f"{cmd[0]} failed:\n{text}")
-    return text, usage.ru_maxrss * 1024
 
 
 def memrt(a, env, checkpointing):
