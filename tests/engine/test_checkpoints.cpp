@@ -240,6 +240,28 @@ TEST(Checkpoints, SigtermSavesAndExitsZero) {
   EXPECT_EQ(resumed.exit_code, 0) << resumed.out;
 }
 
+// SIGTERM to the launcher of two ranks: it forwards the signal, the ranks agree to stop at the
+// same step, save one checkpoint together, and everything exits 0.
+TEST(Checkpoints, SigtermStopsTwoRanksTogether) {
+  TempDir dir("sigterm2");
+  const std::string yaml = dir.write("train.yaml", std::string(kTinyModel) + "max_steps: 100000\n");
+  const std::string ds = dir.write("ds.json", R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4})");
+  const fs::path out = dir.path() / "out";
+  const std::string script =
+      kLauncher + " --num_procs 2 --master_port " + std::to_string(free_port()) + " --deepspeed " +
+      ds + " " + yaml + " --output_dir=" + out.string() + " & pid=$!; " +
+      "for i in $(seq 600); do [ $(cat " + (out / "metrics.jsonl").string() +
+      " 2>/dev/null | wc -l) -ge 3 ] && break; sleep 0.1; done; kill -TERM $pid; wait $pid; echo exit=$?";
+  RunResult r = run("bash -c '" + script + "'", 120);
+  EXPECT_NE(r.out.find("exit=0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[rank 0] stopped by SIGTERM after step "), std::string::npos) << r.out;
+  const std::string tag = slurp(out / "latest");
+  ASSERT_FALSE(tag.empty()) << r.out;
+  const fs::path ckpt = out / tag.substr(0, tag.size() - 1);
+  EXPECT_TRUE(fs::exists(ckpt / "rank00000.safetensors")) << r.out;
+  EXPECT_TRUE(fs::exists(ckpt / "rank00001.safetensors")) << r.out;
+}
+
 // `launcher export` writes a directory `transformers` loads, giving memrt's logits to 1e-5: GPT-2
 // trained in bf16 (exported from its fp32 masters) and Llama in fp32.
 TEST(Checkpoints, ExportLoadsInTransformersWithTheSameLogits) {
