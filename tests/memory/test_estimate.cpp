@@ -162,7 +162,7 @@ TEST(Estimate, Gpt2SmallModelStatesAreTheTextbookFigures) {
   EXPECT_EQ(e.table.at(Category::kGradients), 4 * P);
   EXPECT_EQ(megabytes(4 * P), "497.759 MB");
   EXPECT_EQ(megabytes(8 * P), "995.518 MB");
-  EXPECT_EQ(4 * int64_t{124'000'000} / 1'000'000, 496);  // the textbook rounding
+  EXPECT_EQ(megabytes(4 * int64_t{124'000'000}), "496.000 MB");  // the textbook's rounded count
 }
 
 TEST(Estimate, SgdWithoutMomentumHasNoOptimizerState) {

@@ -123,4 +123,8 @@ class DistContext final : public Communicator {
   std::unique_ptr<Impl> impl_;  // null when world_size == 1
 };
 
+// Every rank's text, on every rank, in rank order (one length all-gather, one byte all-gather);
+// `comm` may be a single rank.
+std::vector<std::string> all_gather_strings(Communicator& comm, const std::string& mine);
+
 }  // namespace memrt

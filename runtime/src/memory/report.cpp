@@ -182,26 +182,6 @@ std::string memory_report_json(int world_size, const std::vector<std::string>& r
   return os.str();
 }
 
-std::vector<std::string> all_gather_strings(Communicator& comm, const std::string& mine) {
-  const int n = comm.world_size();
-  if (n == 1) return {mine};
-  at::Tensor len = at::tensor({static_cast<int64_t>(mine.size())}, at::kLong);
-  at::Tensor lens = at::empty({n}, at::kLong);
-  comm.all_gather(lens, len);
-  const int64_t longest = lens.max().item<int64_t>();
-  at::Tensor bytes = at::zeros({longest}, at::kByte);
-  std::copy(mine.begin(), mine.end(), bytes.data_ptr<uint8_t>());
-  at::Tensor all = at::empty({n * longest}, at::kByte);
-  comm.all_gather(all, bytes);
-  std::vector<std::string> out;
-  const auto* p = all.data_ptr<uint8_t>();
-  for (int r = 0; r < n; ++r) {
-    const char* s = reinterpret_cast<const char*>(p + r * longest);
-    out.emplace_back(s, static_cast<size_t>(lens[r].item<int64_t>()));
-  }
-  return out;
-}
-
 // ---- console -----------------------------------------------------------------------------------------
 
 namespace {

@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "memory/tracking_allocator.h"
-#include "memrt/comm.h"
 #include "memrt/memory.h"
 
 namespace memrt {
@@ -80,8 +79,6 @@ std::string memory_estimate_json(const std::vector<std::vector<EstimateReport>>&
 // `launcher --estimate`'s table: every rank at the largest world size, rank 0's terms, and the
 // peak by world size.
 std::string estimate_table_text(const std::vector<std::vector<EstimateReport>>& by_world_size);
-// Gathers every rank's text on every rank (rank order); `comm` may be a single rank.
-std::vector<std::string> all_gather_strings(Communicator& comm, const std::string& mine);
 
 // The console table: estimate against the measurement at the peak, per category.
 std::string memory_table_text(const RankMemoryReport& r, int world_size);
