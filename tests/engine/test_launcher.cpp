@@ -178,4 +178,44 @@ TEST(Launcher, KilledRankMakesTheOtherExitOnItsOwn) {
   EXPECT_NE(r.out.find("a peer rank probably died"), std::string::npos) << r.out;
 }
 
+// A plugin's Control::stop_training on one rank stops every rank after the same step, and they
+// all exit 0 — on one rank as on two. Set before the host's cross-rank vote (before_optimizer_step
+// of step 2, 0-based) it ends the run after that step (3 steps); set after the vote
+// (after_optimizer_step) it counts in the next step's vote (4 steps). A short process-group
+// timeout bounds a run whose ranks would disagree.
+TEST(Launcher, StopTrainingOnOneRankStopsEveryRankAfterTheSameStep) {
+  struct Case {
+    const char* in;
+    int ranks;
+    int64_t steps;
+  };
+  for (const Case& c : {Case{"before_optimizer_step", 2, 3}, Case{"after_optimizer_step", 2, 4},
+                        Case{"before_optimizer_step", 1, 3}, Case{"after_optimizer_step", 1, 4}}) {
+    SCOPED_TRACE(std::string(c.in) + ", " + std::to_string(c.ranks) + " rank(s)");
+    TempDir dir("stop_training");
+    const std::string ds = dir.write(
+        "ds.json", std::string(R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4,
+            "gradient_accumulation_steps": )") + (c.ranks == 1 ? "2" : "1") +
+                       R"(, "plugins": [{"name": "fixture_stopper", "library": ")" + FIXTURE_STOPPER +
+                       R"(", "options": {"rank": )" + std::to_string(c.ranks - 1) +
+                       R"(, "step": 2, "in": ")" + c.in + R"("}}]})");
+    const std::string yaml = dir.write("train.yaml", kTinyYaml);
+    const fs::path out = dir.path() / "out";
+    RunResult r = run("env MEMRT_DIST_TIMEOUT=10 " + kLauncher + " --num_procs " + std::to_string(c.ranks) +
+                          " --master_port " + std::to_string(free_port()) + " --deepspeed " + ds + " " +
+                          yaml + " --output_dir=" + out.string(),
+                      90);
+    EXPECT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_LT(r.seconds, 60.0) << r.out;
+    const std::string steps = std::to_string(c.steps);
+    for (int rank = 0; rank < c.ranks; ++rank) {
+      EXPECT_NE(r.out.find("fixture_stopper: rank " + std::to_string(rank) + " ended after step " + steps + "\n"),
+                std::string::npos) << "rank " << rank << "\n" << r.out;
+    }
+    EXPECT_NE(r.out.find("stopped after step " + steps + ": a plugin set Control::stop_training"),
+              std::string::npos) << r.out;
+    EXPECT_EQ(losses(out / "metrics.jsonl").size(), static_cast<size_t>(c.steps)) << r.out;
+  }
+}
+
 }  // namespace

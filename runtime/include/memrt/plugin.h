@@ -32,9 +32,11 @@
 //       for plugin:                   after_gradient_accumulation(StepContext)  # grads complete
 //       host: all-reduce gradients (data parallel) unless a plugin reduces them itself
 //       for plugin:                   before_optimizer_step(StepContext)   # check, unscale, vote skip
-//       host: agree on skip across ranks; if not skipped: clip to gradient_clipping, optimizer.step(lr)
+//       host: the vote — skip_step and stop_training agreed across ranks (any rank's counts for all)
+//       host: if not skipped: clip to gradient_clipping, optimizer.step(lr)
 //       for plugin reversed:          after_optimizer_step(StepContext)    # gather, scale, copy back
 //       host: zero grads; step += 1; log every steps_per_print (plugins add fields in add_metrics)
+//       if the vote agreed to stop: break     # every rank after the same step (Control)
 //   for plugin reversed:              on_train_end(TrainContext)
 //   on any exception:                 on_error(ErrorContext), every plugin, reversed, then rethrow
 //
@@ -92,7 +94,13 @@ struct Control {
   // state stay untouched, the LR schedule does not advance, `step` still does (as in DeepSpeed).
   bool skip_step = false;
   std::string skip_reason;
-  // Stop after this step (like Hugging Face's TrainerControl.should_training_stop).
+  // Ask to stop training (like Hugging Face's TrainerControl.should_training_stop). The host reads
+  // it once per step, in the same cross-rank vote as skip_step (after before_optimizer_step): if
+  // it is set on any rank then, every rank finishes that step — the update (unless skipped),
+  // after_optimizer_step, the log line — and leaves the loop after it; on_train_end follows. A
+  // request made after the vote (in after_optimizer_step) counts in the next step's vote: that
+  // step runs in full on every rank, and training stops after it. One rank behaves exactly as
+  // many. The host never clears the flag. Stopping saves no checkpoint beyond the periodic ones.
   bool stop_training = false;
 };
 

@@ -364,17 +364,21 @@ void Engine::train_step(TrainSummary& summary) {
   }
   plugins_.each("before_optimizer_step", step_, [&](Plugin& p) { p.before_optimizer_step(sctx); });
 
-  // Skip votes, stop signals and the loss are agreed across ranks in one small collective.
-  at::Tensor agree = at::tensor({control_.skip_step ? 1.0 : 0.0,
+  // The vote: skip requests, stop requests (a plugin's Control::stop_training, a stop signal) and
+  // the loss are agreed across ranks here, once per step; any rank's request counts for all. The
+  // loop stops on the agreed values only, so every rank stops after the same step, one rank or
+  // many. A stop_training set after this point counts in the next step's vote (plugin.h, Control).
+  at::Tensor agree = at::tensor({control_.skip_step ? 1.0 : 0.0, control_.stop_training ? 1.0 : 0.0,
                                  static_cast<double>(stop_signal_received()), loss_sum},
-                                at::kDouble);
-  at::Tensor votes = agree.slice(0, 0, 2);
+                                at::kDouble);  // (4,): three votes, the loss
+  at::Tensor votes = agree.slice(0, 0, 3);
   dist_->all_reduce_max(votes);
-  at::Tensor loss_t = agree.slice(0, 2, 3);
+  at::Tensor loss_t = agree.slice(0, 3, 4);
   dist_->all_reduce_sum(loss_t);
   const bool skip = agree[0].item<double>() > 0.0;
-  stop_agreed_ = agree[1].item<double>() > 0.0;
-  const double loss = agree[2].item<double>() / run_.world_size;
+  stop_training_agreed_ = agree[1].item<double>() > 0.0;
+  stop_signal_agreed_ = agree[2].item<double>() > 0.0;
+  const double loss = agree[3].item<double>() / run_.world_size;
 
   double grad_norm = std::nan("");
   if (!skip) {
@@ -410,7 +414,7 @@ void Engine::train_step(TrainSummary& summary) {
   summary.skipped_steps = skipped_steps_;
 
   const bool print = step_ % std::max<int64_t>(1, cfg_.steps_per_print) == 0 ||
-                     step_ == run_.max_steps || control_.stop_training;
+                     step_ == run_.max_steps || stop_training_agreed_ || stop_signal_agreed_;
   if (print) {
     Metrics extra;
     plugins_.each("add_metrics", step_, [&](Plugin& p) { p.add_metrics(extra); });
@@ -471,12 +475,12 @@ TrainSummary Engine::train() {
     plugins_.each("on_train_begin", -1, [&](Plugin& p) { p.on_train_begin(tctx); });
     const auto t0 = Clock::now();
     const int64_t first_step = step_;
-    while (step_ < run_.max_steps && !control_.stop_training && !stop_agreed_) {
+    while (step_ < run_.max_steps && !stop_training_agreed_ && !stop_signal_agreed_) {
       train_step(summary);
       const bool periodic = cfg_.save_steps > 0 && (step_ % cfg_.save_steps == 0 || step_ == run_.max_steps);
-      if (periodic || stop_agreed_) summary.last_checkpoint = save_checkpoint();
+      if (periodic || stop_signal_agreed_) summary.last_checkpoint = save_checkpoint();
     }
-    if (stop_agreed_) summary.stop_signal = stop_signal_received() ? stop_signal_received() : SIGTERM;
+    if (stop_signal_agreed_) summary.stop_signal = stop_signal_received() ? stop_signal_received() : SIGTERM;
     summary.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     summary.tokens_per_s = static_cast<double>((step_ - first_step) * cfg_.train_batch_size *
                                                cfg_.data.block_size) /
@@ -495,6 +499,10 @@ TrainSummary Engine::train() {
       }
     }
     throw;
+  }
+  if (run_.rank == 0 && stop_training_agreed_ && !summary.stop_signal) {
+    log_ << "stopped after step " << step_ << ": a plugin set Control::stop_training (agreed by "
+         << run_.world_size << " rank(s))\n";
   }
   if (run_.rank == 0 && summary.stop_signal) {
     log_ << "stopped by " << (summary.stop_signal == SIGINT ? "SIGINT" : "SIGTERM") << " after step "

@@ -115,7 +115,8 @@ class Engine {
 
   std::string metrics_path_;
   std::optional<std::string> resume_;
-  bool stop_agreed_ = false;  // every rank saw a stop signal by this step
+  bool stop_signal_agreed_ = false;    // a rank saw a stop signal by this step's vote
+  bool stop_training_agreed_ = false;  // a rank's plugin set Control::stop_training by this vote
   EstimateReport estimate_;
   MemoryMonitor memory_;
 };
