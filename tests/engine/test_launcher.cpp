@@ -25,6 +25,14 @@ std::vector<double> losses(const fs::path& metrics) {
   return out;
 }
 
+// Each metrics.jsonl line up to its timings: step, loss, lr, grad_norm.
+std::vector<std::string> metric_prefixes(const fs::path& metrics) {
+  std::vector<std::string> out;
+  std::ifstream in(metrics);
+  for (std::string line; std::getline(in, line);) out.push_back(line.substr(0, line.find(", \"tokens_per_s\"")));
+  return out;
+}
+
 const char* kTinyYaml = R"(model: {arch: gpt2, n_layer: 2, n_head: 2, n_kv_head: 2, d_model: 64, d_ff: 128, vocab_size: 256, n_ctx: 32}
 block_size: 32
 learning_rate: 3.0e-3
@@ -216,6 +224,35 @@ TEST(Launcher, StopTrainingOnOneRankStopsEveryRankAfterTheSameStep) {
               std::string::npos) << r.out;
     EXPECT_EQ(losses(out / "metrics.jsonl").size(), static_cast<size_t>(c.steps)) << r.out;
   }
+}
+
+// The host measures and clips the gradients the optimizer then uses. A plugin that leaves a
+// non-contiguous gradient (the data-parallel all-reduce replaces it by a contiguous copy) changes
+// nothing: two ranks with clipping, with and without fixture_strided, log the same loss, lr and
+// grad_norm at every step, to the last digit.
+TEST(Launcher, GradientsReplacedByTheAllReduceAreTheOnesClipped) {
+  TempDir dir("strided");
+  const std::string body = R"("train_batch_size": 8, "train_micro_batch_size_per_gpu": 4, "gradient_clipping": 0.5)";
+  const std::string ds = dir.write("ds.json", "{" + body + "}");
+  const std::string ds_strided = dir.write("ds_strided.json", "{" + body +
+      R"(, "plugins": [{"name": "fixture_strided", "library": ")" + FIXTURE_STRIDED + R"(", "options": {}}]})");
+  const std::string yaml = dir.write("train.yaml", kTinyYaml);
+  auto launch = [&](const std::string& config, const std::string& name) {
+    return run("env MEMRT_DIST_TIMEOUT=20 " + kLauncher + " --num_procs 2 --master_port " +
+                   std::to_string(free_port()) + " --deepspeed " + config + " " + yaml +
+                   " --max_steps=8 --output_dir=" + (dir.path() / name).string(),
+               120);
+  };
+  RunResult plain = launch(ds, "plain");
+  ASSERT_EQ(plain.exit_code, 0) << plain.out;
+  RunResult strided = launch(ds_strided, "strided");
+  ASSERT_EQ(strided.exit_code, 0) << strided.out;
+  const auto want = metric_prefixes(dir.path() / "plain" / "metrics.jsonl");
+  ASSERT_EQ(want.size(), 8u) << plain.out;
+  EXPECT_NE(want.front().find("\"grad_norm\": "), std::string::npos);
+  const double first_norm = std::stod(want.front().substr(want.front().find("\"grad_norm\": ") + 13));
+  EXPECT_GT(first_norm, 0.5) << "the first step should be clipped";
+  EXPECT_EQ(metric_prefixes(dir.path() / "strided" / "metrics.jsonl"), want);
 }
 
 }  // namespace

@@ -30,7 +30,8 @@
 //                                                   ─┘   after_segment_backward(SegmentContext)  [reverse]
 //           for plugin reversed:      after_backward(MicroStepContext)
 //       for plugin:                   after_gradient_accumulation(StepContext)  # grads complete
-//       host: all-reduce gradients (data parallel) unless a plugin reduces them itself
+//       host: all-reduce gradients (data parallel) unless a plugin reduces them itself, then take
+//             StepContext::grads again from every trainable .grad (the all-reduce may replace one)
 //       for plugin:                   before_optimizer_step(StepContext)   # check, unscale, vote skip
 //       host: the vote — skip_step and stop_training agreed across ranks (any rank's counts for all)
 //       host: if not skipped: clip to gradient_clipping, optimizer.step(lr)
@@ -187,8 +188,11 @@ struct StepContext {
   // after_optimizer_step only: whether the update was skipped (by any rank's vote).
   bool skipped = false;
   // The gradients the host clips and measures: by default every trainable parameter's .grad,
-  // replicated on every rank. A plugin that partitions gradients (ZeRO) replaces the list with the
-  // tensors this rank owns and sets grads_partitioned, so the norm is summed across ranks.
+  // replicated on every rank. When the host all-reduces the gradients it takes this list again
+  // after the all-reduce (which may replace a .grad), so from before_optimizer_step on it holds the
+  // tensors the optimizer reads. A plugin that partitions gradients (ZeRO: it reduces them itself)
+  // replaces the list in after_gradient_accumulation with the tensors this rank owns and sets
+  // grads_partitioned, so the norm is summed across ranks.
   std::vector<at::Tensor>& grads;
   bool& grads_partitioned;
   // Set by the host before the step when gradient_clipping is on: the global L2 norm.

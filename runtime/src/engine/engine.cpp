@@ -349,9 +349,13 @@ void Engine::train_step(TrainSummary& summary) {
   for (int64_t micro = 0; micro < cfg_.grad_accum_steps; ++micro) loss_sum += micro_step(micro);
 
   std::vector<at::Tensor> grads;
-  for (const at::Tensor& p : trainable_) {
-    if (p.grad().defined()) grads.push_back(p.grad());
-  }
+  auto take_grads = [&] {  // every trainable parameter's .grad as it is now
+    grads.clear();
+    for (const at::Tensor& p : trainable_) {
+      if (p.grad().defined()) grads.push_back(p.grad());
+    }
+  };
+  take_grads();
   bool grads_partitioned = false;
   const double lr = schedule_->lr(completed_steps_);
   StepContext sctx{*model_, *optimizer_, run_, *dist_, step_, lr, control_, false, grads,
@@ -359,8 +363,14 @@ void Engine::train_step(TrainSummary& summary) {
   plugins_.each("after_gradient_accumulation", step_,
                 [&](Plugin& p) { p.after_gradient_accumulation(sctx); });
   if (!plugins_.any_reduces_gradients()) {
-    memory::Scope scope(Category::kCommBuffers);
-    dist_->all_reduce_gradients(trainable_, GradReduceOptions());
+    {
+      memory::Scope scope(Category::kCommBuffers);
+      dist_->all_reduce_gradients(trainable_, GradReduceOptions());
+    }
+    // The all-reduce may have replaced a gradient (a non-contiguous one by a contiguous copy), as
+    // may a plugin's after_gradient_accumulation: the host measures and clips the gradients the
+    // optimizer will read, so the list is taken again now.
+    take_grads();
   }
   plugins_.each("before_optimizer_step", step_, [&](Plugin& p) { p.before_optimizer_step(sctx); });
 
