@@ -361,43 +361,30 @@ void check_clip(double max_norm) {
     p.mutable_grad() = at::randn(shape) * 3;
     params.push_back(p);
   }
-  params.push_back(at::zeros({4}).set_requires_grad(true));  // no gradient: counts 0
-  std::vector<at::Tensor> grads;
-  for (size_t i = 0; i < kShapes.size(); ++i) grads.push_back(params[i].grad());
+  params.push_back(at::zeros({4}).set_requires_grad(true));  // no gradient: undefined, counts 0
+  std::vector<at::Tensor> grads;  // what the engine passes: each parameter's .grad
+  for (const at::Tensor& p : params) grads.push_back(p.grad());
+  const std::vector<at::Tensor> defined(grads.begin(), grads.begin() + kShapes.size());
   TempDir dir;
-  write_raw(dir.file("grads.f32"), flat(grads));
-  write_raw(dir.file("params.f32"), std::vector<float>(flat(grads).size(), 0.f));
+  write_raw(dir.file("grads.f32"), flat(defined));
+  write_raw(dir.file("params.f32"), std::vector<float>(flat(defined).size(), 0.f));
   write_raw(dir.file("lrs.f64"), std::vector<double>{0.0});
   ASSERT_TRUE(run_reference("reference_optim.py",
                             dir.str() + " clip " + sizes_arg() + " 1 max_norm=" + std::to_string(max_norm)));
 
   // The engine's sequence on "two ranks": each sums its own squares, the sums are added.
-  std::vector<at::Tensor> rank0(params.begin(), params.begin() + 1), rank1(params.begin() + 1, params.end());
+  std::vector<at::Tensor> rank0(grads.begin(), grads.begin() + 1), rank1(grads.begin() + 1, grads.end());
   double sq = grad_sq_norm(rank0) + grad_sq_norm(rank1);
-  EXPECT_NEAR(sq, grad_sq_norm(params), 1e-9 * sq);
+  EXPECT_NEAR(sq, grad_sq_norm(grads), 1e-9 * sq);
   double norm = std::sqrt(sq);
   double want_norm = read_raw<double>(dir.file("out_norm.f64")).at(0);
   EXPECT_NEAR(norm, want_norm, 1e-6 * want_norm);
-  clip_grads(params, max_norm, norm);
-  std::vector<at::Tensor> clipped;
+  clip_grads(grads, max_norm, norm);
+  std::vector<at::Tensor> clipped;  // in place: the parameters' .grad are the clipped tensors
   for (size_t i = 0; i < kShapes.size(); ++i) clipped.push_back(params[i].grad());
   expect_close(flat(clipped), read_raw<float>(dir.file("out_grads.f32")), "clipped_grads");
   EXPECT_FALSE(params.back().grad().defined());
-
-  // The engine's form: the gradient tensors themselves (they may be partitions) — same answers.
-  std::vector<at::Tensor> raw;
-  for (size_t i = 0; i < kShapes.size(); ++i) raw.push_back(grads[i].clone());
-  ASSERT_TRUE(raw[0].grad().defined() == false && !raw[0].requires_grad());
-  // `grads` were scaled in place above; undo via the reference to compare norms on fresh values.
-  std::vector<float> ref = read_raw<float>(dir.file("grads.f32"));
-  size_t off = 0;
-  for (auto& g : raw) {
-    g.copy_(at::from_blob(ref.data() + off, {g.numel()}, at::kFloat).view(g.sizes()));
-    off += static_cast<size_t>(g.numel());
-  }
-  EXPECT_NEAR(grad_sq_norm(raw), sq, 1e-9 * sq);
-  clip_grads(raw, max_norm, std::sqrt(grad_sq_norm(raw)));
-  expect_close(flat(raw), read_raw<float>(dir.file("out_grads.f32")), "clipped_raw_grads");
+  for (const at::Tensor& p : params) EXPECT_TRUE(at::equal(p, at::zeros_like(p))) << "weights touched";
 }
 
 }  // namespace
@@ -407,11 +394,32 @@ TEST(GradClip, ClipsLikeTorchClipGradNorm) { check_clip(1.0); }
 TEST(GradClip, LeavesSmallGradientsLikeTorch) { check_clip(1e4); }
 
 TEST(GradClip, OffAndNonFinite) {
-  at::Tensor p = at::zeros({3}).set_requires_grad(true);
-  p.mutable_grad() = at::full({3}, 10.f);
-  clip_grads({p}, 0.0, 17.3);  // gradient_clipping 0: off
-  clip_grads({p}, 1.0, std::numeric_limits<double>::infinity());
-  EXPECT_TRUE(at::equal(p.grad(), at::full({3}, 10.f)));
-  EXPECT_NEAR(grad_sq_norm({p}), 300.0, 300.0 * 1e-6);
+  const at::Tensor g = at::full({3}, 10.f);
+  clip_grads({g}, 0.0, 17.3);  // gradient_clipping 0: off
+  clip_grads({g}, 1.0, std::numeric_limits<double>::infinity());
+  EXPECT_TRUE(at::equal(g, at::full({3}, 10.f)));
+  EXPECT_NEAR(grad_sq_norm({g}), 300.0, 300.0 * 1e-6);
   EXPECT_EQ(grad_sq_norm({}), 0.0);
+}
+
+// The contract: every tensor passed is a gradient. A parameter is refused, before anything is
+// scaled. (The old API took a parameter for its .grad and a tensor without one for a gradient,
+// so a list of model parameters with a frozen one among them scaled that parameter's weights.)
+TEST(GradClip, ParametersAreRefusedAndFrozenWeightsAreNeverScaled) {
+  at::Tensor trainable = at::zeros({3}).set_requires_grad(true);
+  trainable.mutable_grad() = at::full({3}, 10.f);
+  const at::Tensor frozen = at::full({2}, 5.f);  // a frozen weight: requires_grad false, no .grad
+  const std::vector<at::Tensor> params = {trainable, frozen};
+  expect_error<Error>([&] { grad_sq_norm(params); }, {"grad_sq_norm", "tensor 0", "requires grad", ".grad()"});
+  expect_error<Error>([&] { clip_grads(params, 1.0, 17.3); }, {"clip_grads", "tensor 0", "requires grad"});
+  EXPECT_TRUE(at::equal(frozen, at::full({2}, 5.f))) << "the frozen weights were scaled: " << frozen;
+  EXPECT_TRUE(at::equal(trainable.grad(), at::full({3}, 10.f)));
+
+  // The engine's form: each trainable parameter's .grad; a frozen one has none (undefined: skipped).
+  const std::vector<at::Tensor> grads = {trainable.grad(), frozen.grad()};
+  const double norm = std::sqrt(grad_sq_norm(grads));
+  EXPECT_NEAR(norm, std::sqrt(300.0), 1e-5);
+  clip_grads(grads, 1.0, norm);
+  EXPECT_NEAR(at::linalg_vector_norm(trainable.grad(), 2).item<double>(), 1.0, 1e-5);
+  EXPECT_TRUE(at::equal(frozen, at::full({2}, 5.f)));
 }
