@@ -2,9 +2,12 @@
 // damaged files detected, a save killed half-way, stop signals. Real launcher processes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -22,16 +25,57 @@ namespace fs = std::filesystem;
 const char* kTinyModel =
     "model: {arch: gpt2, n_layer: 2, n_head: 2, d_model: 64, d_ff: 128, vocab_size: 256, n_ctx: 32}\n"
     "block_size: 32\nlogging_steps: 1\nlearning_rate: 3.0e-3\nwarmup_steps: 3\nseed: 5\n";
+// The same with every dropout on: the resumed run matches only if the RNG state is restored.
+const char* kTinyModelDropout =
+    "model: {arch: gpt2, n_layer: 2, n_head: 2, d_model: 64, d_ff: 128, vocab_size: 256, n_ctx: 32,\n"
+    "        embd_pdrop: 0.1, attn_pdrop: 0.1, resid_pdrop: 0.1}\n"
+    "block_size: 32\nlogging_steps: 1\nlearning_rate: 3.0e-3\nwarmup_steps: 3\nseed: 5\n";
 
+// A metrics.jsonl line's fields in order, each value as written (no re-rounding).
+std::vector<std::pair<std::string, std::string>> metric_fields(const std::string& line) {
+  std::vector<std::pair<std::string, std::string>> fields;
+  size_t at = line.find('"');
+  while (at != std::string::npos) {
+    const size_t key_end = line.find('"', at + 1);
+    const size_t value_end = std::min(line.find(", \"", key_end), line.rfind('}'));
+    fields.emplace_back(line.substr(at + 1, key_end - at - 1), line.substr(key_end + 3, value_end - key_end - 3));
+    at = line.find('"', value_end);
+  }
+  return fields;
+}
+
+// Every field of every metrics.jsonl line — step, loss, lr, grad_norm, skipped, skipped_steps and
+// the plugins' fields (fp16's loss_scale) — but the timings and the memory measurements, which
+// are of the process rather than of the training state.
 std::vector<std::string> metric_lines(const fs::path& out) {
+  auto measured = [](const std::string& key) {
+    return key == "tokens_per_s" || key.find("bytes") != std::string::npos ||
+           key.find("rss") != std::string::npos || key.find("mem") != std::string::npos;
+  };
   std::vector<std::string> lines;
   std::ifstream in(out / "metrics.jsonl");
   for (std::string line; std::getline(in, line);) {
-    // step, loss, lr, grad_norm: what must continue exactly (not the timings)
-    const auto end = line.find(", \"tokens_per_s\"");
-    lines.push_back(line.substr(0, end));
+    std::string kept;
+    for (const auto& [key, value] : metric_fields(line)) {
+      if (!measured(key)) kept += (kept.empty() ? "" : ", ") + key + "=" + value;
+    }
+    lines.push_back(kept);
   }
   return lines;
+}
+
+// The value of `key` on each line (NaN where absent).
+std::vector<double> metric_values(const fs::path& out, const std::string& key) {
+  std::vector<double> values;
+  std::ifstream in(out / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    double v = std::nan("");
+    for (const auto& [k, value] : metric_fields(line)) {
+      if (k == key) v = value == "true" ? 1.0 : value == "false" ? 0.0 : std::stod(value);
+    }
+    values.push_back(v);
+  }
+  return values;
 }
 
 struct ResumeCase {
@@ -39,6 +83,7 @@ struct ResumeCase {
   const char* ds;      // ds_config body (JSON, without the braces' plugins entry)
   const char* yaml;    // extra train.yaml lines
   int ranks;
+  bool scale_moves = false;  // fp16: overflows, and the loss scale falls and rises after step 6
 };
 
 void PrintTo(const ResumeCase& c, std::ostream* os) { *os << c.name; }
@@ -46,12 +91,14 @@ void PrintTo(const ResumeCase& c, std::ostream* os) { *os << c.name; }
 class ExactResume : public ::testing::TestWithParam<ResumeCase> {};
 
 // 12 steps straight equal 6 steps, a crash (SIGKILL at the start of step 7, after the step-6
-// checkpoint), and a resumed run to 12: the same metrics line by line (step, loss, lr, grad
-// norm, printed with all digits) and byte-identical final weights.
+// checkpoint), and a resumed run to 12: the same metrics line by line (every field but timings
+// and memory, printed with all digits) and byte-identical final weights. Dropout is on, so the
+// RNG state must be restored; fp16 starts at a loss scale that overflows and has a short window,
+// so its scaler's state (scale, counters) must be restored too.
 TEST_P(ExactResume, StraightEqualsStoppedAndResumed) {
   const ResumeCase& c = GetParam();
   TempDir dir(std::string("resume_") + c.name);
-  const std::string yaml = dir.write("train.yaml", std::string(kTinyModel) + c.yaml +
+  const std::string yaml = dir.write("train.yaml", std::string(kTinyModelDropout) + c.yaml +
                                                        "max_steps: 12\nsave_steps: 6\n");
   const std::string ds = dir.write("ds.json", std::string("{") + c.ds + "}");
   const std::string ds_killed = dir.write(
@@ -77,6 +124,17 @@ TEST_P(ExactResume, StraightEqualsStoppedAndResumed) {
   const auto want = metric_lines(straight), got = metric_lines(stopped);
   ASSERT_EQ(want.size(), 12u);
   EXPECT_EQ(got, want);
+  if (c.scale_moves) {  // the window really exercises the scaler: overflows, then both directions
+    const std::vector<double> scale = metric_values(straight, "loss_scale");
+    const std::vector<double> skipped = metric_values(straight, "skipped");
+    bool falls = false, rises = false;
+    for (size_t i = 6; i < scale.size(); ++i) {  // steps 7..12, the resumed half
+      falls |= scale[i] < scale[i - 1];
+      rises |= scale[i] > scale[i - 1];
+    }
+    EXPECT_TRUE(falls && rises) << "loss_scale should fall and rise after the checkpoint\n" << a.out;
+    EXPECT_EQ(skipped.front(), 1.0) << "the first step should overflow\n" << a.out;
+  }
   const std::string model = "/global_step12/model.safetensors";
   EXPECT_EQ(slurp(straight.string() + model), slurp(stopped.string() + model)) << "final weights differ";
 }
@@ -85,7 +143,8 @@ const ResumeCase kResumeCases[] = {
     {"fp32", R"("train_micro_batch_size_per_gpu": 4, "gradient_clipping": 1.0)", "", 1},
     {"accumulation", R"("train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2)", "", 1},
     {"bf16", R"("train_micro_batch_size_per_gpu": 4, "bf16": {"enabled": true})", "", 1},
-    {"fp16", R"("train_micro_batch_size_per_gpu": 4, "fp16": {"enabled": true, "initial_scale_power": 8})", "", 1},
+    {"fp16", R"("train_micro_batch_size_per_gpu": 4,
+                "fp16": {"enabled": true, "initial_scale_power": 24, "loss_scale_window": 2})", "", 1, true},
     {"two_ranks", R"("train_batch_size": 8, "train_micro_batch_size_per_gpu": 4)", "", 2},
     {"bf16_two_ranks", R"("train_batch_size": 8, "train_micro_batch_size_per_gpu": 4, "bf16": {"enabled": true})", "", 2},
 };
