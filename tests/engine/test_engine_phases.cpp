@@ -346,5 +346,63 @@ TEST(EnginePhases, ExceptionInsideBackwardNamesPluginPhaseAndStep) {
   fs::remove_all(out_dir);
 }
 
+// Where set-up's memory lands: each category's scope closes where the category ends. Seen from
+// the first phase after set-up (on_train_begin): the weights cell holds the parameters, the
+// optimizer_state cell exactly the Adam moments — nothing set-up did after building the optimizer
+// — and what a plugin allocates without claiming it, in configure (after the data is opened) or
+// in on_train_begin, is unattributed, not the host's data (`other`) or optimizer state.
+class SetupCells final : public Plugin {
+ public:
+  void configure(const ConfigNode&, ConfigDiagnostics&, const RunInfo&) override {
+    const memory::Table before = memory::live();
+    table = at::zeros({500}, at::kByte);  // (500,) bytes, claimed by nobody
+    in_configure = memory::live() - before;
+  }
+  void on_train_begin(TrainContext& ctx) override {
+    at_begin = memory::live();
+    for (const at::Tensor& p : ctx.model.parameters()) {
+      const int64_t bytes = p.numel() * static_cast<int64_t>(p.element_size());
+      param_bytes += bytes;
+      if (p.requires_grad()) trainable_bytes += bytes;
+    }
+    kept = at::zeros({1000}, at::kByte);  // (1000,) bytes, claimed by nobody
+    after_alloc = memory::live();
+  }
+  memory::Table in_configure, at_begin, after_alloc;
+  int64_t param_bytes = 0, trainable_bytes = 0;
+  at::Tensor table, kept;
+};
+
+TEST(EnginePhases, SetupCountsEachCategoryOnlyWhileItLasts) {
+  auto cells = std::make_unique<SetupCells>();
+  SetupCells* seen = cells.get();
+  PluginHost host;
+  host.add("setup_cells", "plugins[0]", std::move(cells));
+  host.order();
+  TrainConfig cfg = tiny_config("setup_cells");
+  cfg.max_steps = 1;
+  const std::string out_dir = cfg.output_dir;
+  std::ostringstream log;
+  Engine engine(std::move(cfg), nullptr, std::move(host), log);
+  engine.train();
+  fs::remove_all(out_dir);
+
+  using memory::Category;
+  const memory::Table& t = seen->at_begin;
+  ASSERT_GT(seen->param_bytes, 0);
+  EXPECT_EQ(t.category(Category::kWeights), seen->param_bytes);
+  // AdamW: exp_avg and exp_avg_sq, fp32, one of each per trainable parameter.
+  EXPECT_EQ(t.category(Category::kOptimizerState), 2 * seen->trainable_bytes);
+  for (Category c : {Category::kMasterWeights, Category::kGradients, Category::kQuantState,
+                     Category::kAdapters, Category::kActivations, Category::kCommBuffers}) {
+    EXPECT_EQ(t.category(c), 0) << memory::to_string(c);
+  }
+  EXPECT_EQ(seen->in_configure.category(Category::kUnattributed), 500);
+  EXPECT_EQ(seen->in_configure.total(), 500) << "other: " << seen->in_configure.category(Category::kOther);
+  const memory::Table grew = seen->after_alloc - seen->at_begin;
+  EXPECT_EQ(grew.category(Category::kUnattributed), 1000);
+  EXPECT_EQ(grew.total(), 1000) << "the plugin's tensor is in no category but unattributed";
+}
+
 }  // namespace
 }  // namespace memrt

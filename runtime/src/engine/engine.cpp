@@ -116,20 +116,29 @@ void Engine::setup() {
   run_ = make_run_info(cfg_, dist_->rank(), dist_->world_size(), dist_->local_rank());
   const bool main = run_.rank == 0;
 
+  // Memory: each phase's allocations default to its category (memory.h) in a block that closes
+  // where the category ends — the data in `other`, the model's build and transforms in `weights`,
+  // the optimizer (the host's and the plugins' build_optimizer) in `optimizer_state`. Between and
+  // after the blocks no scope is open: what a plugin allocates there without claiming it is
+  // `unattributed`, and set-up's bookkeeping after the optimizer is not counted as its state.
+
   // data
-  memory::Scope data_scope(Category::kOther);
-  auto data = TokenDataset::open(cfg_.data);
-  if (data->vocab_size() > run_.shape.vocab_size) {
-    throw ConfigError(cfg_.train_yaml_path, "model.vocab_size",
-                      "the data has token ids up to " + std::to_string(data->vocab_size() - 1) +
-                          " but the model's vocab_size is " +
-                          std::to_string(run_.shape.vocab_size) +
-                          "; raise model.vocab_size to at least " +
-                          std::to_string(data->vocab_size()));
+  std::shared_ptr<TokenDataset> data;
+  {
+    memory::Scope data_scope(Category::kOther);
+    data = TokenDataset::open(cfg_.data);
+    if (data->vocab_size() > run_.shape.vocab_size) {
+      throw ConfigError(cfg_.train_yaml_path, "model.vocab_size",
+                        "the data has token ids up to " + std::to_string(data->vocab_size() - 1) +
+                            " but the model's vocab_size is " +
+                            std::to_string(run_.shape.vocab_size) +
+                            "; raise model.vocab_size to at least " +
+                            std::to_string(data->vocab_size()));
+    }
+    loader_ = std::make_unique<DataLoader>(data, cfg_.data.block_size, cfg_.micro_batch_size,
+                                           cfg_.grad_accum_steps, run_.rank, run_.world_size,
+                                           cfg_.seed);
   }
-  loader_ = std::make_unique<DataLoader>(data, cfg_.data.block_size, cfg_.micro_batch_size,
-                                         cfg_.grad_accum_steps, run_.rank, run_.world_size,
-                                         cfg_.seed);
   run_.max_steps = cfg_.max_steps > 0
                        ? cfg_.max_steps
                        : static_cast<int64_t>(std::ceil(cfg_.num_train_epochs *
@@ -146,50 +155,52 @@ void Engine::setup() {
   }
 
   // model: materialised block by block, each handed to the plugins as it appears.
-  memory::Scope weights_scope(Category::kWeights);
-  BuildOptions build;
-  build.init_std = cfg_.model.init_std;
-  build.seed = cfg_.seed;
-  build.weights_dir = cfg_.model.name_or_path;
-  build.on_block_ready = [&](int64_t index, Block& block) {
-    BlockReady ctx{index, block, run_, *dist_};
-    plugins_.each("on_block_ready", -1, [&](Plugin& p) { p.on_block_ready(ctx); });
-  };
-  model_ = build_model(run_.shape, build);
-  // The default generator feeds dropout: seeded like Hugging Face's set_seed (the same seed on
-  // every rank), so a config's run is reproducible. Model init has its own generator.
-  at::manual_seed(cfg_.seed);
-  ModelContext model_ctx{*model_, run_, *dist_};
-  plugins_.each("transform_model", -1, [&](Plugin& p) { p.transform_model(model_ctx); });
-
-  // Every rank starts from rank 0's weights (the same seed gives the same init; a loaded
-  // checkpoint is the same file; this makes it so whatever a plugin did).
   {
+    memory::Scope weights_scope(Category::kWeights);
+    BuildOptions build;
+    build.init_std = cfg_.model.init_std;
+    build.seed = cfg_.seed;
+    build.weights_dir = cfg_.model.name_or_path;
+    build.on_block_ready = [&](int64_t index, Block& block) {
+      BlockReady ctx{index, block, run_, *dist_};
+      plugins_.each("on_block_ready", -1, [&](Plugin& p) { p.on_block_ready(ctx); });
+    };
+    model_ = build_model(run_.shape, build);
+    // The default generator feeds dropout: seeded like Hugging Face's set_seed (the same seed on
+    // every rank), so a config's run is reproducible. Model init has its own generator.
+    at::manual_seed(cfg_.seed);
+    ModelContext model_ctx{*model_, run_, *dist_};
+    plugins_.each("transform_model", -1, [&](Plugin& p) { p.transform_model(model_ctx); });
+
+    // Every rank starts from rank 0's weights (the same seed gives the same init; a loaded
+    // checkpoint is the same file; this makes it so whatever a plugin did).
     at::NoGradGuard no_grad;
     for (auto& t : model_->parameters()) dist_->broadcast(t, 0);
   }
 
   // optimizer over the trainable parameters
-  memory::Scope optimizer_scope(Category::kOptimizerState);
-  std::vector<ParamGroup> groups(2);
-  groups[0].weight_decay = cfg_.optimizer.weight_decay;
-  groups[1].weight_decay = cfg_.optimizer.from_ds_config ? cfg_.optimizer.weight_decay : 0.0;
-  for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
-    if (!item.value().requires_grad()) continue;
-    const bool decay = cfg_.optimizer.from_ds_config || !hf_no_decay(item.key());
-    groups[decay ? 0 : 1].names.push_back(item.key());
-    groups[decay ? 0 : 1].params.push_back(item.value());
-    trainable_.push_back(item.value());
+  {
+    memory::Scope optimizer_scope(Category::kOptimizerState);
+    std::vector<ParamGroup> groups(2);
+    groups[0].weight_decay = cfg_.optimizer.weight_decay;
+    groups[1].weight_decay = cfg_.optimizer.from_ds_config ? cfg_.optimizer.weight_decay : 0.0;
+    for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
+      if (!item.value().requires_grad()) continue;
+      const bool decay = cfg_.optimizer.from_ds_config || !hf_no_decay(item.key());
+      groups[decay ? 0 : 1].names.push_back(item.key());
+      groups[decay ? 0 : 1].params.push_back(item.value());
+      trainable_.push_back(item.value());
+    }
+    if (trainable_.empty()) {
+      throw Error("the model has no trainable parameters after the plugins' model transforms; "
+                  "nothing to train");
+    }
+    if (groups[1].params.empty()) groups.pop_back();
+    optimizer_ = make_optimizer(cfg_.optimizer, std::move(groups));
+    OptimizerContext opt_ctx{*model_, optimizer_, run_, *dist_};
+    plugins_.each("build_optimizer", -1, [&](Plugin& p) { p.build_optimizer(opt_ctx); });
+    if (!optimizer_) throw Error("a plugin's build_optimizer left no optimizer");
   }
-  if (trainable_.empty()) {
-    throw Error("the model has no trainable parameters after the plugins' model transforms; "
-                "nothing to train");
-  }
-  if (groups[1].params.empty()) groups.pop_back();
-  optimizer_ = make_optimizer(cfg_.optimizer, std::move(groups));
-  OptimizerContext opt_ctx{*model_, optimizer_, run_, *dist_};
-  plugins_.each("build_optimizer", -1, [&](Plugin& p) { p.build_optimizer(opt_ctx); });
-  if (!optimizer_) throw Error("a plugin's build_optimizer left no optimizer");
 
   // Gradients are counted as gradients from the moment autograd hands them over, before they are
   // accumulated: at any instant, mid-backward too, the gradients cell holds exactly what is alive.
