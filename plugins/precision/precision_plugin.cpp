@@ -189,7 +189,11 @@ class PrecisionPlugin final : public memrt::Plugin {
     if (scaler_) metrics["loss_scale"] = scaler_->scale();
   }
 
-  // The scaler's counters and the fp32 masters: a resumed run continues exactly.
+  // The scaler's counters and the fp32 masters: a resumed run continues exactly. The masters are
+  // the exact weights (memrt::exact_weight_key), which `launcher export` writes.
+  // Version 2: masters under exact_weight_key(name); version 1 had them under "master.<name>".
+  int state_version() const override { return 2; }
+
   memrt::TensorMap state_dict() const override {
     memrt::TensorMap out;
     if (scaler_) {
@@ -199,14 +203,21 @@ class PrecisionPlugin final : public memrt::Plugin {
       out["last_overflow_iter"] = at::scalar_tensor(s.last_overflow_iter, at::kLong);
       out["cur_hysteresis"] = at::scalar_tensor(s.cur_hysteresis, at::kLong);
     }
-    for (const Master& m : masters_) out["master." + m.name] = m.master;
+    for (const Master& m : masters_) out[memrt::exact_weight_key(m.name)] = m.master;
     return out;
   }
 
   void load_state_dict(const memrt::TensorMap& state, int version) override {
-    if (version != 1) {
+    if (version == 1) {
+      throw memrt::Error("precision: the checkpoint's precision state is version 1, the layout "
+                         "with fp32 masters under 'master.<name>'; this plugin reads version 2 "
+                         "(masters under memrt::exact_weight_key, 'exact_weight/<name>') only. "
+                         "Resume it with the memrt version that wrote it, or start a new run from "
+                         "its weights (model_name_or_path: its global_step folder)");
+    }
+    if (version != 2) {
       throw memrt::Error("precision: checkpoint state version " + std::to_string(version) +
-                         " is not one this plugin reads (1); use the memrt version that wrote it");
+                         " is not one this plugin reads (2); use the memrt version that wrote it");
     }
     auto need = [&](const std::string& key) -> const at::Tensor& {
       auto it = state.find(key);
@@ -225,7 +236,7 @@ class PrecisionPlugin final : public memrt::Plugin {
     }
     at::NoGradGuard no_grad;
     for (Master& m : masters_) {
-      const at::Tensor& t = need("master." + m.name);
+      const at::Tensor& t = need(memrt::exact_weight_key(m.name));
       if (t.sizes() != m.master.sizes())
         throw memrt::Error("precision: checkpoint master '" + m.name + "' has another shape than the model's");
       m.master.copy_(t);

@@ -6,12 +6,14 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
 
+#include "checkpoint/checkpoint_files.h"
 #include "io/safetensors.h"
 #include "models/hf_checkpoint.h"
 #include "models/model_factory.h"
@@ -322,7 +324,8 @@ TEST(Checkpoints, SigtermStopsTwoRanksTogether) {
 }
 
 // `launcher export` writes a directory `transformers` loads, giving memrt's logits to 1e-5: GPT-2
-// trained in bf16 (exported from its fp32 masters) and Llama in fp32.
+// trained in bf16 (exported from its fp32 masters, which the precision plugin stores as exact
+// weights) and Llama in fp32.
 TEST(Checkpoints, ExportLoadsInTransformersWithTheSameLogits) {
   struct Model {
     const char* name;
@@ -347,7 +350,9 @@ TEST(Checkpoints, ExportLoadsInTransformersWithTheSameLogits) {
     RunResult e = run(kLauncher + " export " + out.string() + " " + hf.string());
     ASSERT_EQ(e.exit_code, 0) << e.out;
     if (std::string(m.name) == "gpt2_bf16") {
-      EXPECT_NE(e.out.find("from the fp32 master weights"), std::string::npos) << e.out;
+      // Every trainable tensor from the precision plugin's fp32 masters (its exact weights).
+      EXPECT_NE(e.out.find("28 tensor(s) from the exact weights in plugin state (precision)"),
+                std::string::npos) << e.out;
     }
     const std::string ids = "1,50,100,200,255,7,9,11,13,17,19,23";
     const fs::path logits_file = dir.path() / "logits.safetensors";
@@ -365,6 +370,89 @@ TEST(Checkpoints, ExportLoadsInTransformersWithTheSameLogits) {
     const at::Tensor ours = model->head(h);
     ASSERT_EQ(ours.sizes(), theirs.sizes());
     EXPECT_LT((ours - theirs).abs().max().item<double>(), 1e-5);
+  }
+}
+
+// Export takes a parameter's exact weight from whichever plugin stores one under
+// memrt::exact_weight_key, in any rank's file — here a third-party plugin, on rank 1 of 2 only —
+// and the model file for the rest. Two plugins storing the exact weight of one parameter (the
+// precision plugin's bf16 masters and the fixture) is an error naming both.
+TEST(Checkpoints, ExportTakesExactWeightsFromAnyPluginOnAnyRank) {
+  TempDir dir("export_exact");
+  const std::string yaml = dir.write("train.yaml", std::string(kTinyModel) + "max_steps: 2\nsave_steps: 2\n");
+  const std::string param = "transformer.wpe.weight";
+  auto ds_with = [&](const std::string& file, const std::string& extra, int rank) {
+    return dir.write(file, std::string(R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4)") +
+                               extra + R"(, "plugins": [{"name": "fixture_exact", "library": ")" +
+                               FIXTURE_EXACT + R"(", "options": {"param": ")" + param +
+                               R"(", "value": 0.25, "rank": )" + std::to_string(rank) + "}}]}");
+  };
+  const fs::path out = dir.path() / "run", hf = dir.path() / "hf";
+  RunResult a = run(kLauncher + " --num_procs 2 --master_port " + std::to_string(free_port()) +
+                    " --deepspeed " + ds_with("ds.json", "", 1) + " " + yaml + " --output_dir=" + out.string());
+  ASSERT_EQ(a.exit_code, 0) << a.out;
+  RunResult e = run(kLauncher + " export " + out.string() + " " + hf.string());
+  ASSERT_EQ(e.exit_code, 0) << e.out;
+  EXPECT_NE(e.out.find("1 tensor(s) from the exact weights in plugin state (fixture_exact)"), std::string::npos) << e.out;
+  const auto saved = memrt::SafetensorsFile::open((out / "global_step2" / "model.safetensors").string());
+  const auto exported = memrt::SafetensorsFile::open((hf / "model.safetensors").string());
+  ASSERT_TRUE(exported.contains(param));
+  for (const std::string& name : saved.names()) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(exported.contains(name));
+    const at::Tensor want = name == param ? at::full_like(saved.tensor(name), 0.25) : saved.tensor(name);
+    EXPECT_TRUE(at::equal(exported.tensor(name), want));
+  }
+
+  const fs::path both = dir.path() / "both";
+  RunResult b = run(kLauncher + " --deepspeed " + ds_with("ds_bf16.json", R"(, "bf16": {"enabled": true})", 0) +
+                    " " + yaml + " --output_dir=" + both.string());
+  ASSERT_EQ(b.exit_code, 0) << b.out;
+  RunResult conflict = run(kLauncher + " export " + both.string() + " " + (dir.path() / "hf_both").string());
+  EXPECT_NE(conflict.exit_code, 0) << conflict.out;
+  for (const std::string& part : {std::string("'precision'"), std::string("'fixture_exact'"), "'" + param + "'",
+                                  std::string("rank00000.safetensors")}) {
+    EXPECT_NE(conflict.out.find(part), std::string::npos) << part << "\n" << conflict.out;
+  }
+}
+
+// The precision plugin's state version 2 keeps its masters under memrt::exact_weight_key; a
+// checkpoint of version 1 (masters under "master.<name>", remade here from a version-2 one) is
+// refused with a message saying which layout it is and what to do.
+TEST(Checkpoints, PrecisionStateOfTheOldLayoutIsRefusedSayingSo) {
+  TempDir dir("precision_v1");
+  const std::string yaml = dir.write("train.yaml", std::string(kTinyModel) + "max_steps: 2\nsave_steps: 2\n");
+  const std::string ds = dir.write("ds.json", R"({"train_micro_batch_size_per_gpu": 4, "bf16": {"enabled": true}})");
+  const fs::path out = dir.path() / "out", ckpt = out / "global_step2";
+  RunResult a = run(kLauncher + " --deepspeed " + ds + " " + yaml + " --output_dir=" + out.string());
+  ASSERT_EQ(a.exit_code, 0) << a.out;
+
+  const std::string file = (ckpt / "rank00000.safetensors").string();
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  std::map<std::string, std::string> metadata;
+  {
+    const auto state = memrt::SafetensorsFile::open(file);
+    const std::string v2 = "plugin/precision/exact_weight/";
+    for (const std::string& name : state.names()) {
+      const bool master = name.rfind(v2, 0) == 0;
+      tensors.emplace_back(master ? "plugin/precision/master." + name.substr(v2.size()) : name,
+                           state.tensor(name).clone());
+    }
+    metadata = state.metadata();
+  }
+  ASSERT_EQ(metadata.at("plugin_state_versions"), "{\"precision\": 2}");
+  metadata["plugin_state_versions"] = "{\"precision\": 1}";
+  memrt::write_safetensors(file, tensors, metadata);
+  memrt::Manifest m = memrt::read_manifest(ckpt.string());
+  memrt::add_to_manifest(m, ckpt.string(), "rank00000.safetensors");
+  memrt::write_manifest(ckpt.string(), m);
+
+  RunResult r = run(kLauncher + " --deepspeed " + ds + " " + yaml + " --max_steps=3 --output_dir=" +
+                    out.string() + " --resume");
+  EXPECT_NE(r.exit_code, 0) << r.out;
+  for (const char* part : {"precision state is version 1", "'master.<name>'", "reads version 2",
+                           "memrt version that wrote it"}) {
+    EXPECT_NE(r.out.find(part), std::string::npos) << part << "\n" << r.out;
   }
 }
 

@@ -208,6 +208,21 @@ struct ErrorContext {
 // Extra fields for the log line and metrics.jsonl (e.g. "loss_scale", "skipped_steps").
 using Metrics = std::map<std::string, double>;
 
+// ---- exact weights in checkpoint state ---------------------------------------------------------
+// The convention by which a checkpoint says where a parameter's exact value is, without the host
+// naming any plugin. A plugin whose state_dict() holds the exact (full-precision) value of a whole
+// model parameter — e.g. the fp32 master of a 16-bit weight — stores it under
+// exact_weight_key(name), `name` the parameter's Hugging Face name, in the parameter's shape (any
+// floating dtype). `launcher export` looks at every plugin's state in every rank's file and writes
+// such an entry in preference to model.safetensors (which holds the compute copy, possibly
+// rounded); two plugins storing one parameter's exact weight is an error naming both. Keys
+// beginning with kExactWeightPrefix are reserved for this use. A plugin that holds only a slice of
+// a parameter (a partition) stores no exact weight for it.
+inline constexpr char kExactWeightPrefix[] = "exact_weight/";
+inline std::string exact_weight_key(const std::string& param_name) {
+  return kExactWeightPrefix + param_name;
+}
+
 // ---- the plugin -----------------------------------------------------------------------------------
 // Priority bands of the built-in plugins; third-party plugins default to kObserver and may pick any
 // value. Lower runs first in before-phases. Model transforms apply in this order: quantize base
@@ -261,7 +276,8 @@ class Plugin {
   virtual void add_metrics(Metrics& /*metrics*/) {}
 
   // Checkpoint state, versioned: a plugin bumps state_version() when the layout changes and
-  // refuses (with a clear error) versions it cannot read.
+  // refuses (with a clear error) versions it cannot read. Exact values of model parameters go
+  // under exact_weight_key(name) (above), so that export finds them.
   virtual int state_version() const { return 1; }
   virtual TensorMap state_dict() const { return {}; }
   virtual void load_state_dict(const TensorMap& /*state*/, int /*version*/) {}

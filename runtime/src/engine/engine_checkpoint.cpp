@@ -5,6 +5,8 @@
 #include <mutex>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <sstream>
 
 #include <ATen/ATen.h>
@@ -246,30 +248,70 @@ std::string export_checkpoint(const std::string& checkpoint, const std::string& 
                               ? checkpoint
                               : checkpoint_dir(checkpoint, "");
   const Manifest m = read_manifest(dir);
-  const std::string state_file = rank_file(0);
-  for (const std::string& name : {std::string("config.json"), std::string("model.safetensors"), state_file})
-    verify_checkpoint_file(dir, m, name);
+  for (const char* name : {"config.json", "model.safetensors"}) verify_checkpoint_file(dir, m, name);
   BuildOptions build;
   build.weights_dir = dir;
   std::shared_ptr<CausalLM> model = build_model(read_hf_config(dir), build);  // fp32
-  // The fp32 masters a 16-bit run kept are the exact weights; the model file holds them rounded.
-  const SafetensorsFile state = SafetensorsFile::open((fs::path(dir) / state_file).string());
-  const std::string prefix = "plugin/precision/master.";
   auto params = model->named_parameters(/*recurse=*/true);
-  int64_t from_masters = 0;
+
+  // Exact weights (plugin.h, exact_weight_key): whichever plugin stores one, in whichever rank's
+  // file, replaces the model file's (possibly rounded) copy. Ranks holding the same plugin's
+  // replicated state agree; the lowest rank's copy is written.
+  struct Claim {
+    std::string plugin, file;
+  };
+  std::map<std::string, Claim> claims;  // parameter -> who stored its exact weight first
+  std::set<std::string> claimants;
   at::NoGradGuard no_grad;
-  for (const std::string& name : state.names()) {
-    if (name.rfind(prefix, 0) != 0) continue;
-    const std::string param = name.substr(prefix.size());
-    if (!params.contains(param))
-      throw FileError(state.path(), "holds a master weight for '" + param + "', which the model lacks");
-    params[param].copy_(state.tensor(name));
-    ++from_masters;
+  for (int r = 0; r < m.world_size; ++r) {
+    const std::string mine = rank_file(r);
+    verify_checkpoint_file(dir, m, mine);
+    const SafetensorsFile state = SafetensorsFile::open((fs::path(dir) / mine).string());
+    for (const std::string& name : state.names()) {
+      if (name.rfind("plugin/", 0) != 0) continue;  // plugin/<plugin>/<key>, as save_checkpoint writes
+      const size_t slash = name.find('/', 7);
+      if (slash == std::string::npos) continue;
+      const std::string plugin = name.substr(7, slash - 7), key = name.substr(slash + 1);
+      if (key.rfind(kExactWeightPrefix, 0) != 0) continue;
+      const std::string param = key.substr(sizeof(kExactWeightPrefix) - 1);
+      auto claimed = claims.find(param);
+      if (claimed != claims.end()) {
+        if (claimed->second.plugin == plugin) continue;  // the same plugin on another rank
+        throw FileError(state.path(), "plugins '" + claimed->second.plugin + "' (in " +
+                                          claimed->second.file + ") and '" + plugin +
+                                          "' both store the exact weight of parameter '" + param +
+                                          "' (memrt::exact_weight_key): at most one plugin may; "
+                                          "export cannot tell which is right. Fix the plugins or "
+                                          "drop one of them from the ds_config of the run");
+      }
+      if (!params.contains(param)) {
+        throw FileError(state.path(), "tensor '" + name + "' is the exact weight of '" + param +
+                                          "' stored by plugin '" + plugin +
+                                          "', a parameter the model in config.json lacks");
+      }
+      const at::Tensor t = state.tensor(name);
+      at::Tensor& p = params[param];
+      if (!t.is_floating_point() || t.sizes() != p.sizes()) {
+        throw FileError(state.path(), "tensor '" + name + "' (the exact weight of '" + param +
+                                          "' stored by plugin '" + plugin + "') is " +
+                                          std::string(c10::toString(t.scalar_type())) + " " +
+                                          c10::str(t.sizes()) + "; expected a floating tensor of the "
+                                          "parameter's shape " + c10::str(p.sizes()));
+      }
+      p.copy_(t);
+      claims[param] = {plugin, state.path()};
+      claimants.insert(plugin);
+    }
   }
   save_hf_checkpoint(*model, out_dir);
+  std::string from;
+  for (const std::string& p : claimants) from += (from.empty() ? "" : ", ") + p;
   return "exported " + dir + " to " + out_dir + ": config.json, model.safetensors (fp32, " +
          std::to_string(count_parameters(*model)) + " parameters" +
-         (from_masters > 0 ? ", from the fp32 master weights" : "") + ")";
+         (claims.empty() ? std::string()
+                         : "; " + std::to_string(claims.size()) +
+                               " tensor(s) from the exact weights in plugin state (" + from + ")") +
+         ")";
 }
 
 }  // namespace memrt
