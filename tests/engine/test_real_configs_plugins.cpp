@@ -67,8 +67,9 @@ TEST(RealConfigsWithPlugins, EveryFileLoadsOrNamesAKey) {
   EXPECT_EQ(files, 43);
   // Counted, not asserted per file: the loader test pins each file's verdict; this one pins
   // that the plugins never add a crash or an anonymous error on top.
-  std::cout << trained_as_configured << " of " << files << " configs load with their plugins, "
-            << rejected << " are rejected naming a key\n";
+  std::cout << "checked " << files << " ds_configs from " << dir.lexically_normal().string() << ": "
+            << trained_as_configured << " load with their plugins, " << rejected
+            << " are rejected naming a key\n";
   EXPECT_GT(trained_as_configured, 0);
 }
 
