@@ -22,10 +22,12 @@ int64_t segment_of(const std::string& name, int64_t n_layer) {
 }
 
 // The gradient a block's backward has handed over at its peak (docs/memory.md, "The peak"):
-// Llama's down projection weight, GPT-2's c_proj bias (its weight's gradient still in flight).
+// Llama's down projection weight. GPT-2's c_proj weight and bias gradients are still in flight
+// then (memory::block_backward_bytes counts them).
 bool is_last_projection(const std::string& name, const std::string& arch) {
-  const std::string tail = arch == "llama" ? ".mlp.down_proj.weight" : ".mlp.c_proj.bias";
-  return name.size() > tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+  const std::string tail = ".mlp.down_proj.weight";
+  return arch == "llama" && name.size() > tail.size() &&
+         name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
 }
 
 }  // namespace

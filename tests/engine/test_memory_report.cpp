@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "json_helpers.h"
 #include "run_helpers.h"
 
 namespace {
@@ -18,13 +19,6 @@ using namespace memrt_test;
 namespace fs = std::filesystem;
 
 const std::string kConfigs = std::string(MEMRT_SOURCE_DIR) + "/configs/";
-
-rapidjson::Document read_json(const fs::path& p) {
-  rapidjson::Document d;
-  d.Parse(slurp(p).c_str());
-  EXPECT_FALSE(d.HasParseError()) << p;
-  return d;
-}
 
 int64_t cells(const rapidjson::Value& categories, const char* name) {
   return categories[name]["device"].GetInt64() + categories[name]["host"].GetInt64();

@@ -303,14 +303,14 @@ TEST(Models, OnBlockReadyRunsOncePerBlockInOrderBeforeTheNextBlockExists) {
 
 // A LoRA-style wrapper: the original Linear as "base_layer" plus a low-rank update B A x.
 struct LowRankImpl : torch::nn::Module {
-  LowRankImpl(torch::nn::Linear base, int64_t r) : base_layer(register_module("base_layer", base)) {
+  LowRankImpl(Linear base, int64_t r) : base_layer(register_module("base_layer", base)) {
     A = register_parameter("lora_A", at::randn({r, base->weight.size(1)}));  // (r, in)
     B = register_parameter("lora_B", at::zeros({base->weight.size(0), r}));  // (out, r)
   }
   at::Tensor forward(const at::Tensor& x) {
     return base_layer(x) + at::linear(at::linear(x, A), B);
   }
-  torch::nn::Linear base_layer;
+  Linear base_layer;
   at::Tensor A, B;
 };
 TORCH_MODULE(LowRank);
@@ -322,7 +322,7 @@ TEST(Models, ProjectionsCanBeReplacedByPlugins) {
   at::Tensor tokens = at::randint(0, 67, {1, 6}, at::kLong);
   at::Tensor before = model->forward(tokens);
   Block& block = model->block(1);
-  auto q = block.linear("self_attn.q_proj").get<torch::nn::Linear>();
+  auto q = block.linear("self_attn.q_proj").get<Linear>();
   LowRank lora(q, 2);
   block.replace_linear("self_attn.q_proj", torch::nn::AnyModule(lora));
   auto names = params_of(*model);

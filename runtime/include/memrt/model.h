@@ -22,12 +22,24 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/any.h>
+#include <torch/nn/modules/linear.h>
 
 #include "memrt/model_shape.h"
+#include "memrt/ops.h"
 
 namespace memrt {
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+// The projection every block starts with: torch::nn::Linear's parameters ("weight" (out, in),
+// "bias") and options, its forward through memrt::ops::linear, so a 16-bit model runs at speed on
+// CPUs without 16-bit GEMM. A plugin wrapping a projection reads it as torch::nn::LinearImpl.
+class LinearImpl : public torch::nn::LinearImpl {
+ public:
+  using torch::nn::LinearImpl::LinearImpl;
+  at::Tensor forward(const at::Tensor& x) { return ops::linear(x, weight, bias); }
+};
+TORCH_MODULE(Linear);
 
 // One transformer block: (B, T, C) -> (B, T, C), causal self-attention and MLP with residuals.
 class Block : public torch::nn::Module {
@@ -40,7 +52,7 @@ class Block : public torch::nn::Module {
   //   gpt2:  attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj
   //   llama: self_attn.q_proj, self_attn.k_proj, self_attn.v_proj, self_attn.o_proj,
   //          mlp.gate_proj, mlp.up_proj, mlp.down_proj
-  // Each starts as a torch::nn::Linear (weight (out, in); GPT-2's Conv1D is transposed on load).
+  // Each starts as a memrt::Linear (weight (out, in); GPT-2's Conv1D is transposed on load).
   virtual std::vector<std::string> linear_names() const = 0;
   // The module the block calls for projection `name`; unknown name: memrt::Error.
   virtual torch::nn::AnyModule& linear(const std::string& name) = 0;

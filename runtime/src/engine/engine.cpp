@@ -25,6 +25,7 @@
 #include "memory/report_html.h"
 #include "memory/tracking_allocator.h"
 #include "memrt/memory.h"
+#include "memrt/ops.h"
 #include "models/hf_checkpoint.h"
 #include "models/model_factory.h"
 #include "optim/grad_clip.h"
@@ -151,7 +152,7 @@ void Engine::setup() {
   if (main) {
     for (const std::string& w : cfg_.warnings) log_ << "warning: " << w << "\n";
     for (const std::string& w : diag.warnings) log_ << "warning: " << w << "\n";
-    log_ << plugins_.describe();
+    log_ << ops::describe_cpu_math() << "\n" << plugins_.describe();
   }
 
   // model: materialised block by block, each handed to the plugins as it appears.

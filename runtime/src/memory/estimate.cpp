@@ -28,11 +28,11 @@ int64_t block_backward_bytes(const ModelShape& s, int64_t micro_batch, int64_t b
   const int64_t BT = micro_batch * block_size;
   // Llama, the SwiGLU's backward: the gradients of the product, then of silu(gate) and up.
   if (s.arch == "llama") return 2 * BT * s.d_ff * b;
-  // GPT-2, the MLP's backward: the gradient of gelu(fc), with mlp.c_proj's weight gradient in
-  // flight; with residual dropout also the gradient of c_proj's output, the dropout's 1-byte mask
-  // being freed by then.
+  // GPT-2, the MLP's backward: the gradient of gelu(fc), with mlp.c_proj's weight and bias
+  // gradients in flight (at::linear's addmm makes all three in one node); with residual dropout
+  // also the gradient of c_proj's output, the dropout's 1-byte mask being freed by then.
   const int64_t resid = s.resid_pdrop > 0.0 ? BT * s.d_model * (b - 1) : 0;
-  return BT * s.d_ff * b + s.d_ff * s.d_model * b + resid;
+  return BT * s.d_ff * b + (s.d_ff + 1) * s.d_model * b + resid;
 }
 
 // Bytes of what autograd keeps, op by op; docs/memory.md lists the tensors behind each term.
@@ -140,11 +140,10 @@ memory::MemoryEstimate host_memory_plan(const RunInfo& run, const HostPlanOption
   // the optimizer step (every gradient, no activations).
   memory::ActivationEstimate& a = e.activations;
   const int64_t all_grads = trainable * b;
-  // In the last block the final segment (norm, untied lm_head) and the last block's down
-  // projection have handed over their gradients: Llama's weight; GPT-2's bias (its weight's
-  // gradient is still in flight, counted in backward_in_last_block).
-  const int64_t last_projection =
-      run.shape.arch == "llama" ? run.shape.d_ff * run.shape.d_model : run.shape.d_model;
+  // In the last block the final segment (norm, untied lm_head) has handed over its gradients,
+  // and so has Llama's down projection (GPT-2's, with its bias, is still in flight: counted in
+  // backward_in_last_block).
+  const int64_t last_projection = run.shape.arch == "llama" ? run.shape.d_ff * run.shape.d_model : 0;
   const int64_t grads_at_loss = run.grad_accum_steps > 1 ? all_grads : 0;
   const int64_t grads_in_block =
       run.grad_accum_steps > 1 ? all_grads : (final_segment + last_projection) * b;

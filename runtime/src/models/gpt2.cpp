@@ -43,10 +43,8 @@ class Gpt2Block : public DecoderBlock {
       return t.view({B, T, n_head_, hd}).transpose(1, 2);  // (B, nh, T, hd)
     };
     auto parts = qkv.split(C, -1);
-    at::Tensor y = at::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]),
-                                                    heads(parts[2]), {},
-                                                    is_training() ? attn_pdrop_ : 0.0,
-                                                    /*is_causal=*/true);  // (B, nh, T, hd)
+    at::Tensor y = ops::causal_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]),
+                                         is_training() ? attn_pdrop_ : 0.0);  // (B, nh, T, hd)
     return attn_proj_->forward(y.transpose(1, 2).reshape({B, T, C}));  // (B, T, C)
   }
 
@@ -102,7 +100,7 @@ class Gpt2LM : public DecoderLM {
 
   at::Tensor head(const at::Tensor& hidden) override {  // (B, T, C) -> (B, T, V)
     at::Tensor h = ln_f_(hidden);
-    return at::linear(h, lm_head_ ? lm_head_->weight : wte_->weight);
+    return ops::linear(h, lm_head_ ? lm_head_->weight : wte_->weight);
   }
 
  private:

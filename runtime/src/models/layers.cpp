@@ -69,7 +69,7 @@ torch::nn::AnyModule& DecoderBlock::add_linear(torch::nn::Module& parent,
                                                const std::string& parent_name,
                                                const std::string& child, int64_t in, int64_t out,
                                                bool bias) {
-  auto lin = parent.register_module(child, torch::nn::Linear(  // weight (out, in)
+  auto lin = parent.register_module(child, Linear(  // weight (out, in)
                                                torch::nn::LinearOptions(in, out).bias(bias)));
   slots_.push_back(std::make_unique<Slot>(
       Slot{parent_name + "." + child, &parent, child, torch::nn::AnyModule(lin)}));

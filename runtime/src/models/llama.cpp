@@ -47,11 +47,7 @@ class LlamaBlock : public DecoderBlock {
     auto [cos, sin] = rope_->get(T, q.options());  // (T, hd) each
     q = q * cos + rotate_half(q) * sin;
     k = k * cos + rotate_half(k) * sin;
-    at::Tensor y = at::scaled_dot_product_attention(q, k, v, {},
-                                                    is_training() ? attention_dropout_ : 0.0,
-                                                    /*is_causal=*/true,
-                                                    std::nullopt,
-                                                    /*enable_gqa=*/n_kv_head_ != n_head_);  // (B, nh, T, hd)
+    at::Tensor y = ops::causal_attention(q, k, v, is_training() ? attention_dropout_ : 0.0);  // (B, nh, T, hd)
     return o_proj_->forward(y.transpose(1, 2).reshape({B, T, C}));  // (B, T, C)
   }
 
@@ -98,7 +94,7 @@ class LlamaLM : public DecoderLM {
   }
 
   at::Tensor head(const at::Tensor& hidden) override {  // (B, T, C) -> (B, T, V)
-    return at::linear(norm_(hidden), lm_head_ ? lm_head_->weight : embed_tokens_->weight);
+    return ops::linear(norm_(hidden), lm_head_ ? lm_head_->weight : embed_tokens_->weight);
   }
 
  private:

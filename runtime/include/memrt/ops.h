@@ -1,0 +1,43 @@
+// memrt/ops.h — the model's matrix products, run the fastest way this processor allows.
+//
+// LibTorch runs a 16-bit GEMM on the CPU through oneDNN only where oneDNN has instructions for
+// that dtype: fp16 needs AVX512-FP16 or AMX-FP16 (or AVX2-VNNI-2), bf16 needs AVX-512 (or
+// AVX2-VNNI-2). Elsewhere — fp16 on an AMD Zen 4, for one — the same call falls into a scalar
+// loop some 100x slower than fp32. memrt decides once per process, from the processor's flags and
+// oneDNN's ISA cap (ONEDNN_MAX_CPU_ISA), which path each dtype takes:
+//
+//   kNative          LibTorch's own kernel for the dtype (always on CUDA).
+//   kFp32Arithmetic  fp32 GEMM (MKL) on the 16-bit tensors, converted a block of rows at a time;
+//                    inputs, outputs, saved activations and gradients stay 16-bit, so the
+//                    memory a step keeps and DeepSpeed's fp16/bf16 semantics do not change.
+//
+// Models and plugins that replace a projection (LoRA, quantized linears) call these instead of
+// at::linear / at::scaled_dot_product_attention; in fp32 they are exactly those.
+#pragma once
+
+#include <string>
+
+#include <ATen/ATen.h>
+
+namespace memrt::ops {
+
+enum class MatmulPath { kNative, kFp32Arithmetic };
+const char* to_string(MatmulPath path);
+
+// The path GEMMs of `dtype` take on `device` in this process (fixed at first use).
+MatmulPath matmul_path(at::ScalarType dtype, at::Device device = at::kCPU);
+
+// y = x W^T + b, as at::linear. x (..., in), weight (out, in), bias (out) or undefined.
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});
+
+// Causal scaled-dot-product attention with 1/sqrt(head_dim) scaling, as
+// at::scaled_dot_product_attention(q, k, v, {}, dropout_p, /*is_causal=*/true, {}, gqa).
+// q (B, H, T, D); k, v (B, H_kv, T, D) with H a multiple of H_kv (grouped-query attention).
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            double dropout_p);
+
+// One line for the start of a run: the processor, the ISA ATen's kernels use, the BLAS, and the
+// path fp32/bf16/fp16 matrix products take, so that a slow machine explains itself.
+std::string describe_cpu_math();
+
+}  // namespace memrt::ops

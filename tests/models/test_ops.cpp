@@ -1,0 +1,218 @@
+// memrt/ops.h: which path 16-bit matrix products take on which processor, and that the
+// fp32-arithmetic path computes what LibTorch computes (float64 references), keeps the bytes
+// LibTorch's own 16-bit kernels keep, and runs on every machine (these tests call it directly).
+#include <gtest/gtest.h>
+
+#include <torch/autograd.h>
+
+#include "memory/tracking_allocator.h"
+#include "memrt/ops.h"
+#include "ops/cpu_math.h"
+
+namespace memrt::ops {
+namespace {
+
+// ---- the plan --------------------------------------------------------------------------------
+
+CpuFacts zen4() {  // AMD EPYC 9004: AVX-512 with BF16, no AVX512-FP16, no AMX
+  CpuFacts f;
+  f.name = "AMD EPYC 9R14";
+  f.avx2 = f.avx512_core = f.avx512_bf16 = true;
+  return f;
+}
+
+CpuFacts sapphire_rapids() {  // Intel Xeon 4th gen: AVX512-FP16, AMX-BF16, no AMX-FP16
+  CpuFacts f = zen4();
+  f.name = "Intel Xeon Platinum 8488C";
+  f.avx512_fp16 = f.amx_bf16 = true;
+  return f;
+}
+
+TEST(MatmulPlan, Zen4RunsFp16AsFp32ArithmeticAndBf16Natively) {
+  const MatmulPlan p = choose_matmul_plan(zen4());
+  EXPECT_EQ(p.fp16, MatmulPath::kFp32Arithmetic);
+  EXPECT_EQ(p.bf16, MatmulPath::kNative);
+  EXPECT_EQ(p.bf16_how, "oneDNN (AVX512-BF16)");
+  EXPECT_NE(p.fp16_how.find("no AVX512-FP16"), std::string::npos) << p.fp16_how;
+}
+
+TEST(MatmulPlan, SapphireRapidsRunsBothNatively) {
+  const MatmulPlan p = choose_matmul_plan(sapphire_rapids());
+  EXPECT_EQ(p.fp16, MatmulPath::kNative);
+  EXPECT_EQ(p.bf16, MatmulPath::kNative);
+  EXPECT_EQ(p.fp16_how, "oneDNN (AVX512-FP16)");
+  EXPECT_EQ(p.bf16_how, "oneDNN (AMX-BF16)");
+}
+
+TEST(MatmulPlan, OneDnnIsaCapBelowFp16TakesTheFp32Path) {
+  CpuFacts f = sapphire_rapids();
+  f.onednn_cap = "AVX512_CORE_BF16";  // what LibTorch's ideep check sees: no fp16 GEMM
+  MatmulPlan p = choose_matmul_plan(f);
+  EXPECT_EQ(p.fp16, MatmulPath::kFp32Arithmetic);
+  EXPECT_NE(p.fp16_how.find("ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16"), std::string::npos) << p.fp16_how;
+  EXPECT_EQ(p.bf16_how, "oneDNN (AVX512-BF16)");  // AMX is above the cap too
+  f.onednn_cap = "AVX2";
+  p = choose_matmul_plan(f);
+  EXPECT_EQ(p.bf16, MatmulPath::kFp32Arithmetic);
+  EXPECT_EQ(p.fp16, MatmulPath::kFp32Arithmetic);
+  f.onednn_cap = "ALL";  // no cap
+  EXPECT_EQ(choose_matmul_plan(f).fp16, MatmulPath::kNative);
+}
+
+TEST(MatmulPlan, Avx2OnlyProcessorRunsBoth16BitTypesInFp32) {
+  CpuFacts f;
+  f.avx2 = true;
+  const MatmulPlan p = choose_matmul_plan(f);
+  EXPECT_EQ(p.bf16, MatmulPath::kFp32Arithmetic);
+  EXPECT_EQ(p.fp16, MatmulPath::kFp32Arithmetic);
+}
+
+TEST(MatmulPlan, DescriptionNamesProcessorIsaBlasAndEveryPath) {
+  CpuFacts f = zen4();
+  f.aten_isa = "AVX512";
+  f.blas = "MKL 2024.2, oneDNN 3.12.0";
+  const std::string line = describe(f, choose_matmul_plan(f));
+  for (const char* part : {"cpu: AMD EPYC 9R14", "ATen kernels AVX512", "MKL 2024.2, oneDNN 3.12.0",
+                           "fp32: MKL", "bf16: oneDNN (AVX512-BF16)", "fp16: fp32 GEMM on fp16 storage"}) {
+    EXPECT_NE(line.find(part), std::string::npos) << part << " not in: " << line;
+  }
+  // This machine's line reads real facts.
+  const std::string here = describe_cpu_math();
+  EXPECT_EQ(here.rfind("cpu: ", 0), 0u) << here;
+  EXPECT_NE(here.find("ATen kernels "), std::string::npos) << here;
+}
+
+TEST(MatmulPlan, FloatAndCudaAreAlwaysNative) {
+  EXPECT_EQ(matmul_path(at::kFloat), MatmulPath::kNative);
+  EXPECT_EQ(matmul_path(at::kHalf, at::Device(at::kCUDA, 0)), MatmulPath::kNative);
+}
+
+// ---- the fp32-arithmetic kernels against float64 ----------------------------------------------
+
+double rel_err(const at::Tensor& got, const at::Tensor& want) {
+  at::Tensor w = want.to(at::kDouble);
+  return (got.to(at::kDouble) - w).abs().max().item<double>() /
+         std::max(1e-30, w.abs().max().item<double>());
+}
+
+// Leaves of `dtype` with the given values, and float64 leaves holding the same (rounded) values.
+std::pair<at::Tensor, at::Tensor> leaf(const at::Tensor& values, at::ScalarType dtype) {
+  at::Tensor low = values.to(dtype).detach().requires_grad_(true);
+  at::Tensor ref = low.detach().to(at::kDouble).requires_grad_(true);
+  return {low, ref};
+}
+
+// fp16 has an 11-bit significand: a result rounded once is within 2^-11 relative; sums of a few
+// hundred products rounded once in fp32 stay well inside 2e-3 of the largest value.
+constexpr double kFp16Tol = 2e-3;
+constexpr double kBf16Tol = 1.6e-2;  // 8-bit significand
+
+void check_linear(at::ScalarType dtype, int64_t batch, int64_t rows, int64_t in, int64_t out, bool bias) {
+  at::manual_seed(7);
+  auto [x, x64] = leaf(at::randn({batch, rows, in}), dtype);
+  auto [w, w64] = leaf(at::randn({out, in}) / std::sqrt(double(in)), dtype);
+  auto [b, b64] = leaf(at::randn({out}), dtype);
+  at::Tensor y = linear_fp32_arithmetic(x, w, bias ? b : at::Tensor());
+  at::Tensor y64 = at::linear(x64, w64, bias ? b64 : at::Tensor());
+  ASSERT_EQ(y.scalar_type(), dtype);
+  ASSERT_EQ(y.sizes(), y64.sizes());
+  const double tol = dtype == at::kHalf ? kFp16Tol : kBf16Tol;
+  EXPECT_LT(rel_err(y, y64), tol);
+  at::Tensor g = at::randn(y.sizes());
+  y.backward(g.to(dtype));
+  y64.backward(g.to(dtype).to(at::kDouble));
+  EXPECT_EQ(x.grad().scalar_type(), dtype);
+  EXPECT_EQ(w.grad().scalar_type(), dtype);
+  EXPECT_LT(rel_err(x.grad(), x64.grad()), tol);
+  EXPECT_LT(rel_err(w.grad(), w64.grad()), tol);
+  if (bias) {
+    EXPECT_LT(rel_err(b.grad(), b64.grad()), tol);
+  } else {
+    EXPECT_FALSE(b.grad().defined());
+  }
+}
+
+TEST(Fp32ArithmeticLinear, MatchesFloat64InFp16AndBf16) {
+  check_linear(at::kHalf, 4, 32, 64, 96, /*bias=*/true);
+  check_linear(at::kBFloat16, 4, 32, 64, 96, /*bias=*/false);
+}
+
+TEST(Fp32ArithmeticLinear, ManyRowBlocksGiveTheSameResult) {
+  // 4 MiB per block at (K + N) * 4 bytes a row: 1024 + 3072 columns -> 256 rows a block; 1100
+  // rows span 5 blocks, the last one short.
+  check_linear(at::kHalf, 2, 550, 1024, 3072, /*bias=*/true);
+}
+
+TEST(Fp32ArithmeticLinear, FrozenWeightGetsNoGradient) {
+  at::Tensor x = at::randn({8, 16}).to(at::kHalf).requires_grad_(true);
+  at::Tensor w = at::randn({4, 16}).to(at::kHalf);  // frozen (a quantized base weight, say)
+  linear_fp32_arithmetic(x, w, at::Tensor()).sum().backward();
+  EXPECT_TRUE(x.grad().defined());
+  EXPECT_FALSE(w.grad().defined());
+}
+
+void check_attention(int64_t B, int64_t H, int64_t H_kv, int64_t T, int64_t D) {
+  at::manual_seed(11);
+  auto [q, q64] = leaf(at::randn({B, H, T, D}), at::kHalf);
+  auto [k, k64] = leaf(at::randn({B, H_kv, T, D}), at::kHalf);
+  auto [v, v64] = leaf(at::randn({B, H_kv, T, D}), at::kHalf);
+  at::Tensor y = causal_attention_fp32_arithmetic(q, k, v);
+  at::Tensor y64 = at::scaled_dot_product_attention(q64, k64, v64, {}, 0.0, true, std::nullopt,
+                                                    /*enable_gqa=*/H != H_kv);
+  EXPECT_EQ(y.scalar_type(), at::kHalf);
+  EXPECT_LT(rel_err(y, y64), kFp16Tol);
+  at::Tensor g = at::randn(y.sizes()).to(at::kHalf);
+  y.backward(g);
+  y64.backward(g.to(at::kDouble));
+  EXPECT_LT(rel_err(q.grad(), q64.grad()), 4 * kFp16Tol);
+  EXPECT_LT(rel_err(k.grad(), k64.grad()), 4 * kFp16Tol);
+  EXPECT_LT(rel_err(v.grad(), v64.grad()), 4 * kFp16Tol);
+}
+
+TEST(Fp32ArithmeticAttention, MatchesFloat64) { check_attention(3, 4, 4, 40, 16); }
+
+TEST(Fp32ArithmeticAttention, GroupedQueryAttention) { check_attention(2, 8, 2, 24, 16); }
+
+TEST(Fp32ArithmeticAttention, ManyBatchBlocksGiveTheSameResult) {
+  // 4 MiB per block over (4 q + 4 k) * H*T*D fp32 elements per batch entry in backward: 17 entries
+  // of 8 * 4*128*64 * 4 bytes = 1 MiB each -> 4 a block.
+  check_attention(17, 4, 4, 128, 64);
+}
+
+// ---- what forward keeps ----------------------------------------------------------------------
+
+int64_t live_bytes() { return memory::allocator_stats().current_bytes; }
+
+TEST(Fp32ArithmeticPath, ForwardKeepsWhatLibTorchsOwnKernelKeeps) {
+  memory::install_tracking_allocator();
+  at::manual_seed(3);
+  const int64_t B = 4, T = 64, C = 128, H = 4;
+  at::Tensor x = at::randn({B, T, C}).to(at::kHalf).requires_grad_(true);
+  at::Tensor w = (at::randn({3 * C, C}) * 0.05).to(at::kHalf).requires_grad_(true);
+  at::Tensor b = at::zeros({3 * C}).to(at::kHalf).requires_grad_(true);
+  at::Tensor w_proj = (at::randn({C, C}) * 0.05).to(at::kHalf).requires_grad_(true);
+  // GPT-2's attention: c_attn, heads, attention, heads merged back (a view of the attention's
+  // output when it is laid out as LibTorch's kernel lays it out, else a copy c_proj keeps), c_proj.
+  auto kept = [&](bool fp32) {
+    const int64_t before = live_bytes();
+    at::Tensor qkv = fp32 ? linear_fp32_arithmetic(x, w, b) : at::linear(x, w, b);
+    auto heads = [&](const at::Tensor& t) { return t.view({B, T, H, C / H}).transpose(1, 2); };
+    auto p = qkv.split(C, -1);
+    at::Tensor y = fp32 ? causal_attention_fp32_arithmetic(heads(p[0]), heads(p[1]), heads(p[2]))
+                        : at::scaled_dot_product_attention(heads(p[0]), heads(p[1]), heads(p[2]),
+                                                           {}, 0.0, true);
+    qkv = at::Tensor();
+    at::Tensor merged = y.transpose(1, 2).reshape({B, T, C});
+    y = at::Tensor();
+    at::Tensor out = fp32 ? linear_fp32_arithmetic(merged, w_proj, {}) : at::linear(merged, w_proj);
+    merged = at::Tensor();
+    return std::pair<int64_t, at::Tensor>(live_bytes() - before, out);
+  };
+  auto [native_bytes, y_native] = kept(false);
+  auto [fp32_bytes, y_fp32] = kept(true);
+  EXPECT_EQ(fp32_bytes, native_bytes);
+  EXPECT_LT(rel_err(y_fp32, y_native), kFp16Tol);
+}
+
+}  // namespace
+}  // namespace memrt::ops
