@@ -61,7 +61,8 @@ def memrt(a, env, checkpointing):
     est = sum(report["estimate"]["categories"]["activations"].values())
     return {"step_s": step_s, "rss": rss, "activations_at_peak": at_peak,
             "activations_estimate": est, "kept": meas["activations_kept_bytes"],
-            "activations_peak": meas["activations_peak_bytes"], "peak": meas["peak_bytes"]}
+            "activations_peak": meas["activations_peak_bytes"], "peak": meas["peak_bytes"],
+            "resident": meas["resident"]}
 
 
 # ---- the eager side: this file run as a child process with --eager ---------------------------------

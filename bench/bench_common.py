@@ -4,6 +4,7 @@ import torch: the PyTorch side runs in the torch_eager_*.py processes the driver
 """
 import json
 import os
+import platform
 import subprocess
 import sys
 import tempfile
@@ -58,3 +59,14 @@ def fmt(v):
 
 def ratio(a, b):
     return "—" if a is None or not b else f"{a / b:.3f}"
+
+
+def cpu():
+    """The CPU's model name and its 16-bit instruction sets (from /proc/cpuinfo)."""
+    info = {k.strip(): v.strip() for k, v in
+            (l.split(":", 1) for l in open("/proc/cpuinfo").read().split("\n\n")[0].splitlines()
+             if ":" in l)}
+    flags = set(info.get("flags", "").split())
+    want = ["avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16", "amx_tile"]
+    return (info.get("model name", platform.machine()),
+            " ".join(f if f in flags else f"no {f}" for f in want))

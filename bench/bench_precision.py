@@ -22,11 +22,10 @@ is the median over the repeats.
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 
-from bench_common import CATEGORIES, ROOT, cells, fmt, launcher, ratio, run
+from bench_common import CATEGORIES, ROOT, cells, cpu, fmt, launcher, ratio, run
 
 PRECISIONS = {"fp32": "configs/ds_config.json", "bf16": "configs/ds_bf16.json",
               "fp16": "configs/ds_fp16_dp.json"}
@@ -74,17 +73,6 @@ def eager_profiled(args, precision, env):
             "kept_by_op": steady["kept_by_op"], "torch": prof["torch"],
             "checks": len(prof["checks"]), "allocations": prof["allocations"],
             "step_peaks": {k: s["peak_bytes"] for k, s in prof["per_step"].items()}}
-
-
-def cpu():
-    """The CPU's model name and its 16-bit instruction sets (from /proc/cpuinfo)."""
-    info = {k.strip(): v.strip() for k, v in
-            (l.split(":", 1) for l in open("/proc/cpuinfo").read().split("\n\n")[0].splitlines()
-             if ":" in l)}
-    flags = set(info.get("flags", "").split())
-    want = ["avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16", "amx_tile"]
-    return (info.get("model name", platform.machine()),
-            " ".join(f if f in flags else f"no {f}" for f in want))
 
 
 def main():

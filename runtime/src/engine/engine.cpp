@@ -1,7 +1,6 @@
 #include "engine/engine.h"
 
 #include <signal.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -37,19 +36,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using memory::Category;
-
-int64_t current_rss_bytes() {
-  std::ifstream statm("/proc/self/statm");
-  int64_t pages_total = 0, pages_resident = 0;
-  statm >> pages_total >> pages_resident;
-  return pages_resident * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
-}
-
-int64_t peak_rss_bytes() {
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  return static_cast<int64_t>(ru.ru_maxrss) * 1024;  // Linux reports KiB
-}
 
 std::string mib(int64_t bytes) {
   std::ostringstream os;
@@ -116,6 +102,7 @@ EstimateReport estimate_memory(const TrainConfig& cfg, const RunInfo& run, Plugi
 void Engine::setup() {
   run_ = make_run_info(cfg_, dist_->rank(), dist_->world_size(), dist_->local_rank());
   const bool main = run_.rank == 0;
+  memory_.record_idle_rss();
 
   // Memory: each phase's allocations default to its category (memory.h) in a block that closes
   // where the category ends — the data in `other`, the model's build and transforms in `weights`,

@@ -1,8 +1,12 @@
 #include "memory/report.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <fstream>
 #include <iomanip>
 #include <sstream>
 
@@ -81,7 +85,22 @@ RankMemoryReport MemoryMonitor::report(int rank, EstimateReport estimate,
   r.estimate = std::move(estimate);
   r.measured = memory::allocator_stats();
   r.device = memory::device_allocator_stats(device);
+  r.resident.peak_bytes = peak_rss_bytes();
+  r.resident.block_cache = memory::block_cache::stats();
   return r;
+}
+
+int64_t current_rss_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t pages_total = 0, pages_resident = 0;
+  statm >> pages_total >> pages_resident;
+  return pages_resident * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+}
+
+int64_t peak_rss_bytes() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<int64_t>(ru.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
 // ---- JSON ------------------------------------------------------------------------------------------
@@ -123,6 +142,13 @@ std::string rank_report_json(const RankMemoryReport& r) {
      << ",\n        \"activations_kept_bytes\": " << r.activations_kept_bytes
      << ",\n        \"activations_peak_bytes\": " << r.activations_peak_bytes
      << ",\n        \"gradient_bytes_claimed_late\": " << r.gradient_bytes_claimed_late
+     << ",\n        \"resident\": {\"idle_bytes\": " << r.resident.idle_bytes
+     << ", \"peak_bytes\": " << r.resident.peak_bytes
+     << ", \"block_cache\": {\"peak_live_bytes\": " << r.resident.block_cache.peak_live_bytes
+     << ", \"cached_bytes\": " << r.resident.block_cache.cached_bytes
+     << ", \"hits\": " << r.resident.block_cache.hits << ", \"grows\": " << r.resident.block_cache.grows
+     << ", \"maps\": " << r.resident.block_cache.maps
+     << ", \"unmaps\": " << r.resident.block_cache.unmaps << "}}"
      << ",\n        \"device_allocator\": ";
   if (r.device.available) {
     os << "{\"current_bytes\": " << r.device.current_bytes << ", \"peak_bytes\": " << r.device.peak_bytes << "}";
@@ -274,6 +300,16 @@ std::string memory_table_text(const RankMemoryReport& r, int world_size) {
                 megabytes(r.activations_kept_bytes).c_str(),
                 megabytes(r.activations_peak_bytes).c_str());
   os << line;
+  const ResidentMemory& rss = r.resident;
+  if (rss.peak_bytes > 0) {
+    std::snprintf(line, sizeof line,
+                  "  resident (RSS): %s before the model was built, peak %s: grew %s, %.2fx the "
+                  "allocator's peak\n",
+                  megabytes(rss.idle_bytes).c_str(), megabytes(rss.peak_bytes).c_str(),
+                  megabytes(rss.growth()).c_str(),
+                  peak > 0 ? static_cast<double>(rss.growth()) / static_cast<double>(peak) : 0.0);
+    os << line;
+  }
   return os.str();
 }
 

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "memory/block_cache.h"
 #include "memory/tracking_allocator.h"
 #include "memrt/memory.h"
 
@@ -33,6 +34,17 @@ struct EstimateReport {
   int64_t peak_bytes() const { return table.total(); }
 };
 
+// The process's resident set, which is what the OOM killer sees on a CPU: the tensors (as the
+// allocator counts them) plus the code, libraries and allocator slack that the allocator does not.
+struct ResidentMemory {
+  int64_t idle_bytes = 0;  // RSS at the start of set-up, before the data and the model
+  int64_t peak_bytes = 0;  // the process's high-water mark so far
+  memory::BlockCacheStats block_cache;
+  int64_t growth() const { return peak_bytes - idle_bytes; }
+};
+int64_t current_rss_bytes();
+int64_t peak_rss_bytes();
+
 struct RankMemoryReport {
   int rank = 0;
   EstimateReport estimate;
@@ -42,6 +54,7 @@ struct RankMemoryReport {
   int64_t activations_kept_bytes = 0;  // the most forward kept for backward, over micro-steps
   int64_t activations_peak_bytes = 0;  // the largest activations cell, over steps
   int64_t gradient_bytes_claimed_late = 0;  // gradients the per-parameter hooks missed (0)
+  ResidentMemory resident;
   std::vector<StepMemory> timeline;
   std::vector<LeakFinding> leaks;
 };
@@ -57,6 +70,8 @@ class MemoryMonitor {
   // End of step `step` (1-based), gradients dropped. Returns the leaks first found now.
   std::vector<LeakFinding> end_step(int64_t step);
   void add_late_gradient_claims(int64_t bytes) { report_.gradient_bytes_claimed_late += bytes; }
+  // Before the model is built: the RSS the run's own memory is measured from.
+  void record_idle_rss() { report_.resident.idle_bytes = current_rss_bytes(); }
 
   // The measurement so far, with `estimate` beside it.
   RankMemoryReport report(int rank, EstimateReport estimate, const c10::Device& device) const;

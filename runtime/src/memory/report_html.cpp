@@ -558,7 +558,10 @@ it. The data is in the page source (memory_report.json).</div></noscript>
        ["live at the end", mb(num(mea.current_bytes))],
        ["activations kept", mb(num(mea.activations_kept_bytes))],
        ["activations peak", mb(num(mea.activations_peak_bytes))],
-       ["allocations", count(mea.allocations)], ["frees", count(mea.frees)]].forEach(function (kv) {
+       ["allocations", count(mea.allocations)], ["frees", count(mea.frees)]]
+      .concat(mea.resident ? [["RSS before the model", mb(num(obj(mea.resident).idle_bytes))],
+                              ["RSS peak", mb(num(obj(mea.resident).peak_bytes))]] : [])
+      .forEach(function (kv) {
         var sp = h("span", {}, kv[0] + " ");
         sp.appendChild(h("b", {}, kv[1]));
         stats.appendChild(sp);

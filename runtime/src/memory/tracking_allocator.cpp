@@ -15,6 +15,7 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
 
+#include "memory/block_cache.h"
 #include "memrt/build_info.h"
 #if MEMRT_TORCH_HAS_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -29,6 +30,7 @@ constexpr int kCells = kNumCategories * kNumPlacements;
 
 struct Header {
   uint64_t size;
+  uint64_t mapped;  // the block cache's length of the block; 0: the block came from g_inner
   uint32_t magic;
   uint8_t cell;
 };
@@ -107,16 +109,24 @@ void tracked_free(void* data) {
   counters().sub(h->cell, static_cast<int64_t>(h->size));
   counters().frees.fetch_add(1, std::memory_order_relaxed);
   h->magic = 0;
-  g_inner_free(h);
+  if (h->mapped != 0) {
+    block_cache::free(h, h->mapped);
+  } else {
+    g_inner_free(h);
+  }
 }
 
 class TrackingAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(size_t n) override {
     if (n == 0) return {nullptr, nullptr, &tracked_free, c10::Device(c10::DeviceType::CPU)};
-    void* base = g_inner->raw_allocate(n + kHeader);
+    size_t mapped = 0;
+    void* base = block_cache::enabled() && n + kHeader >= block_cache::kMinBytes
+                     ? block_cache::allocate(n + kHeader, &mapped)
+                     : g_inner->raw_allocate(n + kHeader);
     auto* h = static_cast<Header*>(base);
     h->size = n;
+    h->mapped = mapped;
     h->magic = kMagic;
     h->cell = tls_cell;
     counters().add(h->cell, static_cast<int64_t>(n));
