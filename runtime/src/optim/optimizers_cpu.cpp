@@ -1,11 +1,20 @@
-// The CPU loops of the optimizers: at::parallel_for over chunks, each chunk a plain loop over
-// restrict pointers that the compiler vectorises. Each chunk function is compiled for AVX-512,
-// AVX2 and baseline x86-64 and picked at load time (GCC target_clones), so one binary runs
-// anywhere and uses the widest vectors the processor has. This file is built with -O3,
-// -fno-math-errno (lets sqrtf vectorise) and -ffp-contract=off (no FMA contraction), so every
-// variant computes exactly the scalar math of optimizer_math.h.
+// The CPU loops of the optimizers and of the fused step (fused_adam.h): at::parallel_for over
+// chunks, each chunk a plain loop over restrict pointers that the compiler vectorises. Each chunk
+// function is compiled for AVX-512, AVX2 and baseline x86-64 and picked at load time (GCC
+// target_clones), so one binary runs anywhere and uses the widest vectors the processor has. This
+// file is built with -O3, -fno-math-errno (lets sqrtf vectorise) and -ffp-contract=off (no FMA
+// contraction), so every variant computes exactly the scalar math of optimizer_math.h.
 #include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "memrt/error.h"
+#include "optim/fused_adam.h"
 #include "optim/optimizer_math.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -39,7 +48,134 @@ MEMRT_SIMD_CLONES void sgd_chunk_no_momentum(float* __restrict__ p, const float*
   }
 }
 
+// ---- the fused step -----------------------------------------------------------------------------
+
+template <typename T>
+inline float widen(T x) {
+  return static_cast<float>(x);
+}
+
+// One element of pass 2. P: the value Adam updates (the master, or the fp32 compute copy).
+template <typename C, typename G, bool kMaster>
+inline void fused_adam_element(float* master, C* compute, const G* grad, float* m, float* v,
+                               int64_t i, const AdamScalars& s, float factor) {
+  float p;
+  if constexpr (kMaster) {
+    p = master[i];
+  } else {
+    p = widen(compute[i]);
+  }
+  adam_update(p, widen(grad[i]) * factor, m[i], v[i], s);
+  if constexpr (kMaster) master[i] = p;
+  compute[i] = static_cast<C>(p);
+}
+
+#define MEMRT_FUSED_ADAM_CHUNK(NAME, C, G, MASTER)                                                \
+  MEMRT_SIMD_CLONES void NAME(float* __restrict__ master, C* __restrict__ compute,               \
+                              const G* __restrict__ grad, float* __restrict__ m,                 \
+                              float* __restrict__ v, int64_t n, AdamScalars s, float factor) {   \
+    for (int64_t i = 0; i < n; ++i)                                                              \
+      fused_adam_element<C, G, MASTER>(master, compute, grad, m, v, i, s, factor);               \
+  }
+MEMRT_FUSED_ADAM_CHUNK(fused_fp32, float, float, false)
+MEMRT_FUSED_ADAM_CHUNK(fused_bf16, c10::BFloat16, c10::BFloat16, true)
+MEMRT_FUSED_ADAM_CHUNK(fused_bf16_fp32_grad, c10::BFloat16, float, true)
+MEMRT_FUSED_ADAM_CHUNK(fused_fp16, c10::Half, c10::Half, true)
+MEMRT_FUSED_ADAM_CHUNK(fused_fp16_fp32_grad, c10::Half, float, true)
+#undef MEMRT_FUSED_ADAM_CHUNK
+
+// Pass 1 over one block: kLanes independent double sums (lane l takes elements l, l + kLanes,
+// ...), so a vector unit computes exactly what the scalar loop does; then the lanes in order.
+constexpr int kLanes = 16;
+
+#define MEMRT_GRAD_STATS_CHUNK(NAME, G)                                                          \
+  MEMRT_SIMD_CLONES GradStats NAME(const G* __restrict__ grad, int64_t n) {                      \
+    double lanes[kLanes] = {};                                                                   \
+    int64_t i = 0;                                                                               \
+    for (; i + kLanes <= n; i += kLanes) {                                                       \
+      for (int l = 0; l < kLanes; ++l) {                                                         \
+        const double x = widen(grad[i + l]);                                                     \
+        lanes[l] += x * x;                                                                       \
+      }                                                                                          \
+    }                                                                                            \
+    for (int l = 0; i < n; ++i, ++l) {                                                           \
+      const double x = widen(grad[i]);                                                           \
+      lanes[l] += x * x;                                                                         \
+    }                                                                                            \
+    GradStats out;                                                                               \
+    for (double lane : lanes) out.sum_squares += lane;                                           \
+    /* Squares of finite fp32 values cannot overflow a double sum, and an inf or NaN makes */    \
+    /* it inf or NaN: the sum is finite exactly when every value is. */                          \
+    out.finite = std::isfinite(out.sum_squares);                                                 \
+    return out;                                                                                  \
+  }
+MEMRT_GRAD_STATS_CHUNK(stats_fp32, float)
+MEMRT_GRAD_STATS_CHUNK(stats_bf16, c10::BFloat16)
+MEMRT_GRAD_STATS_CHUNK(stats_fp16, c10::Half)
+#undef MEMRT_GRAD_STATS_CHUNK
+
 }  // namespace
+
+const char* to_string(Storage s) {
+  switch (s) {
+    case Storage::kFloat32: return "fp32";
+    case Storage::kBFloat16: return "bf16";
+    case Storage::kFloat16: return "fp16";
+  }
+  return "?";
+}
+
+GradStats grad_stats_cpu(const void* grad, Storage type, int64_t n) {
+  // Fixed blocks, whatever the thread count; their results are combined in block order.
+  const int64_t blocks = (n + kGrain - 1) / kGrain;
+  std::vector<GradStats> partial(static_cast<size_t>(blocks));
+  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t begin = b * kGrain, len = std::min(kGrain, n - begin);
+      GradStats& out = partial[static_cast<size_t>(b)];
+      switch (type) {
+        case Storage::kFloat32: out = stats_fp32(static_cast<const float*>(grad) + begin, len); break;
+        case Storage::kBFloat16: out = stats_bf16(static_cast<const c10::BFloat16*>(grad) + begin, len); break;
+        case Storage::kFloat16: out = stats_fp16(static_cast<const c10::Half*>(grad) + begin, len); break;
+      }
+    }
+  });
+  GradStats total;
+  for (const GradStats& p : partial) {
+    total.sum_squares += p.sum_squares;
+    total.finite = total.finite && p.finite;
+  }
+  return total;
+}
+
+void fused_adam_cpu(const AdamRange& r, const AdamScalars& s, float factor) {
+  using BF = c10::BFloat16;
+  using H = c10::Half;
+  auto run = [&](auto chunk, auto* compute, const auto* grad) {
+    at::parallel_for(0, r.n, kGrain, [&](int64_t begin, int64_t end) {
+      chunk(r.master ? r.master + begin : nullptr, compute + begin, grad + begin, r.exp_avg + begin,
+            r.exp_avg_sq + begin, end - begin, s, factor);
+    });
+  };
+  const bool master = r.master != nullptr;
+  const Storage c = r.compute_type, g = r.grad_type;
+  if (!master && c == Storage::kFloat32 && g == Storage::kFloat32) {
+    run(fused_fp32, static_cast<float*>(r.compute), static_cast<const float*>(r.grad));
+  } else if (master && c == Storage::kBFloat16 && g == Storage::kBFloat16) {
+    run(fused_bf16, static_cast<BF*>(r.compute), static_cast<const BF*>(r.grad));
+  } else if (master && c == Storage::kBFloat16 && g == Storage::kFloat32) {
+    run(fused_bf16_fp32_grad, static_cast<BF*>(r.compute), static_cast<const float*>(r.grad));
+  } else if (master && c == Storage::kFloat16 && g == Storage::kFloat16) {
+    run(fused_fp16, static_cast<H*>(r.compute), static_cast<const H*>(r.grad));
+  } else if (master && c == Storage::kFloat16 && g == Storage::kFloat32) {
+    run(fused_fp16_fp32_grad, static_cast<H*>(r.compute), static_cast<const float*>(r.grad));
+  } else {
+    throw Error(std::string("fused Adam step: no kernel for compute ") + to_string(c) + ", gradient " +
+                to_string(g) + (master ? ", with" : ", without") +
+                " an fp32 master (it takes fp32 without a master, or bf16/fp16 with one and a "
+                "gradient of the compute dtype or fp32)");
+  }
+}
 
 void adam_update_cpu(float* p, const float* g, float* m, float* v, int64_t n,
                      const AdamScalars& s) {

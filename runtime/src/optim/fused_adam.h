@@ -1,0 +1,48 @@
+// The fused optimizer step over one contiguous range of a parameter group (docs/parameter-store.md,
+// "The step"): pass 1 reads the gradient once for the global norm and the overflow check; pass 2
+// is one read-modify-write per element — the gradient unscaled and clipped by one factor,
+// adam_update() (optimizer_math.h) on the fp32 master, and the 16-bit compute copy written back.
+// Both passes run every element through the same scalar code, compiled for AVX-512, AVX2 and
+// baseline x86-64 (picked at load time), so every variant gives the scalar reference's bits.
+#pragma once
+
+#include <cstdint>
+
+#include "optim/optimizer_math.h"
+
+namespace memrt {
+
+// Storage types of the step's buffers. 16-bit values widen exactly to fp32; fp32 values are
+// rounded to nearest-even when written to 16 bits (as LibTorch's conversions do).
+enum class Storage : uint8_t { kFloat32, kBFloat16, kFloat16 };
+const char* to_string(Storage s);
+
+// n elements of each buffer. With a master, the compute copy is 16-bit and the gradient is either
+// the compute dtype or fp32 (DeepSpeed's data_types.grad_accum_dtype); without one, the compute
+// copy is fp32, is the value Adam updates, and the gradient is fp32.
+struct AdamRange {
+  float* master = nullptr;
+  void* compute = nullptr;
+  Storage compute_type = Storage::kFloat32;
+  const void* grad = nullptr;
+  Storage grad_type = Storage::kFloat32;
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+  int64_t n = 0;
+};
+
+struct GradStats {
+  double sum_squares = 0.0;  // of the gradient as stored (before any unscaling)
+  bool finite = true;        // no inf or NaN among the n values
+};
+
+// Pass 1. The sum runs in double over fixed blocks of the range, combined in a fixed order: the
+// result depends on n and the values only, not on the ISA or the number of threads.
+GradStats grad_stats_cpu(const void* grad, Storage type, int64_t n);
+
+// Pass 2: for each element, g = grad * grad_factor (1 / (loss scale * clip coefficient)), then
+// adam_update(p, g, m, v, s) on the master (or the fp32 compute copy), then the compute copy
+// written back. Throws memrt::Error for a combination the step does not take.
+void fused_adam_cpu(const AdamRange& range, const AdamScalars& s, float grad_factor);
+
+}  // namespace memrt

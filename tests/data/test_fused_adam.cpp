@@ -1,0 +1,229 @@
+// The fused optimizer step (runtime/src/optim/fused_adam.h): every kernel against a scalar
+// reference of the same operations, bit for bit; fp32 against torch.optim.AdamW over 100 steps
+// (tests/data/reference_optim.py, run by the venv's Python); the gradient statistics of pass 1.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "memrt/error.h"
+#include "optim/fused_adam.h"
+#include "optim/optimizer_math.h"
+#include "test_util.h"
+
+using namespace memrt;
+using memrt::test::read_raw;
+using memrt::test::run_reference;
+using memrt::test::TempDir;
+using memrt::test::write_raw;
+
+namespace {
+
+constexpr int64_t kN = 3 * (1 << 15) + 37;  // several parallel chunks and a tail of 37
+
+at::ScalarType scalar_type(Storage s) {
+  return s == Storage::kFloat32 ? at::kFloat : s == Storage::kBFloat16 ? at::kBFloat16 : at::kHalf;
+}
+
+// AdamScalars of step t (1-based) as the host's Adam computes them: in double, rounded once.
+AdamScalars scalars(double lr, double wd, int64_t t, bool adamw = true) {
+  const double b1 = 0.8, b2 = 0.95;
+  AdamScalars s;
+  s.beta1 = static_cast<float>(b1);
+  s.beta2 = static_cast<float>(b2);
+  s.eps = 1e-2f;
+  s.l2 = adamw ? 0.f : static_cast<float>(wd);
+  s.decay = adamw ? static_cast<float>(lr * wd) : 0.f;
+  s.step_size = static_cast<float>(lr / (1.0 - std::pow(b1, static_cast<double>(t))));
+  s.bc2_rsqrt = static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(b2, static_cast<double>(t))));
+  return s;
+}
+
+struct Buffers {
+  at::Tensor master, compute, grad, m, v;  // master undefined without one
+  AdamRange range() {
+    AdamRange r;
+    r.master = master.defined() ? master.data_ptr<float>() : nullptr;
+    r.compute = compute.data_ptr();
+    r.compute_type = compute.scalar_type() == at::kFloat ? Storage::kFloat32
+                     : compute.scalar_type() == at::kBFloat16 ? Storage::kBFloat16 : Storage::kFloat16;
+    r.grad = grad.data_ptr();
+    r.grad_type = grad.scalar_type() == at::kFloat ? Storage::kFloat32
+                  : grad.scalar_type() == at::kBFloat16 ? Storage::kBFloat16 : Storage::kFloat16;
+    r.exp_avg = m.data_ptr<float>();
+    r.exp_avg_sq = v.data_ptr<float>();
+    r.n = compute.numel();
+    return r;
+  }
+};
+
+Buffers make_buffers(Storage compute, Storage grad, int64_t n) {
+  Buffers b;
+  at::Tensor p = at::randn({n});
+  if (compute != Storage::kFloat32) b.master = p.clone();
+  b.compute = p.to(scalar_type(compute));
+  b.grad = (at::randn({n}) * 100).to(scalar_type(grad));  // as if scaled by a loss scale
+  b.m = at::zeros({n});
+  b.v = at::zeros({n});
+  return b;
+}
+
+// The scalar reference: one element at a time, in this file's own loop (built without FMA
+// contraction, like the kernels), widening and narrowing through LibTorch's conversions.
+void reference_step(Buffers& b, const AdamScalars& s, float factor) {
+  const int64_t n = b.compute.numel();
+  at::Tensor grad = b.grad.to(at::kFloat);
+  at::Tensor p = b.master.defined() ? b.master : b.compute.to(at::kFloat);
+  float* pp = p.data_ptr<float>();
+  const float* g = grad.data_ptr<float>();
+  float* m = b.m.data_ptr<float>();
+  float* v = b.v.data_ptr<float>();
+  for (int64_t i = 0; i < n; ++i) adam_update(pp[i], g[i] * factor, m[i], v[i], s);
+  b.compute.copy_(p);  // rounds to nearest-even into the compute dtype
+}
+
+bool same_bits(const at::Tensor& a, const at::Tensor& b) {
+  return a.scalar_type() == b.scalar_type() && a.numel() == b.numel() &&
+         std::memcmp(a.data_ptr(), b.data_ptr(), static_cast<size_t>(a.nbytes())) == 0;
+}
+
+void expect_kernel_matches_reference(Storage compute, Storage grad) {
+  const std::string what = std::string("compute ") + to_string(compute) + ", gradient " + to_string(grad);
+  at::manual_seed(11);
+  Buffers kernel = make_buffers(compute, grad, kN);
+  Buffers ref;
+  ref.master = kernel.master.defined() ? kernel.master.clone() : at::Tensor();
+  ref.compute = kernel.compute.clone();
+  ref.grad = kernel.grad.clone();
+  ref.m = kernel.m.clone();
+  ref.v = kernel.v.clone();
+  for (int64_t t = 1; t <= 3; ++t) {
+    const AdamScalars s = scalars(1e-2 * static_cast<double>(t), 0.1, t);
+    const float factor = 1.f / (100.f * 1.37f);  // unscale by 100, clip by 1.37
+    fused_adam_cpu(kernel.range(), s, factor);
+    reference_step(ref, s, factor);
+    kernel.grad.copy_((at::randn({kN}) * 100).to(kernel.grad.scalar_type()));
+    ref.grad.copy_(kernel.grad);
+  }
+  EXPECT_TRUE(same_bits(kernel.compute, ref.compute)) << what << ": compute copy";
+  if (ref.master.defined()) {
+    EXPECT_TRUE(same_bits(kernel.master, ref.master)) << what << ": master";
+  }
+  EXPECT_TRUE(same_bits(kernel.m, ref.m)) << what << ": exp_avg";
+  EXPECT_TRUE(same_bits(kernel.v, ref.v)) << what << ": exp_avg_sq";
+}
+
+}  // namespace
+
+// The kernels run the widest variant this CPU has (AVX-512, AVX2 or baseline x86-64); each
+// must give the scalar reference's bits, in every dtype combination the step takes.
+TEST(FusedAdam, EveryKernelMatchesTheScalarReferenceBitForBit) {
+#if defined(__x86_64__)
+  std::printf("kernels built for AVX-512, AVX2 and x86-64; this CPU runs %s\n",
+              __builtin_cpu_supports("avx512f") ? "AVX-512" : __builtin_cpu_supports("avx2") ? "AVX2" : "x86-64");
+#endif
+  expect_kernel_matches_reference(Storage::kFloat32, Storage::kFloat32);
+  expect_kernel_matches_reference(Storage::kBFloat16, Storage::kBFloat16);
+  expect_kernel_matches_reference(Storage::kBFloat16, Storage::kFloat32);
+  expect_kernel_matches_reference(Storage::kFloat16, Storage::kFloat16);
+  expect_kernel_matches_reference(Storage::kFloat16, Storage::kFloat32);
+}
+
+// Unscaled and unclipped, the fp32 step is the host's Adam loop, bit for bit.
+TEST(FusedAdam, Fp32WithFactorOneIsTheHostAdamLoop) {
+  at::manual_seed(5);
+  Buffers b = make_buffers(Storage::kFloat32, Storage::kFloat32, kN);
+  at::Tensor p = b.compute.clone(), m = b.m.clone(), v = b.v.clone();
+  const AdamScalars s = scalars(1e-3, 0.01, 1);
+  fused_adam_cpu(b.range(), s, 1.f);
+  adam_update_cpu(p.data_ptr<float>(), b.grad.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), kN, s);
+  EXPECT_TRUE(same_bits(b.compute, p));
+  EXPECT_TRUE(same_bits(b.m, m));
+  EXPECT_TRUE(same_bits(b.v, v));
+}
+
+// 100 steps of AdamW in fp32 against torch.optim.AdamW (foreach off) on the same parameters,
+// gradients and learning rates: within 1e-6 of the largest value, normwise.
+TEST(FusedAdam, Fp32FollowsTorchAdamWOver100Steps) {
+  constexpr int kSteps = 100;
+  constexpr int64_t n = 4099;
+  at::manual_seed(3);
+  at::Tensor p = at::randn({n});
+  at::Tensor grads = at::randn({kSteps, n});
+  std::vector<double> lrs;
+  for (int t = 0; t < kSteps; ++t) lrs.push_back(1e-3 * (1 + t % 7));
+  TempDir dir;
+  write_raw(dir.file("params.f32"), std::vector<float>(p.data_ptr<float>(), p.data_ptr<float>() + n));
+  write_raw(dir.file("grads.f32"),
+            std::vector<float>(grads.data_ptr<float>(), grads.data_ptr<float>() + kSteps * n));
+  write_raw(dir.file("lrs.f64"), lrs);
+
+  at::Tensor m = at::zeros({n}), v = at::zeros({n});
+  for (int t = 0; t < kSteps; ++t) {
+    at::Tensor g = grads[t].contiguous();
+    AdamRange r;
+    r.compute = p.data_ptr<float>();
+    r.grad = g.data_ptr<float>();
+    r.exp_avg = m.data_ptr<float>();
+    r.exp_avg_sq = v.data_ptr<float>();
+    r.n = n;
+    fused_adam_cpu(r, scalars(lrs[static_cast<size_t>(t)], 0.1, t + 1), 1.f);
+  }
+  ASSERT_TRUE(run_reference("reference_optim.py", dir.str() + " adamw " + std::to_string(n) + " " +
+                                                      std::to_string(kSteps) + " b1=0.8 b2=0.95 eps=1e-2 wd=0.1"));
+  for (const auto& [got, file] : {std::pair<at::Tensor, std::string>{p, "out_params.f32"},
+                                  {m, "out_exp_avg.f32"}, {v, "out_exp_avg_sq.f32"}}) {
+    const std::vector<float> want = read_raw<float>(dir.file(file));
+    ASSERT_EQ(static_cast<int64_t>(want.size()), n) << file;
+    at::Tensor w = at::from_blob(const_cast<float*>(want.data()), {n}).to(at::kDouble);
+    const double scale = w.abs().max().item<double>();
+    const double err = (got.to(at::kDouble) - w).abs().max().item<double>();
+    EXPECT_LE(err, 1e-6 * scale) << file << ": largest difference " << err << " against largest |value| " << scale;
+  }
+}
+
+// Pass 1: the sum of squares against a double reduction, the same bits with 1 or 2 threads, and
+// an inf or NaN anywhere (the last element included) seen, in each gradient dtype.
+TEST(FusedAdam, GradStatsAreExactDeterministicAndSeeEveryNonFinite) {
+  for (Storage type : {Storage::kFloat32, Storage::kBFloat16, Storage::kFloat16}) {
+    at::manual_seed(9);
+    at::Tensor g = (at::randn({kN}) * 10).to(scalar_type(type));
+    const double want = g.to(at::kDouble).pow(2).sum().item<double>();
+    const int threads = at::get_num_threads();
+    at::set_num_threads(1);
+    const GradStats one = grad_stats_cpu(g.data_ptr(), type, kN);
+    at::set_num_threads(2);
+    const GradStats two = grad_stats_cpu(g.data_ptr(), type, kN);
+    at::set_num_threads(threads);
+    EXPECT_TRUE(one.finite && two.finite) << to_string(type);
+    EXPECT_NEAR(one.sum_squares, want, 1e-12 * want) << to_string(type);
+    EXPECT_EQ(std::memcmp(&one.sum_squares, &two.sum_squares, sizeof(double)), 0)
+        << to_string(type) << ": " << one.sum_squares << " with 1 thread, " << two.sum_squares << " with 2";
+    for (int64_t at_index : {int64_t{0}, kN / 2, kN - 1}) {
+      for (double bad : {INFINITY, -INFINITY, NAN}) {
+        at::Tensor h = g.clone();
+        h[at_index] = bad;
+        EXPECT_FALSE(grad_stats_cpu(h.data_ptr(), type, kN).finite)
+            << to_string(type) << ": " << bad << " at " << at_index;
+      }
+    }
+  }
+}
+
+TEST(FusedAdam, ACombinationWithoutAKernelIsAnErrorNamingIt) {
+  Buffers b = make_buffers(Storage::kBFloat16, Storage::kBFloat16, 64);
+  AdamRange r = b.range();
+  r.master = nullptr;
+  try {
+    fused_adam_cpu(r, scalars(1e-3, 0.0, 1), 1.f);
+    FAIL() << "bf16 without a master was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("compute bf16, gradient bf16, without an fp32 master"), std::string::npos)
+        << e.what();
+  }
+}
