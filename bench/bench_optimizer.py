@@ -1,0 +1,98 @@
+"""The optimizer step against the memory roofline: memrt's fused step (fp32, and mixed precision
+with a bf16 compute copy), LibTorch's C++ AdamW and torch.optim.AdamW (foreach on and off), each
+stepping N fp32 parameters, beside the machine's memory bandwidth for Adam's traffic measured in
+the same run (read p, g, m, v and write p, m, v: 28 bytes per parameter).
+
+Each implementation runs in its own process (build/bin/bench_optimizer_step, or this file as a
+child for torch.optim), alternated `--repeats` times; params/s is parameters stepped per second
+after 2 untimed steps, over at least `--seconds`; the median over repeats. ratio = params/s over
+the roofline's params/s. Ends with one JSON line per implementation and size.
+
+    scripts/build.sh --target bench_optimizer_step, then:
+    <venv python> bench/bench_optimizer.py [--sizes 10000000,100000000] [--threads 2]
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+from bench_common import ROOT, cpu, run
+
+NATIVE = ("roofline", "memrt_fp32", "memrt_mixed", "libtorch_adamw")
+TORCH = ("torch_adamw_foreach", "torch_adamw_for_loop")
+
+
+def torch_child(impl, n, seconds):
+    import torch
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(n))
+    p.grad = torch.randn(n) * 1e-3
+    opt = torch.optim.AdamW([p], lr=1e-3, weight_decay=0.01, foreach=impl == "torch_adamw_foreach")
+    opt.step()
+    opt.step()
+    steps, t0 = 0, time.perf_counter()
+    while True:
+        opt.step()
+        steps += 1
+        elapsed = time.perf_counter() - t0
+        if elapsed >= seconds:
+            break
+    print(json.dumps({"impl": impl, "params": n, "threads": torch.get_num_threads(),
+                      "params_per_s": steps * n / elapsed}))
+
+
+def measure(a, impl, n, env):
+    if impl in NATIVE:
+        cmd = [str(ROOT / a.build / "bin/bench_optimizer_step"), impl, str(n), str(a.seconds)]
+    else:
+        cmd = [sys.executable, os.path.abspath(__file__), "--child", impl, str(n), str(a.seconds)]
+    text, _ = run(cmd, env)
+    return json.loads(text.strip().splitlines()[-1])["params_per_s"]
+
+
+def main():
+    if len(sys.argv) == 5 and sys.argv[1] == "--child":
+        return torch_child(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--sizes", default="10000000,100000000")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--repeats", type=int, default=3)
+    a = ap.parse_args()
+    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
+    sizes = [int(s) for s in a.sizes.split(",")]
+    impls = NATIVE + TORCH
+    runs = {(i, n): [] for i in impls for n in sizes}
+    for _ in range(a.repeats):
+        for n in sizes:
+            for i in impls:
+                runs[i, n].append(measure(a, i, n, env))
+    med = {k: statistics.median(v) for k, v in runs.items()}
+
+    model, flags = cpu()
+    print(f"machine: {model} ({flags}), {os.cpu_count()} cores, threads {a.threads}; params/s = "
+          f"median of {a.repeats} alternating runs of >= {a.seconds} s; roofline: read p, g, m, v "
+          f"and write p, m, v (28 bytes/param)")
+    print()
+    print("| parameters | implementation | params/s | GB/s at 28 B/param | ratio to roofline | time vs memrt fp32 |")
+    print("|---:|---|---:|---:|---:|---:|")
+    for n in sizes:
+        roof, fp32 = med["roofline", n], med["memrt_fp32", n]
+        for i in impls:
+            r = med[i, n]
+            print(f"| {n:,} | {i} | {r:.4g} | {r * 28 / 1e9:.1f} | {r / roof:.3f} | {fp32 / r:.3f} |")
+    print()
+    for n in sizes:
+        for i in impls:
+            print(f"{i}, {n}: params/s {[f'{r:.4g}' for r in runs[i, n]]}")
+    for n in sizes:
+        for i in impls:
+            print(json.dumps({"bench": "optimizer", "impl": i, "params": n, "params_per_s": med[i, n],
+                              "ratio_to_roofline": med[i, n] / med["roofline", n]}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+// One optimizer implementation stepping N fp32 parameters (one flat tensor), timed; run by
+// bench/bench_optimizer.py, which compares them in one run.
+//
+//   bench_optimizer_step IMPL N SECONDS     prints one JSON line: impl, params, steps, seconds,
+//                                           params_per_s (threads: OMP_NUM_THREADS)
+//   IMPL  roofline        Adam's memory traffic and nothing else: read p, g, m, v, write p, m, v
+//                         (28 bytes per parameter), the same chunks and threads as the kernels
+//         memrt_fp32      fused_adam_cpu on fp32 p, g, m, v
+//         memrt_mixed     fused_adam_cpu on an fp32 master, m, v with a bf16 gradient unscaled by
+//                         a loss scale and the bf16 compute copy written back (28 bytes too)
+//         libtorch_adamw  torch::optim::AdamW (LibTorch's C++ optimizer), foreach-free
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/optim/adamw.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+
+#include "optim/fused_adam.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define SIMD_CLONES
+#endif
+
+namespace {
+
+constexpr int64_t kGrain = 1 << 15;  // as optimizers_cpu.cpp
+
+SIMD_CLONES void traffic_chunk(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
+                               float* __restrict__ v, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    p[i] += g[i];
+    m[i] += g[i];
+    v[i] += g[i];
+  }
+}
+
+// Steps until `seconds` have passed (after 2 untimed steps); returns steps per second.
+double time_steps(const std::function<void()>& step, double seconds) {
+  step();
+  step();
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  int64_t steps = 0;
+  double elapsed = 0;
+  do {
+    step();
+    ++steps;
+    elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+  } while (elapsed < seconds);
+  return static_cast<double>(steps) / elapsed;
+}
+
+memrt::AdamScalars scalars() {
+  memrt::AdamScalars s;
+  s.decay = 1e-3f * 0.01f;
+  s.step_size = 1e-3f / 0.1f;
+  s.bc2_rsqrt = 1.f / std::sqrt(0.001f);
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 4) {
+    std::fprintf(stderr, "usage: %s roofline|memrt_fp32|memrt_mixed|libtorch_adamw PARAMS SECONDS\n", argv[0]);
+    return 2;
+  }
+  const std::string impl = argv[1];
+  const int64_t n = std::atoll(argv[2]);
+  const double seconds = std::atof(argv[3]);
+  at::manual_seed(0);
+  at::Tensor p = at::randn({n}), g = at::randn({n}) * 1e-3, m = at::zeros({n}), v = at::zeros({n});
+
+  std::function<void()> step;
+  at::Tensor compute16, grad16;
+  std::unique_ptr<torch::optim::AdamW> adamw;
+  if (impl == "roofline") {
+    step = [&] {
+      at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
+        traffic_chunk(p.data_ptr<float>() + b, g.data_ptr<float>() + b, m.data_ptr<float>() + b,
+                      v.data_ptr<float>() + b, e - b);
+      });
+    };
+  } else if (impl == "memrt_fp32" || impl == "memrt_mixed") {
+    memrt::AdamRange r;
+    r.exp_avg = m.data_ptr<float>();
+    r.exp_avg_sq = v.data_ptr<float>();
+    r.n = n;
+    float factor = 1.f;
+    if (impl == "memrt_fp32") {
+      r.compute = p.data_ptr<float>();
+      r.grad = g.data_ptr<float>();
+    } else {
+      compute16 = p.to(at::kBFloat16);
+      grad16 = (g * 65536).to(at::kBFloat16);
+      r.master = p.data_ptr<float>();
+      r.compute = compute16.data_ptr();
+      r.compute_type = memrt::Storage::kBFloat16;
+      r.grad = grad16.data_ptr();
+      r.grad_type = memrt::Storage::kBFloat16;
+      factor = 1.f / 65536;
+    }
+    step = [r, factor] { memrt::fused_adam_cpu(r, scalars(), factor); };
+  } else if (impl == "libtorch_adamw") {
+    p.set_requires_grad(true);
+    p.mutable_grad() = g;
+    adamw = std::make_unique<torch::optim::AdamW>(std::vector<at::Tensor>{p},
+                                                  torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
+    step = [&] { adamw->step(); };
+  } else {
+    std::fprintf(stderr, "unknown implementation '%s'\n", impl.c_str());
+    return 2;
+  }
+  const double steps_per_s = time_steps(step, seconds);
+  std::printf("{\"impl\": \"%s\", \"params\": %lld, \"threads\": %d, \"params_per_s\": %.6g}\n", impl.c_str(),
+              static_cast<long long>(n), at::get_num_threads(), steps_per_s * static_cast<double>(n));
+  return 0;
+}
