@@ -1,5 +1,5 @@
 """The optimizer step against the memory roofline: memrt's fused step (fp32, and mixed precision
-with a bf16 compute copy), LibTorch's C++ AdamW and torch.optim.AdamW (foreach on and off), each
+with a bf16 or fp16 compute copy), LibTorch's C++ AdamW and torch.optim.AdamW (foreach on and off), each
 stepping N fp32 parameters, beside the machine's memory bandwidth for Adam's traffic measured in
 the same run (read p, g, m, v and write p, m, v: 28 bytes per parameter).
 
@@ -20,7 +20,7 @@ import time
 
 from bench_common import ROOT, cpu, run
 
-NATIVE = ("roofline", "memrt_fp32", "memrt_mixed", "libtorch_adamw")
+NATIVE = ("roofline", "memrt_fp32", "memrt_mixed", "memrt_mixed_fp16", "libtorch_adamw")
 TORCH = ("torch_adamw_foreach", "torch_adamw_for_loop")
 
 

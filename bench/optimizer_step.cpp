@@ -8,6 +8,7 @@
 //         memrt_fp32      fused_adam_cpu on fp32 p, g, m, v
 //         memrt_mixed     fused_adam_cpu on an fp32 master, m, v with a bf16 gradient unscaled by
 //                         a loss scale and the bf16 compute copy written back (28 bytes too)
+//         memrt_mixed_fp16  the same in fp16
 //         libtorch_adamw  torch::optim::AdamW (LibTorch's C++ optimizer), foreach-free
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -69,7 +70,8 @@ memrt::AdamScalars scalars() {
 
 int main(int argc, char** argv) {
   if (argc != 4) {
-    std::fprintf(stderr, "usage: %s roofline|memrt_fp32|memrt_mixed|libtorch_adamw PARAMS SECONDS\n", argv[0]);
+    std::fprintf(stderr, "usage: %s roofline|memrt_fp32|memrt_mixed|memrt_mixed_fp16|libtorch_adamw PARAMS SECONDS\n",
+                 argv[0]);
     return 2;
   }
   const std::string impl = argv[1];
@@ -88,7 +90,7 @@ int main(int argc, char** argv) {
                       v.data_ptr<float>() + b, e - b);
       });
     };
-  } else if (impl == "memrt_fp32" || impl == "memrt_mixed") {
+  } else if (impl == "memrt_fp32" || impl == "memrt_mixed" || impl == "memrt_mixed_fp16") {
     memrt::AdamRange r;
     r.exp_avg = m.data_ptr<float>();
     r.exp_avg_sq = v.data_ptr<float>();
@@ -98,13 +100,14 @@ int main(int argc, char** argv) {
       r.compute = p.data_ptr<float>();
       r.grad = g.data_ptr<float>();
     } else {
-      compute16 = p.to(at::kBFloat16);
-      grad16 = (g * 65536).to(at::kBFloat16);
+      const bool fp16 = impl == "memrt_mixed_fp16";
+      compute16 = p.to(fp16 ? at::kHalf : at::kBFloat16);
+      grad16 = (g * 65536).to(compute16.scalar_type());
       r.master = p.data_ptr<float>();
       r.compute = compute16.data_ptr();
-      r.compute_type = memrt::Storage::kBFloat16;
+      r.compute_type = fp16 ? memrt::Storage::kFloat16 : memrt::Storage::kBFloat16;
       r.grad = grad16.data_ptr();
-      r.grad_type = memrt::Storage::kBFloat16;
+      r.grad_type = r.compute_type;
       factor = 1.f / 65536;
     }
     step = [r, factor] { memrt::fused_adam_cpu(r, scalars(), factor); };

@@ -6,8 +6,11 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <c10/util/Half.h>
+
 #include <cmath>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -213,6 +216,41 @@ TEST(FusedAdam, GradStatsAreExactDeterministicAndSeeEveryNonFinite) {
       }
     }
   }
+}
+
+uint32_t bits_of(float f) {
+  uint32_t u = 0;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+// The fused step's own fp16 conversions (branch-free, so its loops vectorise) against c10::Half's:
+// every fp16 value widened, and fp32 values around every rounding boundary of every fp16
+// exponent narrowed, plus random ones.
+TEST(FusedAdam, Fp16ConversionsAreCHalfsBitForBit) {
+  for (uint32_t h = 0; h <= 0xffffu; ++h) {
+    const float want = static_cast<float>(c10::Half(static_cast<uint16_t>(h), c10::Half::from_bits()));
+    const float got = float_from_fp16_bits(static_cast<uint16_t>(h));
+    ASSERT_EQ(bits_of(got), bits_of(want)) << "fp16 bits 0x" << std::hex << h;
+  }
+  auto check = [](uint32_t x) {
+    float f = 0.f;
+    std::memcpy(&f, &x, sizeof f);
+    const uint16_t want = c10::Half(f).x;
+    const uint16_t got = fp16_bits_from_float(f);
+    if (std::isnan(f)) {
+      ASSERT_EQ(got & 0x7c00u, 0x7c00u) << "NaN 0x" << std::hex << x;
+      ASSERT_NE(got & 0x3ffu, 0u) << "NaN 0x" << std::hex << x;
+    } else {
+      ASSERT_EQ(got, want) << "fp32 bits 0x" << std::hex << x;
+    }
+  };
+  // The 13 bits an fp16 drops decide the rounding: halfway, either side of it, and the extremes.
+  const uint32_t low[] = {0x0000, 0x0001, 0x0fff, 0x1000, 0x1001, 0x1fff, 0x0800, 0x17ff, 0x1800};
+  for (uint32_t high = 0; high < (1u << 19); ++high)
+    for (uint32_t l : low) check((high << 13) | l);
+  std::mt19937 rng(1);
+  for (int i = 0; i < (1 << 22); ++i) check(static_cast<uint32_t>(rng()));
 }
 
 TEST(FusedAdam, ACombinationWithoutAKernelIsAnErrorNamingIt) {

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #if defined(__CUDACC__)
 #define MEMRT_HOST_DEVICE __host__ __device__
@@ -35,6 +36,57 @@ MEMRT_HOST_DEVICE inline void adam_update(float& p, float g, float& m, float& v,
   float denom = sqrtf(v) * s.bc2_rsqrt + s.eps;
   p = p - s.decay * p;
   p = p - s.step_size * (m / denom);
+}
+
+// fp16 bits to fp32, exactly (a NaN keeps its payload and comes out quiet, as from c10::Half's
+// conversion), without branches.
+MEMRT_HOST_DEVICE inline float float_from_fp16_bits(uint16_t bits) {
+  const uint32_t h = bits;
+  const uint32_t sign = (h & 0x8000u) << 16;
+  const uint32_t em = h & 0x7fffu;
+  // Normal: the exponent re-biased (15 -> 127); infinity and NaN once more, to exponent 255.
+  const uint32_t is_inf_nan = 0u - static_cast<uint32_t>(em >= 0x7c00u);
+  const uint32_t is_nan = 0u - static_cast<uint32_t>(em > 0x7c00u);
+  const uint32_t normal =
+      ((em << 13) + 0x38000000u + (0x38000000u & is_inf_nan)) | (0x00400000u & is_nan);
+  // Subnormal (and zero): em units of 2^-24, exact in fp32.
+  const float sub_f = static_cast<float>(static_cast<int32_t>(em)) * 5.9604644775390625e-8f;
+  uint32_t subnormal = 0;
+  std::memcpy(&subnormal, &sub_f, sizeof subnormal);
+  const uint32_t is_subnormal = 0u - static_cast<uint32_t>(em < 0x400u);
+  const uint32_t x = sign | (subnormal & is_subnormal) | (normal & ~is_subnormal);
+  float f = 0.f;
+  std::memcpy(&f, &x, sizeof f);
+  return f;
+}
+
+// fp32 to fp16 bits, rounded to nearest-even as an IEEE conversion does (a NaN becomes sign |
+// 0x7e00, as c10::Half makes it). Written without branches, so that a loop of it vectorises:
+// c10::Half's own conversion keeps the fused step's fp16 loops scalar.
+MEMRT_HOST_DEVICE inline uint16_t fp16_bits_from_float(float f) {
+  uint32_t x = 0;
+  std::memcpy(&x, &f, sizeof x);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t a = x & 0x7fffffffu;
+  // Normal halves: the exponent re-biased (127 -> 15), the 13 dropped bits rounded to nearest-even
+  // (a carry into the exponent is the right result, up to infinity).
+  const uint32_t normal = (a - 0x38000000u + 0xfffu + ((a >> 13) & 1u)) >> 13;
+  // Below 2^-14 (subnormal halves): adding 0.5f rounds |f| to a multiple of 2^-24, the subnormal
+  // spacing, in fp32 arithmetic; what remains above 0.5f's bits is the half's bits.
+  float abs_f = 0.f;
+  std::memcpy(&abs_f, &a, sizeof a);
+  const float shifted = abs_f + 0.5f;
+  uint32_t subnormal = 0;
+  std::memcpy(&subnormal, &shifted, sizeof subnormal);
+  subnormal -= 0x3f000000u;
+  // The cases by masks rather than branches (GCC leaves a loop with selects here scalar).
+  const uint32_t is_subnormal = 0u - static_cast<uint32_t>(a < 0x38800000u);
+  const uint32_t is_inf = 0u - static_cast<uint32_t>(a >= 0x47800000u);  // 65536 and above
+  const uint32_t is_nan = 0u - static_cast<uint32_t>(a > 0x7f800000u);
+  uint32_t h = (subnormal & is_subnormal) | (normal & ~is_subnormal);
+  h = (0x7c00u & is_inf) | (h & ~is_inf);
+  h = (0x7e00u & is_nan) | (h & ~is_nan);
+  return static_cast<uint16_t>(sign | h);
 }
 
 struct SgdScalars {

@@ -50,9 +50,25 @@ MEMRT_SIMD_CLONES void sgd_chunk_no_momentum(float* __restrict__ p, const float*
 
 // ---- the fused step -----------------------------------------------------------------------------
 
+// Widening to fp32: fp16 through the branch-free conversion (the same bits as c10::Half's, which
+// keeps a loop scalar), the others through their own.
 template <typename T>
 inline float widen(T x) {
   return static_cast<float>(x);
+}
+template <>
+inline float widen<c10::Half>(c10::Half x) {
+  return float_from_fp16_bits(x.x);
+}
+
+// Narrowing to the compute dtype, likewise.
+template <typename C>
+inline C narrow(float x) {
+  return static_cast<C>(x);
+}
+template <>
+inline c10::Half narrow<c10::Half>(float x) {
+  return c10::Half(fp16_bits_from_float(x), c10::Half::from_bits());
 }
 
 // One element of pass 2. P: the value Adam updates (the master, or the fp32 compute copy).
@@ -67,7 +83,7 @@ inline void fused_adam_element(float* master, C* compute, const G* grad, float* 
   }
   adam_update(p, widen(grad[i]) * factor, m[i], v[i], s);
   if constexpr (kMaster) master[i] = p;
-  compute[i] = static_cast<C>(p);
+  compute[i] = narrow<C>(p);
 }
 
 #define MEMRT_FUSED_ADAM_CHUNK(NAME, C, G, MASTER)                                                \
