@@ -29,22 +29,9 @@ namespace {
 
 constexpr int64_t kN = 3 * (1 << 15) + 37;  // several parallel chunks and a tail of 37
 
-at::ScalarType scalar_type(Storage s) {
-  return s == Storage::kFloat32 ? at::kFloat : s == Storage::kBFloat16 ? at::kBFloat16 : at::kHalf;
-}
-
-// AdamScalars of step t (1-based) as the host's Adam computes them: in double, rounded once.
-AdamScalars scalars(double lr, double wd, int64_t t, bool adamw = true) {
-  const double b1 = 0.8, b2 = 0.95;
-  AdamScalars s;
-  s.beta1 = static_cast<float>(b1);
-  s.beta2 = static_cast<float>(b2);
-  s.eps = 1e-2f;
-  s.l2 = adamw ? 0.f : static_cast<float>(wd);
-  s.decay = adamw ? static_cast<float>(lr * wd) : 0.f;
-  s.step_size = static_cast<float>(lr / (1.0 - std::pow(b1, static_cast<double>(t))));
-  s.bc2_rsqrt = static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(b2, static_cast<double>(t))));
-  return s;
+// AdamW's scalars of step t (1-based), with reference_optim.py's b1=0.8 b2=0.95 eps=1e-2.
+AdamScalars scalars(double lr, double wd, int64_t t) {
+  return adam_scalars(lr, 0.8, 0.95, 1e-2, wd, /*decoupled=*/true, /*bias_correction=*/true, t);
 }
 
 struct Buffers {
@@ -53,11 +40,9 @@ struct Buffers {
     AdamRange r;
     r.master = master.defined() ? master.data_ptr<float>() : nullptr;
     r.compute = compute.data_ptr();
-    r.compute_type = compute.scalar_type() == at::kFloat ? Storage::kFloat32
-                     : compute.scalar_type() == at::kBFloat16 ? Storage::kBFloat16 : Storage::kFloat16;
+    r.compute_type = compute.scalar_type();
     r.grad = grad.data_ptr();
-    r.grad_type = grad.scalar_type() == at::kFloat ? Storage::kFloat32
-                  : grad.scalar_type() == at::kBFloat16 ? Storage::kBFloat16 : Storage::kFloat16;
+    r.grad_type = grad.scalar_type();
     r.exp_avg = m.data_ptr<float>();
     r.exp_avg_sq = v.data_ptr<float>();
     r.n = compute.numel();
@@ -65,12 +50,12 @@ struct Buffers {
   }
 };
 
-Buffers make_buffers(Storage compute, Storage grad, int64_t n) {
+Buffers make_buffers(at::ScalarType compute, at::ScalarType grad, int64_t n) {
   Buffers b;
   at::Tensor p = at::randn({n});
-  if (compute != Storage::kFloat32) b.master = p.clone();
-  b.compute = p.to(scalar_type(compute));
-  b.grad = (at::randn({n}) * 100).to(scalar_type(grad));  // as if scaled by a loss scale
+  if (compute != at::kFloat) b.master = p.clone();
+  b.compute = p.to(compute);
+  b.grad = (at::randn({n}) * 100).to(grad);  // as if scaled by a loss scale
   b.m = at::zeros({n});
   b.v = at::zeros({n});
   return b;
@@ -95,8 +80,8 @@ bool same_bits(const at::Tensor& a, const at::Tensor& b) {
          std::memcmp(a.data_ptr(), b.data_ptr(), static_cast<size_t>(a.nbytes())) == 0;
 }
 
-void expect_kernel_matches_reference(Storage compute, Storage grad) {
-  const std::string what = std::string("compute ") + to_string(compute) + ", gradient " + to_string(grad);
+void expect_kernel_matches_reference(at::ScalarType compute, at::ScalarType grad) {
+  const std::string what = std::string("compute ") + c10::toString(compute) + ", gradient " + c10::toString(grad);
   at::manual_seed(11);
   Buffers kernel = make_buffers(compute, grad, kN);
   Buffers ref;
@@ -130,17 +115,17 @@ TEST(FusedAdam, EveryKernelMatchesTheScalarReferenceBitForBit) {
   std::printf("kernels built for AVX-512, AVX2 and x86-64; this CPU runs %s\n",
               __builtin_cpu_supports("avx512f") ? "AVX-512" : __builtin_cpu_supports("avx2") ? "AVX2" : "x86-64");
 #endif
-  expect_kernel_matches_reference(Storage::kFloat32, Storage::kFloat32);
-  expect_kernel_matches_reference(Storage::kBFloat16, Storage::kBFloat16);
-  expect_kernel_matches_reference(Storage::kBFloat16, Storage::kFloat32);
-  expect_kernel_matches_reference(Storage::kFloat16, Storage::kFloat16);
-  expect_kernel_matches_reference(Storage::kFloat16, Storage::kFloat32);
+  expect_kernel_matches_reference(at::kFloat, at::kFloat);
+  expect_kernel_matches_reference(at::kBFloat16, at::kBFloat16);
+  expect_kernel_matches_reference(at::kBFloat16, at::kFloat);
+  expect_kernel_matches_reference(at::kHalf, at::kHalf);
+  expect_kernel_matches_reference(at::kHalf, at::kFloat);
 }
 
 // Unscaled and unclipped, the fp32 step is the host's Adam loop, bit for bit.
 TEST(FusedAdam, Fp32WithFactorOneIsTheHostAdamLoop) {
   at::manual_seed(5);
-  Buffers b = make_buffers(Storage::kFloat32, Storage::kFloat32, kN);
+  Buffers b = make_buffers(at::kFloat, at::kFloat, kN);
   at::Tensor p = b.compute.clone(), m = b.m.clone(), v = b.v.clone();
   const AdamScalars s = scalars(1e-3, 0.01, 1);
   fused_adam_cpu(b.range(), s, 1.f);
@@ -193,9 +178,9 @@ TEST(FusedAdam, Fp32FollowsTorchAdamWOver100Steps) {
 // Pass 1: the sum of squares against a double reduction, the same bits with 1 or 2 threads, and
 // an inf or NaN anywhere (the last element included) seen, in each gradient dtype.
 TEST(FusedAdam, GradStatsAreExactDeterministicAndSeeEveryNonFinite) {
-  for (Storage type : {Storage::kFloat32, Storage::kBFloat16, Storage::kFloat16}) {
+  for (at::ScalarType type : {at::kFloat, at::kBFloat16, at::kHalf}) {
     at::manual_seed(9);
-    at::Tensor g = (at::randn({kN}) * 10).to(scalar_type(type));
+    at::Tensor g = (at::randn({kN}) * 10).to(type);
     const double want = g.to(at::kDouble).pow(2).sum().item<double>();
     const int threads = at::get_num_threads();
     at::set_num_threads(1);
@@ -203,16 +188,16 @@ TEST(FusedAdam, GradStatsAreExactDeterministicAndSeeEveryNonFinite) {
     at::set_num_threads(2);
     const GradStats two = grad_stats_cpu(g.data_ptr(), type, kN);
     at::set_num_threads(threads);
-    EXPECT_TRUE(one.finite && two.finite) << to_string(type);
-    EXPECT_NEAR(one.sum_squares, want, 1e-12 * want) << to_string(type);
+    EXPECT_TRUE(one.finite && two.finite) << c10::toString(type);
+    EXPECT_NEAR(one.sum_squares, want, 1e-12 * want) << c10::toString(type);
     EXPECT_EQ(std::memcmp(&one.sum_squares, &two.sum_squares, sizeof(double)), 0)
-        << to_string(type) << ": " << one.sum_squares << " with 1 thread, " << two.sum_squares << " with 2";
+        << c10::toString(type) << ": " << one.sum_squares << " with 1 thread, " << two.sum_squares << " with 2";
     for (int64_t at_index : {int64_t{0}, kN / 2, kN - 1}) {
       for (double bad : {INFINITY, -INFINITY, NAN}) {
         at::Tensor h = g.clone();
         h[at_index] = bad;
         EXPECT_FALSE(grad_stats_cpu(h.data_ptr(), type, kN).finite)
-            << to_string(type) << ": " << bad << " at " << at_index;
+            << c10::toString(type) << ": " << bad << " at " << at_index;
       }
     }
   }
@@ -254,14 +239,22 @@ TEST(FusedAdam, Fp16ConversionsAreCHalfsBitForBit) {
 }
 
 TEST(FusedAdam, ACombinationWithoutAKernelIsAnErrorNamingIt) {
-  Buffers b = make_buffers(Storage::kBFloat16, Storage::kBFloat16, 64);
+  Buffers b = make_buffers(at::kBFloat16, at::kBFloat16, 64);
   AdamRange r = b.range();
   r.master = nullptr;
   try {
     fused_adam_cpu(r, scalars(1e-3, 0.0, 1), 1.f);
     FAIL() << "bf16 without a master was taken";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("compute bf16, gradient bf16, without an fp32 master"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("compute BFloat16, gradient BFloat16, without an fp32 master"),
+              std::string::npos)
         << e.what();
+  }
+  at::Tensor g = at::zeros({64}, at::kDouble);
+  try {
+    grad_stats_cpu(g.data_ptr(), at::kDouble, 64);
+    FAIL() << "double gradients were read as another type";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no kernel for Double gradients"), std::string::npos) << e.what();
   }
 }

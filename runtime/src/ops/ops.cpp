@@ -21,8 +21,13 @@ using torch::autograd::variable_list;
 constexpr int64_t kBlockBytes = int64_t{4} << 20;  // fp32 bytes converted per block
 constexpr int64_t kMinBlockRows = 64;               // below this MKL's GEMM loses its speed
 
+const CpuFacts& facts() {
+  static const CpuFacts f = read_cpu_facts();
+  return f;
+}
+
 const MatmulPlan& plan() {
-  static const MatmulPlan p = choose_matmul_plan(read_cpu_facts());
+  static const MatmulPlan p = choose_matmul_plan(facts());
   return p;
 }
 
@@ -186,7 +191,7 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
 }
 
 std::string describe_cpu_math() {
-  static const std::string line = describe(read_cpu_facts(), plan());
+  static const std::string line = describe(facts(), plan());
   return line;
 }
 

@@ -8,24 +8,23 @@
 
 #include <cstdint>
 
+#include <c10/core/ScalarType.h>
+
 #include "optim/optimizer_math.h"
 
 namespace memrt {
 
-// Storage types of the step's buffers. 16-bit values widen exactly to fp32; fp32 values are
-// rounded to nearest-even when written to 16 bits (as LibTorch's conversions do).
-enum class Storage : uint8_t { kFloat32, kBFloat16, kFloat16 };
-const char* to_string(Storage s);
-
-// n elements of each buffer. With a master, the compute copy is 16-bit and the gradient is either
+// n elements of each buffer; the 16-bit ones are at::kBFloat16 or at::kHalf. 16-bit values widen
+// exactly to fp32; fp32 values are rounded to nearest-even when written to 16 bits, as LibTorch's
+// conversions do. With a master, the compute copy is 16-bit and the gradient is either
 // the compute dtype or fp32 (DeepSpeed's data_types.grad_accum_dtype); without one, the compute
 // copy is fp32, is the value Adam updates, and the gradient is fp32.
 struct AdamRange {
   float* master = nullptr;
   void* compute = nullptr;
-  Storage compute_type = Storage::kFloat32;
+  at::ScalarType compute_type = at::kFloat;
   const void* grad = nullptr;
-  Storage grad_type = Storage::kFloat32;
+  at::ScalarType grad_type = at::kFloat;
   float* exp_avg = nullptr;
   float* exp_avg_sq = nullptr;
   int64_t n = 0;
@@ -38,7 +37,7 @@ struct GradStats {
 
 // Pass 1. The sum runs in double over fixed blocks of the range, combined in a fixed order: the
 // result depends on n and the values only, not on the ISA or the number of threads.
-GradStats grad_stats_cpu(const void* grad, Storage type, int64_t n);
+GradStats grad_stats_cpu(const void* grad, at::ScalarType type, int64_t n);
 
 // Pass 2: for each element, g = grad * grad_factor (1 / (loss scale * clip coefficient)), then
 // adam_update(p, g, m, v, s) on the master (or the fp32 compute copy), then the compute copy

@@ -24,6 +24,27 @@ struct AdamScalars {
   float bc2_rsqrt = 1.f;     // 1 / sqrt(1 - beta2^t), or 1 without bias correction
 };
 
+// The scalars of update `step` (1-based), as DeepSpeed's CPU Adam computes them: weight decay only
+// when positive (`if (_weight_decay > 0)`), on the gradient (L2) or decoupled (AdamW).
+inline AdamScalars adam_scalars(double lr, double beta1, double beta2, double eps, double weight_decay,
+                                bool decoupled, bool bias_correction, int64_t step) {
+  AdamScalars s;
+  s.beta1 = static_cast<float>(beta1);
+  s.beta2 = static_cast<float>(beta2);
+  s.eps = static_cast<float>(eps);
+  const double wd = weight_decay > 0 ? weight_decay : 0.0;
+  s.l2 = decoupled ? 0.f : static_cast<float>(wd);
+  s.decay = decoupled ? static_cast<float>(lr * wd) : 0.f;
+  double bc1 = 1.0, bc2 = 1.0;
+  if (bias_correction) {
+    bc1 = 1.0 - std::pow(beta1, static_cast<double>(step));
+    bc2 = 1.0 - std::pow(beta2, static_cast<double>(step));
+  }
+  s.step_size = static_cast<float>(lr / bc1);
+  s.bc2_rsqrt = static_cast<float>(1.0 / std::sqrt(bc2));
+  return s;
+}
+
 // DeepSpeed's CPU Adam per element (csrc/adam/cpu_adam_impl.cpp, Adam_Optimizer::Step_1):
 //   g += wd*p (Adam only); m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g^2;
 //   denom = sqrt(v) * bc2_rsqrt + eps  (eps after bias correction);

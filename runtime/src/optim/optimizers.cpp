@@ -160,21 +160,8 @@ class AdamOptimizer : public OptimizerBase {
 
   void step(double lr) override {
     for_each_update([&](const ParamGroup& g, const std::string& pname, at::Tensor& p, int64_t t) {
-      AdamScalars s;
-      s.beta1 = static_cast<float>(cfg_.beta1);
-      s.beta2 = static_cast<float>(cfg_.beta2);
-      s.eps = static_cast<float>(cfg_.eps);
-      // Weight decay only when positive, as DeepSpeed's kernel (`if (_weight_decay > 0)`).
-      double wd = g.weight_decay > 0 ? g.weight_decay : 0.0;
-      s.l2 = decoupled_ ? 0.f : static_cast<float>(wd);
-      s.decay = decoupled_ ? static_cast<float>(lr * wd) : 0.f;
-      double bc1 = 1.0, bc2 = 1.0;
-      if (cfg_.bias_correction) {
-        bc1 = 1.0 - std::pow(cfg_.beta1, static_cast<double>(t));
-        bc2 = 1.0 - std::pow(cfg_.beta2, static_cast<double>(t));
-      }
-      s.step_size = static_cast<float>(lr / bc1);
-      s.bc2_rsqrt = static_cast<float>(1.0 / std::sqrt(bc2));
+      const AdamScalars s = adam_scalars(lr, cfg_.beta1, cfg_.beta2, cfg_.eps, g.weight_decay,
+                                         decoupled_, cfg_.bias_correction, t);
       at::Tensor& m = state_[pname + ".exp_avg"];
       at::Tensor& v = state_[pname + ".exp_avg_sq"];
       with_fp32(pname, p, [&](at::Tensor& p32, const at::Tensor& g32) {

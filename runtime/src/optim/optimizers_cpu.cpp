@@ -14,20 +14,13 @@
 #include <vector>
 
 #include "memrt/error.h"
+#include "optim/cpu_loops.h"
 #include "optim/fused_adam.h"
 #include "optim/optimizer_math.h"
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define MEMRT_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define MEMRT_SIMD_CLONES
-#endif
 
 namespace memrt {
 
 namespace {
-
-constexpr int64_t kGrain = 1 << 15;  // elements per task: 512 KiB of the four fp32 streams
 
 MEMRT_SIMD_CLONES void adam_chunk(float* __restrict__ p, const float* __restrict__ g,
                                   float* __restrict__ m, float* __restrict__ v, int64_t n,
@@ -132,27 +125,24 @@ MEMRT_GRAD_STATS_CHUNK(stats_fp16, c10::Half)
 
 }  // namespace
 
-const char* to_string(Storage s) {
-  switch (s) {
-    case Storage::kFloat32: return "fp32";
-    case Storage::kBFloat16: return "bf16";
-    case Storage::kFloat16: return "fp16";
+GradStats grad_stats_cpu(const void* grad, at::ScalarType type, int64_t n) {
+  if (type != at::kFloat && type != at::kBFloat16 && type != at::kHalf) {
+    throw Error(std::string("gradient statistics: no kernel for ") + c10::toString(type) +
+                " gradients (Float, BFloat16 or Half)");
   }
-  return "?";
-}
-
-GradStats grad_stats_cpu(const void* grad, Storage type, int64_t n) {
   // Fixed blocks, whatever the thread count; their results are combined in block order.
-  const int64_t blocks = (n + kGrain - 1) / kGrain;
+  const int64_t blocks = (n + kCpuLoopGrain - 1) / kCpuLoopGrain;
   std::vector<GradStats> partial(static_cast<size_t>(blocks));
   at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
-      const int64_t begin = b * kGrain, len = std::min(kGrain, n - begin);
+      const int64_t begin = b * kCpuLoopGrain, len = std::min(kCpuLoopGrain, n - begin);
       GradStats& out = partial[static_cast<size_t>(b)];
-      switch (type) {
-        case Storage::kFloat32: out = stats_fp32(static_cast<const float*>(grad) + begin, len); break;
-        case Storage::kBFloat16: out = stats_bf16(static_cast<const c10::BFloat16*>(grad) + begin, len); break;
-        case Storage::kFloat16: out = stats_fp16(static_cast<const c10::Half*>(grad) + begin, len); break;
+      if (type == at::kBFloat16) {
+        out = stats_bf16(static_cast<const c10::BFloat16*>(grad) + begin, len);
+      } else if (type == at::kHalf) {
+        out = stats_fp16(static_cast<const c10::Half*>(grad) + begin, len);
+      } else {
+        out = stats_fp32(static_cast<const float*>(grad) + begin, len);
       }
     }
   });
@@ -168,40 +158,40 @@ void fused_adam_cpu(const AdamRange& r, const AdamScalars& s, float factor) {
   using BF = c10::BFloat16;
   using H = c10::Half;
   auto run = [&](auto chunk, auto* compute, const auto* grad) {
-    at::parallel_for(0, r.n, kGrain, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, r.n, kCpuLoopGrain, [&](int64_t begin, int64_t end) {
       chunk(r.master ? r.master + begin : nullptr, compute + begin, grad + begin, r.exp_avg + begin,
             r.exp_avg_sq + begin, end - begin, s, factor);
     });
   };
   const bool master = r.master != nullptr;
-  const Storage c = r.compute_type, g = r.grad_type;
-  if (!master && c == Storage::kFloat32 && g == Storage::kFloat32) {
+  const at::ScalarType c = r.compute_type, g = r.grad_type;
+  if (!master && c == at::kFloat && g == at::kFloat) {
     run(fused_fp32, static_cast<float*>(r.compute), static_cast<const float*>(r.grad));
-  } else if (master && c == Storage::kBFloat16 && g == Storage::kBFloat16) {
+  } else if (master && c == at::kBFloat16 && g == at::kBFloat16) {
     run(fused_bf16, static_cast<BF*>(r.compute), static_cast<const BF*>(r.grad));
-  } else if (master && c == Storage::kBFloat16 && g == Storage::kFloat32) {
+  } else if (master && c == at::kBFloat16 && g == at::kFloat) {
     run(fused_bf16_fp32_grad, static_cast<BF*>(r.compute), static_cast<const float*>(r.grad));
-  } else if (master && c == Storage::kFloat16 && g == Storage::kFloat16) {
+  } else if (master && c == at::kHalf && g == at::kHalf) {
     run(fused_fp16, static_cast<H*>(r.compute), static_cast<const H*>(r.grad));
-  } else if (master && c == Storage::kFloat16 && g == Storage::kFloat32) {
+  } else if (master && c == at::kHalf && g == at::kFloat) {
     run(fused_fp16_fp32_grad, static_cast<H*>(r.compute), static_cast<const float*>(r.grad));
   } else {
-    throw Error(std::string("fused Adam step: no kernel for compute ") + to_string(c) + ", gradient " +
-                to_string(g) + (master ? ", with" : ", without") +
-                " an fp32 master (it takes fp32 without a master, or bf16/fp16 with one and a "
-                "gradient of the compute dtype or fp32)");
+    throw Error(std::string("fused Adam step: no kernel for compute ") + c10::toString(c) +
+                ", gradient " + c10::toString(g) + (master ? ", with" : ", without") +
+                " an fp32 master (it takes Float without a master, or BFloat16/Half with one and a "
+                "gradient of the compute dtype or Float)");
   }
 }
 
 void adam_update_cpu(float* p, const float* g, float* m, float* v, int64_t n,
                      const AdamScalars& s) {
-  at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, n, kCpuLoopGrain, [&](int64_t begin, int64_t end) {
     adam_chunk(p + begin, g + begin, m + begin, v + begin, end - begin, s);
   });
 }
 
 void sgd_update_cpu(float* p, const float* g, float* buf, int64_t n, const SgdScalars& s) {
-  at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, n, kCpuLoopGrain, [&](int64_t begin, int64_t end) {
     if (s.momentum == 0.f)
       sgd_chunk_no_momentum(p + begin, g + begin, end - begin, s);
     else
