@@ -135,8 +135,8 @@ max_steps: 12
 // What a run makes resident follows the allocator: with activation checkpointing each step frees
 // and re-allocates activations of many sizes, which glibc's malloc kept resident (peak RSS grew by
 // 2.5x the allocator's peak on this model). The block cache holds no more than the highest live
-// total, so the growth over the idle launcher is the allocator's peak plus LibTorch's code and
-// BLAS buffers (measured 1.13x; bench/bench_rss.py).
+// total, so the growth over the idle launcher is the allocator's peak plus what is not tensor
+// storage (measured 1.13x; bench/bench_rss.py).
 TEST(MemoryReport, ResidentMemoryFollowsTheAllocatorUnderCheckpointing) {
   TempDir dir("resident");
   const std::string ds = dir.write("ds.json", R"({"train_micro_batch_size_per_gpu": 4,
