@@ -1,12 +1,13 @@
 // plugins/precision — fp16 with DeepSpeed's dynamic loss scaling, bf16, fp32 master weights.
 //
-// Compute weights, activations and gradients are 16-bit; the optimizer updates fp32 masters, and
-// the 16-bit weights are copied from them after every step. docs/precision.md has the phases in
-// pseudocode and where memrt follows or leaves DeepSpeed.
+// Compute weights, activations and gradients are 16-bit; the optimizer updates fp32 masters. Both
+// live in the parameter store: this plugin sets the store's dtypes (plan_store), scales the loss,
+// tells the step the scale its gradients carry, and votes to skip a step whose gradients
+// overflowed. docs/precision.md has the phases in pseudocode and where memrt follows or leaves
+// DeepSpeed.
 #include <cmath>
 #include <iostream>
 #include <optional>
-#include <unordered_map>
 
 #include <memrt/plugin.h>
 
@@ -73,6 +74,14 @@ class PrecisionPlugin final : public memrt::Plugin {
     if (dtype_ == at::kFloat) scaler_.reset();
   }
 
+  void plan_store(memrt::StorePlanContext& ctx) override {
+    if (dtype_ == at::kFloat) return;
+    ctx.plan.set_compute_dtype(dtype_);
+    ctx.plan.set_master_weights(true);
+  }
+
+  // The store's cells (16-bit weights, fp32 masters) follow from plan_store; this adds what the
+  // compute dtype changes elsewhere: activations, gradients, the all-reduce's buckets.
   void estimate_memory(memrt::memory::MemoryEstimate& e) const override {
     if (dtype_ == at::kFloat) return;
     using memrt::memory::Placement;
@@ -80,11 +89,8 @@ class PrecisionPlugin final : public memrt::Plugin {
     int64_t trainable = 0;
     for (const auto& p : e.params) trainable += p.trainable ? p.numel : 0;
     memrt::memory::Table& t = e.table;
-    for (Placement pl : {Placement::kDevice, Placement::kHost}) {
-      t.at(Category::kWeights, pl) = t.at(Category::kWeights, pl) / 4 * b;
+    for (Placement pl : {Placement::kDevice, Placement::kHost})
       t.at(Category::kCommBuffers, pl) = t.at(Category::kCommBuffers, pl) / 4 * b;
-    }
-    t.at(Category::kMasterWeights) += trainable * 4;
 
     // Activations in the compute dtype, at the same backward candidate as the plan before.
     const bool at_loss = e.activations.backward_peak == e.activations.backward_at_loss;
@@ -94,9 +100,9 @@ class PrecisionPlugin final : public memrt::Plugin {
     e.activations.backward_peak =
         at_loss ? e.activations.backward_at_loss : e.activations.backward_in_last_block;
     if (scaler_) e.activations.head += 4;  // the scaled loss backward starts from
-    // Backward: 16-bit gradients. The step: every gradient as an fp32 master gradient.
+    // 16-bit gradients, in backward and in the step (which reads them as they are).
     const int64_t backward_grads = e.backward_grad_elements * b;
-    const int64_t step_grads = trainable * 4;
+    const int64_t step_grads = trainable * b;
     e.peak_in_backward = e.activations.total() + backward_grads >= step_grads;
     if (e.peak_in_backward) {
       t.at(Category::kGradients) = backward_grads;
@@ -107,62 +113,18 @@ class PrecisionPlugin final : public memrt::Plugin {
     }
   }
 
-  void transform_model(memrt::ModelContext& ctx) override {
-    if (dtype_ == at::kFloat) return;
-    at::NoGradGuard no_grad;
-    for (auto& item : ctx.model.named_parameters(/*recurse=*/true)) {
-      at::Tensor& p = item.value();
-      if (!p.is_floating_point() || p.scalar_type() == dtype_) continue;
-      if (p.requires_grad()) {
-        memrt::memory::Scope scope(Category::kMasterWeights);
-        masters_.push_back({item.key(), p, p.detach().to(at::kFloat, false, /*copy=*/true)});
-      }
-      p.set_data(p.to(dtype_));
-    }
-  }
-
-  void build_optimizer(memrt::OptimizerContext& ctx) override {
-    if (dtype_ == at::kFloat) return;
-    // The optimizer updates the masters; its groups keep their names and hyper-parameters.
-    std::unordered_map<const c10::TensorImpl*, const at::Tensor*> master_of;
-    for (const Master& m : masters_) master_of[m.param.unsafeGetTensorImpl()] = &m.master;
-    for (memrt::ParamGroup& group : ctx.optimizer->param_groups()) {
-      for (at::Tensor& p : group.params) {
-        auto it = master_of.find(p.unsafeGetTensorImpl());
-        if (it != master_of.end()) p = *it->second;
-      }
-    }
-  }
-
   void before_backward(memrt::BackwardContext& ctx) override {
     if (scaler_) ctx.loss = ctx.loss.to(at::kFloat) * scaler_->scale();
   }
 
+  void after_gradient_accumulation(memrt::StepContext& ctx) override {
+    if (scaler_) ctx.grad_scale = scaler_->scale();  // the step divides by it
+  }
+
   void before_optimizer_step(memrt::StepContext& ctx) override {
     if (dtype_ == at::kFloat) return;
-    // Unscale into fp32 master gradients, dropping each 16-bit gradient as soon as it is copied.
-    at::NoGradGuard no_grad;
-    memrt::memory::Scope scope(Category::kGradients);
-    const double inv_scale = scaler_ ? 1.0 / scaler_->scale() : 1.0;
-    double sum = 0.0;
-    ctx.grads.clear();
-    for (Master& m : masters_) {
-      at::Tensor g = m.param.grad();
-      m.param.mutable_grad() = at::Tensor();
-      if (!g.defined()) continue;
-      at::Tensor g32 = g.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
-      g = at::Tensor();
-      if (inv_scale != 1.0) g32.mul_(inv_scale);
-      if (scaler_ || check_overflow_) sum += g32.sum().item<double>();  // inf/NaN propagate
-      m.master.mutable_grad() = g32;
-      ctx.grads.push_back(g32);
-    }
-    overflow_ = false;
-    if (scaler_ || check_overflow_) {
-      at::Tensor flag = at::tensor({std::isfinite(sum) ? 0.0 : 1.0}, at::kDouble);
-      ctx.comm.all_reduce_max(flag);  // every rank agrees
-      overflow_ = flag.item<double>() > 0.0;
-    }
+    // The host's pass 1 found whether any gradient on any rank is inf or NaN.
+    overflow_ = (scaler_ || check_overflow_) && !ctx.grads_finite;
     if (scaler_) {
       const std::string line = scaler_->update(overflow_);
       if (!overflow_ && !line.empty() && ctx.run.rank == 0) std::cout << "[precision] " << line << "\n";
@@ -176,23 +138,14 @@ class PrecisionPlugin final : public memrt::Plugin {
     }
   }
 
-  void after_optimizer_step(memrt::StepContext& ctx) override {
-    if (dtype_ == at::kFloat) return;
-    at::NoGradGuard no_grad;
-    for (Master& m : masters_) {
-      if (!ctx.skipped && m.master.grad().defined()) m.param.copy_(m.master);
-      m.master.mutable_grad() = at::Tensor();
-    }
-  }
-
   void add_metrics(memrt::Metrics& metrics) override {
     if (scaler_) metrics["loss_scale"] = scaler_->scale();
   }
 
-  // The scaler's counters and the fp32 masters: a resumed run continues exactly. The masters are
-  // the exact weights (memrt::exact_weight_key), which `launcher export` writes.
-  // Version 2: masters under exact_weight_key(name); version 1 had them under "master.<name>".
-  int state_version() const override { return 2; }
+  // The scaler's counters: a resumed run continues exactly. (The fp32 masters are the parameter
+  // store's, saved with the optimizer's state.)
+  // Version 3: the scaler only; versions 1 and 2 also held the masters.
+  int state_version() const override { return 3; }
 
   memrt::TensorMap state_dict() const override {
     memrt::TensorMap out;
@@ -203,21 +156,17 @@ class PrecisionPlugin final : public memrt::Plugin {
       out["last_overflow_iter"] = at::scalar_tensor(s.last_overflow_iter, at::kLong);
       out["cur_hysteresis"] = at::scalar_tensor(s.cur_hysteresis, at::kLong);
     }
-    for (const Master& m : masters_) out[memrt::exact_weight_key(m.name)] = m.master;
     return out;
   }
 
   void load_state_dict(const memrt::TensorMap& state, int version) override {
-    if (version == 1) {
-      throw memrt::Error("precision: the checkpoint's precision state is version 1, the layout "
-                         "with fp32 masters under 'master.<name>'; this plugin reads version 2 "
-                         "(masters under memrt::exact_weight_key, 'exact_weight/<name>') only. "
-                         "Resume it with the memrt version that wrote it, or start a new run from "
-                         "its weights (model_name_or_path: its global_step folder)");
-    }
-    if (version != 2) {
-      throw memrt::Error("precision: checkpoint state version " + std::to_string(version) +
-                         " is not one this plugin reads (2); use the memrt version that wrote it");
+    if (version != 3) {
+      throw memrt::Error("precision: the checkpoint's precision state is version " +
+                         std::to_string(version) + "; this plugin reads version 3 only (" +
+                         (version < 3 ? "versions 1 and 2 kept the fp32 masters in the plugin; "
+                                        "they now live in the parameter store" : "a newer layout") +
+                         "). Resume it with the memrt version that wrote it, or start a new run "
+                         "from its weights (model_name_or_path: its global_step folder)");
     }
     auto need = [&](const std::string& key) -> const at::Tensor& {
       auto it = state.find(key);
@@ -234,28 +183,13 @@ class PrecisionPlugin final : public memrt::Plugin {
       s.cur_hysteresis = need("cur_hysteresis").item<int64_t>();
       scaler_->load_state(s);
     }
-    at::NoGradGuard no_grad;
-    for (Master& m : masters_) {
-      const at::Tensor& t = need(memrt::exact_weight_key(m.name));
-      if (t.sizes() != m.master.sizes())
-        throw memrt::Error("precision: checkpoint master '" + m.name + "' has another shape than the model's");
-      m.master.copy_(t);
-      m.param.copy_(m.master);
-    }
   }
 
  private:
-  struct Master {
-    std::string name;
-    at::Tensor param;   // the model's 16-bit parameter
-    at::Tensor master;  // its fp32 copy, the one the optimizer updates
-  };
-
   at::ScalarType dtype_ = at::kFloat;  // the compute dtype; kFloat: the plugin is idle
   std::optional<LossScaler> scaler_;   // fp16 only
   bool check_overflow_ = true;         // bf16: skip steps with inf/NaN gradients
   bool overflow_ = false;
-  std::vector<Master> masters_;
 };
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
 #include <cmath>
@@ -235,6 +236,30 @@ TEST(FusedAdam, Fp16ConversionsAreCHalfsBitForBit) {
   for (uint32_t high = 0; high < (1u << 19); ++high)
     for (uint32_t l : low) check((high << 13) | l);
   std::mt19937 rng(1);
+  for (int i = 0; i < (1 << 22); ++i) check(static_cast<uint32_t>(rng()));
+}
+
+// The CUDA kernel's bf16 conversions (optimizer_math.h) against c10::BFloat16, which the CPU
+// kernels use: every bf16 value, every rounding case of the 16 dropped bits, random floats.
+TEST(FusedAdam, Bf16ConversionsAreCBFloat16sBitForBit) {
+  for (uint32_t h = 0; h <= 0xffffu; ++h) {
+    const float want = static_cast<float>(c10::BFloat16(static_cast<uint16_t>(h), c10::BFloat16::from_bits()));
+    const float got = float_from_bf16_bits(static_cast<uint16_t>(h));
+    if (std::isnan(want)) {
+      ASSERT_TRUE(std::isnan(got)) << "bf16 bits 0x" << std::hex << h;
+    } else {
+      ASSERT_EQ(bits_of(got), bits_of(want)) << "bf16 bits 0x" << std::hex << h;
+    }
+  }
+  auto check = [](uint32_t x) {
+    float f = 0.f;
+    std::memcpy(&f, &x, sizeof f);
+    ASSERT_EQ(bf16_bits_from_float(f), c10::BFloat16(f).x) << "fp32 bits 0x" << std::hex << x;
+  };
+  const uint32_t low[] = {0x0000, 0x0001, 0x7fff, 0x8000, 0x8001, 0xffff};
+  for (uint32_t high = 0; high < (1u << 16); ++high)
+    for (uint32_t l : low) check((high << 16) | l);
+  std::mt19937 rng(2);
   for (int i = 0; i < (1 << 22); ++i) check(static_cast<uint32_t>(rng()));
 }
 

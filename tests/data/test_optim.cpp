@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "memrt/error.h"
+#include "memrt/plugin.h"
 #include "optim/grad_clip.h"
 #include "optim/optimizers.h"
 #include "test_util.h"
@@ -95,7 +96,7 @@ void run_steps(Optimizer& opt, const Problem& pr, int steps = kSteps) {
       const at::Tensor& g = pr.grads[static_cast<size_t>(s)][i];
       params[i].mutable_grad() = g.defined() ? g.clone() : at::Tensor();
     }
-    opt.step(kLrs[static_cast<size_t>(s)]);
+    opt.step({kLrs[static_cast<size_t>(s)]});
   }
 }
 
@@ -163,14 +164,14 @@ TEST(Optimizer, DeepSpeedAdamWithAdamWModeIsAdamW) {
   OptimizerConfig cfg = adam_cfg("Adam");
   ASSERT_TRUE(cfg.adam_w_mode);
   check_against_reference(cfg, "adamw", std::string(kAdamHyper) + " wd=0.1", 0.1, {"exp_avg", "exp_avg_sq"});
-  EXPECT_EQ(make_optimizer(cfg, {})->name(), "AdamW");
+  EXPECT_EQ(make_optimizer(cfg, std::vector<ParamGroup>{})->name(), "AdamW");
 }
 
 TEST(Optimizer, AdamL2ModeEqualsTorchAdam) {
   OptimizerConfig cfg = adam_cfg("Adam");
   cfg.adam_w_mode = false;
   check_against_reference(cfg, "adam", std::string(kAdamHyper) + " wd=0.1", 0.1, {"exp_avg", "exp_avg_sq"});
-  EXPECT_EQ(make_optimizer(cfg, {})->name(), "Adam");
+  EXPECT_EQ(make_optimizer(cfg, std::vector<ParamGroup>{})->name(), "Adam");
 }
 
 TEST(Optimizer, AdamWWithoutWeightDecayEqualsTorch) {
@@ -221,7 +222,7 @@ TEST(Optimizer, LargeTensorTakesTheParallelPathWithSameResult) {
   auto opt = make_optimizer(cfg, {g});
   at::Tensor grad = at::randn({300001});
   opt->param_groups()[0].params[0].mutable_grad() = grad;
-  opt->step(1e-2);
+  opt->step({1e-2});
   // One step from zero state: m = 0.2 g, v = 0.05 g^2, bc1 = 0.2, bc2 = 0.05.
   at::Tensor pd = p0.to(at::kDouble), gd = grad.to(at::kDouble);
   at::Tensor m = 0.2 * gd, v = 0.05 * gd * gd;
@@ -231,8 +232,8 @@ TEST(Optimizer, LargeTensorTakesTheParallelPathWithSameResult) {
   EXPECT_LE((got - want).abs().max().item<double>(), 1e-6 * want.abs().max().item<double>());
 }
 
-TEST(Optimizer, NonFloat32ParametersUpdateInFloat32) {
-  // Start values exactly representable in bf16, so all three runs start from the same numbers.
+TEST(Optimizer, SixteenBitParametersStepFp32Masters) {
+  // Start values exactly representable in bf16, so both runs start from the same numbers.
   at::manual_seed(3);
   at::Tensor p0 = at::randn({64}).to(at::kBFloat16).to(at::kFloat);
   at::Tensor grad = at::randn({64}).to(at::kBFloat16).to(at::kFloat);
@@ -242,16 +243,21 @@ TEST(Optimizer, NonFloat32ParametersUpdateInFloat32) {
     g.params = {p0.to(dt).clone().set_requires_grad(true)};
     auto opt = make_optimizer(adam_cfg("AdamW"), {g});
     opt->param_groups()[0].params[0].mutable_grad() = grad.to(dt);
-    opt->step(1e-2);
-    EXPECT_EQ(opt->state_dict().at("w.exp_avg").scalar_type(), at::kFloat);
+    opt->step({1e-2});
+    const TensorMap state = opt->state_dict();
+    EXPECT_EQ(state.at("w.exp_avg").scalar_type(), at::kFloat);
+    EXPECT_EQ(state.count(exact_weight_key("w")), dt == at::kFloat ? 0u : 1u);
     return opt->param_groups()[0].params[0].detach().clone();
   };
   at::Tensor f32 = run(at::kFloat);
-  at::Tensor f64 = run(at::kDouble);
-  EXPECT_EQ(f64.scalar_type(), at::kDouble);
-  EXPECT_TRUE(at::allclose(f64.to(at::kFloat), f32, 0, 0));  // same fp32 math, exactly
   at::Tensor bf16 = run(at::kBFloat16);
-  EXPECT_TRUE(at::allclose(bf16.to(at::kFloat), f32.to(at::kBFloat16).to(at::kFloat), 0, 0));
+  EXPECT_EQ(bf16.scalar_type(), at::kBFloat16);
+  EXPECT_TRUE(at::equal(bf16, f32.to(at::kBFloat16)));  // the fp32 step, rounded once
+
+  ParamGroup g;
+  g.names = {"w"};
+  g.params = {p0.to(at::kDouble).set_requires_grad(true)};
+  expect_error<Error>([&] { make_optimizer(adam_cfg("AdamW"), {g}); }, {"'w'", "Double", "fp32, bf16 and fp16"});
 }
 
 TEST(Optimizer, StateDictRoundTripContinuesIdentically) {
@@ -275,7 +281,7 @@ TEST(Optimizer, StateDictRoundTripContinuesIdentically) {
       const at::Tensor& g = pr.grads[static_cast<size_t>(s)][i];
       params[i].mutable_grad() = g.defined() ? g.clone() : at::Tensor();
     }
-    resumed->step(kLrs[static_cast<size_t>(s)]);
+    resumed->step({kLrs[static_cast<size_t>(s)]});
   }
   for (size_t i = 0; i < kNames.size(); ++i)
     EXPECT_TRUE(at::equal(resumed->param_groups()[0].params[i], straight->param_groups()[0].params[i])) << kNames[i];
@@ -311,7 +317,8 @@ TEST(Optimizer, LoadStateDictIsStrict) {
 
 TEST(Optimizer, StateBytesExact) {
   Problem pr = make_problem();
-  const int64_t numel = 35 + 13 + 6;
+  // One group of 35 + 13 + 6 elements, padded to a multiple of 16 (64 bytes of fp32).
+  const int64_t numel = 64;
   EXPECT_EQ(make_optimizer(adam_cfg("AdamW"), groups_for(pr, 0))->state_bytes(), numel * 8);  // m, v fp32
   OptimizerConfig sgd;
   sgd.type = "SGD";
@@ -331,14 +338,14 @@ TEST(Optimizer, ZeroGradDropsGradients) {
 TEST(OptimizerErrors, ConfigAndGroups) {
   OptimizerConfig cfg;
   cfg.type = "Lamb";
-  expect_error<ConfigError>([&] { make_optimizer(cfg, {}); }, {"optimizer.type", "Lamb", "Adam, AdamW, SGD"});
+  expect_error<ConfigError>([&] { make_optimizer(cfg, std::vector<ParamGroup>{}); }, {"optimizer.type", "Lamb", "Adam, AdamW, SGD"});
   cfg = adam_cfg("AdamW");
   cfg.beta2 = 1.0;
-  expect_error<ConfigError>([&] { make_optimizer(cfg, {}); }, {"betas[1]"});
+  expect_error<ConfigError>([&] { make_optimizer(cfg, std::vector<ParamGroup>{}); }, {"betas[1]"});
   cfg = OptimizerConfig();
   cfg.type = "SGD";
   cfg.nesterov = true;
-  expect_error<ConfigError>([&] { make_optimizer(cfg, {}); }, {"nesterov", "momentum > 0"});
+  expect_error<ConfigError>([&] { make_optimizer(cfg, std::vector<ParamGroup>{}); }, {"nesterov", "momentum > 0"});
 
   Problem pr = make_problem();
   auto groups = groups_for(pr, 0);
@@ -353,38 +360,37 @@ TEST(OptimizerErrors, ConfigAndGroups) {
 
 namespace {
 
+// Pass 1 of the store's optimizer (grad_summary: the norm) and clip_divisor against
+// torch.nn.utils.clip_grad_norm_ on the same gradients.
 void check_clip(double max_norm) {
   at::manual_seed(11);
-  std::vector<at::Tensor> params;
+  ParamGroup group;
+  group.names = kNames;
+  std::vector<at::Tensor> grads;
   for (const auto& shape : kShapes) {
-    at::Tensor p = at::zeros(shape).set_requires_grad(true);  // shape as listed
-    p.mutable_grad() = at::randn(shape) * 3;
-    params.push_back(p);
+    group.params.push_back(at::zeros(shape).set_requires_grad(true));  // shape as listed
+    grads.push_back(at::randn(shape) * 3);
   }
-  params.push_back(at::zeros({4}).set_requires_grad(true));  // no gradient: undefined, counts 0
-  std::vector<at::Tensor> grads;  // what the engine passes: each parameter's .grad
-  for (const at::Tensor& p : params) grads.push_back(p.grad());
-  const std::vector<at::Tensor> defined(grads.begin(), grads.begin() + kShapes.size());
+  group.names.push_back("no_grad.bias");  // no gradient: undefined, counts 0
+  group.params.push_back(at::zeros({4}).set_requires_grad(true));
   TempDir dir;
-  write_raw(dir.file("grads.f32"), flat(defined));
-  write_raw(dir.file("params.f32"), std::vector<float>(flat(defined).size(), 0.f));
+  write_raw(dir.file("grads.f32"), flat(grads));
+  write_raw(dir.file("params.f32"), std::vector<float>(flat(grads).size(), 0.f));
   write_raw(dir.file("lrs.f64"), std::vector<double>{0.0});
   ASSERT_TRUE(run_reference("reference_optim.py",
                             dir.str() + " clip " + sizes_arg() + " 1 max_norm=" + std::to_string(max_norm)));
 
-  // The engine's sequence on "two ranks": each sums its own squares, the sums are added.
-  std::vector<at::Tensor> rank0(grads.begin(), grads.begin() + 1), rank1(grads.begin() + 1, grads.end());
-  double sq = grad_sq_norm(rank0) + grad_sq_norm(rank1);
-  EXPECT_NEAR(sq, grad_sq_norm(grads), 1e-9 * sq);
-  double norm = std::sqrt(sq);
-  double want_norm = read_raw<double>(dir.file("out_norm.f64")).at(0);
+  auto opt = make_optimizer(adam_cfg("AdamW"), {group});
+  for (size_t i = 0; i < grads.size(); ++i) opt->param_groups()[0].params[i].mutable_grad() = grads[i];
+  const GradSummary summary = opt->grad_summary();
+  EXPECT_TRUE(summary.finite);
+  const double norm = std::sqrt(summary.sum_squares);
+  const double want_norm = read_raw<double>(dir.file("out_norm.f64")).at(0);
   EXPECT_NEAR(norm, want_norm, 1e-6 * want_norm);
-  clip_grads(grads, max_norm, norm);
-  std::vector<at::Tensor> clipped;  // in place: the parameters' .grad are the clipped tensors
-  for (size_t i = 0; i < kShapes.size(); ++i) clipped.push_back(params[i].grad());
+  const double divisor = clip_divisor(norm, max_norm);
+  std::vector<at::Tensor> clipped;
+  for (const at::Tensor& g : grads) clipped.push_back(g / divisor);
   expect_close(flat(clipped), read_raw<float>(dir.file("out_grads.f32")), "clipped_grads");
-  EXPECT_FALSE(params.back().grad().defined());
-  for (const at::Tensor& p : params) EXPECT_TRUE(at::equal(p, at::zeros_like(p))) << "weights touched";
 }
 
 }  // namespace
@@ -394,32 +400,29 @@ TEST(GradClip, ClipsLikeTorchClipGradNorm) { check_clip(1.0); }
 TEST(GradClip, LeavesSmallGradientsLikeTorch) { check_clip(1e4); }
 
 TEST(GradClip, OffAndNonFinite) {
-  const at::Tensor g = at::full({3}, 10.f);
-  clip_grads({g}, 0.0, 17.3);  // gradient_clipping 0: off
-  clip_grads({g}, 1.0, std::numeric_limits<double>::infinity());
-  EXPECT_TRUE(at::equal(g, at::full({3}, 10.f)));
-  EXPECT_NEAR(grad_sq_norm({g}), 300.0, 300.0 * 1e-6);
-  EXPECT_EQ(grad_sq_norm({}), 0.0);
+  EXPECT_EQ(clip_divisor(17.3, 0.0), 1.0);  // gradient_clipping 0: off
+  EXPECT_EQ(clip_divisor(std::numeric_limits<double>::infinity(), 1.0), 1.0);
+  EXPECT_EQ(clip_divisor(std::nan(""), 1.0), 1.0);
+  EXPECT_EQ(clip_divisor(0.5, 1.0), 1.0);
+  EXPECT_DOUBLE_EQ(clip_divisor(17.3, 2.0), (17.3 + 1e-6) / 2.0);
 }
 
-// The contract: every tensor passed is a gradient. A parameter is refused, before anything is
-// scaled. (The old API took a parameter for its .grad and a tensor without one for a gradient,
-// so a list of model parameters with a frozen one among them scaled that parameter's weights.)
-TEST(GradClip, ParametersAreRefusedAndFrozenWeightsAreNeverScaled) {
-  at::Tensor trainable = at::zeros({3}).set_requires_grad(true);
-  trainable.mutable_grad() = at::full({3}, 10.f);
-  const at::Tensor frozen = at::full({2}, 5.f);  // a frozen weight: requires_grad false, no .grad
-  const std::vector<at::Tensor> params = {trainable, frozen};
-  expect_error<Error>([&] { grad_sq_norm(params); }, {"grad_sq_norm", "tensor 0", "requires grad", ".grad()"});
-  expect_error<Error>([&] { clip_grads(params, 1.0, 17.3); }, {"clip_grads", "tensor 0", "requires grad"});
-  EXPECT_TRUE(at::equal(frozen, at::full({2}, 5.f))) << "the frozen weights were scaled: " << frozen;
-  EXPECT_TRUE(at::equal(trainable.grad(), at::full({3}, 10.f)));
-
-  // The engine's form: each trainable parameter's .grad; a frozen one has none (undefined: skipped).
-  const std::vector<at::Tensor> grads = {trainable.grad(), frozen.grad()};
-  const double norm = std::sqrt(grad_sq_norm(grads));
-  EXPECT_NEAR(norm, std::sqrt(300.0), 1e-5);
-  clip_grads(grads, 1.0, norm);
-  EXPECT_NEAR(at::linalg_vector_norm(trainable.grad(), 2).item<double>(), 1.0, 1e-5);
-  EXPECT_TRUE(at::equal(frozen, at::full({2}, 5.f)));
+// Pass 1 sees inf and NaN in any gradient, in any dtype, and counts only the gradients there are.
+TEST(GradClip, SummaryFlagsNonFiniteGradients) {
+  for (at::ScalarType dt : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    for (float bad : {std::numeric_limits<float>::infinity(), std::nanf("")}) {
+      ParamGroup g;
+      g.names = {"a.weight", "b.weight"};
+      g.params = {at::zeros({40}, dt).set_requires_grad(true), at::zeros({3}, dt).set_requires_grad(true)};
+      auto opt = make_optimizer(adam_cfg("AdamW"), {g});
+      at::Tensor grad = at::full({40}, 2.f).to(dt);
+      opt->param_groups()[0].params[0].mutable_grad() = grad;
+      GradSummary s = opt->grad_summary();
+      EXPECT_TRUE(s.finite);
+      EXPECT_EQ(s.sum_squares, 160.0) << c10::toString(dt);
+      grad[17] = bad;
+      s = opt->grad_summary();
+      EXPECT_FALSE(s.finite) << c10::toString(dt) << " " << bad;
+    }
+  }
 }

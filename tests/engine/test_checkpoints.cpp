@@ -350,8 +350,8 @@ TEST(Checkpoints, ExportLoadsInTransformersWithTheSameLogits) {
     RunResult e = run(kLauncher + " export " + out.string() + " " + hf.string());
     ASSERT_EQ(e.exit_code, 0) << e.out;
     if (std::string(m.name) == "gpt2_bf16") {
-      // Every trainable tensor from the precision plugin's fp32 masters (its exact weights).
-      EXPECT_NE(e.out.find("28 tensor(s) from the exact weights in plugin state (precision)"),
+      // Every trainable tensor from the parameter store's fp32 masters (saved with the optimizer).
+      EXPECT_NE(e.out.find("28 tensor(s) from the exact weights in rank state (optimizer)"),
                 std::string::npos) << e.out;
     }
     const std::string ids = "1,50,100,200,255,7,9,11,13,17,19,23";
@@ -375,8 +375,8 @@ TEST(Checkpoints, ExportLoadsInTransformersWithTheSameLogits) {
 
 // Export takes a parameter's exact weight from whichever plugin stores one under
 // memrt::exact_weight_key, in any rank's file — here a third-party plugin, on rank 1 of 2 only —
-// and the model file for the rest. Two plugins storing the exact weight of one parameter (the
-// precision plugin's bf16 masters and the fixture) is an error naming both.
+// and the model file for the rest. Two owners storing the exact weight of one parameter (the
+// optimizer's state, with the store's bf16 masters, and the fixture) is an error naming both.
 TEST(Checkpoints, ExportTakesExactWeightsFromAnyPluginOnAnyRank) {
   TempDir dir("export_exact");
   const std::string yaml = dir.write("train.yaml", std::string(kTinyModel) + "max_steps: 2\nsave_steps: 2\n");
@@ -393,7 +393,7 @@ TEST(Checkpoints, ExportTakesExactWeightsFromAnyPluginOnAnyRank) {
   ASSERT_EQ(a.exit_code, 0) << a.out;
   RunResult e = run(kLauncher + " export " + out.string() + " " + hf.string());
   ASSERT_EQ(e.exit_code, 0) << e.out;
-  EXPECT_NE(e.out.find("1 tensor(s) from the exact weights in plugin state (fixture_exact)"), std::string::npos) << e.out;
+  EXPECT_NE(e.out.find("1 tensor(s) from the exact weights in rank state (fixture_exact)"), std::string::npos) << e.out;
   const auto saved = memrt::SafetensorsFile::open((out / "global_step2" / "model.safetensors").string());
   const auto exported = memrt::SafetensorsFile::open((hf / "model.safetensors").string());
   ASSERT_TRUE(exported.contains(param));
@@ -410,19 +410,19 @@ TEST(Checkpoints, ExportTakesExactWeightsFromAnyPluginOnAnyRank) {
   ASSERT_EQ(b.exit_code, 0) << b.out;
   RunResult conflict = run(kLauncher + " export " + both.string() + " " + (dir.path() / "hf_both").string());
   EXPECT_NE(conflict.exit_code, 0) << conflict.out;
-  for (const std::string& part : {std::string("'precision'"), std::string("'fixture_exact'"), "'" + param + "'",
+  for (const std::string& part : {std::string("'optimizer'"), std::string("'fixture_exact'"), "'" + param + "'",
                                   std::string("rank00000.safetensors")}) {
     EXPECT_NE(conflict.out.find(part), std::string::npos) << part << "\n" << conflict.out;
   }
 }
 
-// The precision plugin's state version 2 keeps its masters under memrt::exact_weight_key; a
-// checkpoint of version 1 (masters under "master.<name>", remade here from a version-2 one) is
-// refused with a message saying which layout it is and what to do.
+// The precision plugin's state version 3 is the loss scaler alone (the fp32 masters live in the
+// parameter store); a checkpoint of version 2, whose plugin state held the masters (remade here
+// from a version-3 one), is refused with a message saying which layout it is and what to do.
 TEST(Checkpoints, PrecisionStateOfTheOldLayoutIsRefusedSayingSo) {
-  TempDir dir("precision_v1");
+  TempDir dir("precision_v2");
   const std::string yaml = dir.write("train.yaml", std::string(kTinyModel) + "max_steps: 2\nsave_steps: 2\n");
-  const std::string ds = dir.write("ds.json", R"({"train_micro_batch_size_per_gpu": 4, "bf16": {"enabled": true}})");
+  const std::string ds = dir.write("ds.json", R"({"train_micro_batch_size_per_gpu": 4, "fp16": {"enabled": true}})");
   const fs::path out = dir.path() / "out", ckpt = out / "global_step2";
   RunResult a = run(kLauncher + " --deepspeed " + ds + " " + yaml + " --output_dir=" + out.string());
   ASSERT_EQ(a.exit_code, 0) << a.out;
@@ -432,16 +432,11 @@ TEST(Checkpoints, PrecisionStateOfTheOldLayoutIsRefusedSayingSo) {
   std::map<std::string, std::string> metadata;
   {
     const auto state = memrt::SafetensorsFile::open(file);
-    const std::string v2 = "plugin/precision/exact_weight/";
-    for (const std::string& name : state.names()) {
-      const bool master = name.rfind(v2, 0) == 0;
-      tensors.emplace_back(master ? "plugin/precision/master." + name.substr(v2.size()) : name,
-                           state.tensor(name).clone());
-    }
+    for (const std::string& name : state.names()) tensors.emplace_back(name, state.tensor(name).clone());
     metadata = state.metadata();
   }
-  ASSERT_EQ(metadata.at("plugin_state_versions"), "{\"precision\": 2}");
-  metadata["plugin_state_versions"] = "{\"precision\": 1}";
+  ASSERT_EQ(metadata.at("plugin_state_versions"), "{\"precision\": 3}");
+  metadata["plugin_state_versions"] = "{\"precision\": 2}";
   memrt::write_safetensors(file, tensors, metadata);
   memrt::Manifest m = memrt::read_manifest(ckpt.string());
   memrt::add_to_manifest(m, ckpt.string(), "rank00000.safetensors");
@@ -450,7 +445,7 @@ TEST(Checkpoints, PrecisionStateOfTheOldLayoutIsRefusedSayingSo) {
   RunResult r = run(kLauncher + " --deepspeed " + ds + " " + yaml + " --max_steps=3 --output_dir=" +
                     out.string() + " --resume");
   EXPECT_NE(r.exit_code, 0) << r.out;
-  for (const char* part : {"precision state is version 1", "'master.<name>'", "reads version 2",
+  for (const char* part : {"precision state is version 2", "kept the fp32 masters", "reads version 3 only",
                            "memrt version that wrote it"}) {
     EXPECT_NE(r.out.find(part), std::string::npos) << part << "\n" << r.out;
   }

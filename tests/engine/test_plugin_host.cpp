@@ -117,15 +117,6 @@ TEST(PluginAbi, OlderMinorIsAccepted) {
 }
 
 // A plugin built against SDK 1.0 loads, and the host never calls what 1.1 appended to Plugin.
-TEST(PluginAbi, PhasesNewerThanAPluginsMinorAreNotCalled) {
-  PluginHost host = PluginHost::load({spec("fixture_abi10", FIXTURE_ABI10, "plugins[0]"),
-                                      spec("fixture_good", FIXTURE_GOOD, "plugins[1]")});
-  ASSERT_EQ(host.plugins().size(), 2u);
-  memory::MemoryEstimate estimate;
-  EXPECT_TRUE(host.estimate_memory(estimate).empty());
-  EXPECT_EQ(estimate.table.total(), 0);
-}
-
 TEST(PluginAbi, CudaAndCxxAbiMismatches) {
   memrt_plugin_info info = good_info();
   info.cuda = !MEMRT_TORCH_HAS_CUDA;

@@ -21,6 +21,7 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,7 @@
 namespace memrt {
 
 struct RunInfo;
+class StorePlan;
 
 namespace memory {
 
@@ -156,6 +158,10 @@ struct MemoryEstimate {
   // Whether the peak is in backward (else in the optimizer step, every gradient alive).
   bool peak_in_backward = true;
   Table table;
+  // The parameter store's layout from these shapes (memrt/param_store.h): plugins set their axis
+  // in Plugin::plan_store, after every estimate_memory; the host then moves the store's cells of
+  // `table` (weights, master_weights, optimizer_state, flat gradients) by what each changed.
+  std::shared_ptr<StorePlan> store;
 
   // A plugin that changes the activation terms calls this to re-derive table's activations cell.
   void refresh_activations(Placement placement = Placement::kDevice);

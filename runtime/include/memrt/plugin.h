@@ -10,8 +10,11 @@
 //   for plugin in plugins:            estimate_memory(MemoryEstimate)      # its term of the memory plan
 //   model = build_model(...)          # blocks materialised one by one:
 //       for each block:               on_block_ready(BlockReady)           # quantize/partition early
-//   for plugin in plugins:            transform_model(ModelContext)        # surgery, dtypes, freezing
-//   optimizer = build from config
+//   for plugin in plugins:            transform_model(ModelContext)        # surgery, freezing
+//   plan = StorePlan(the model's parameters, the optimizer's state)       # memrt/param_store.h
+//   for plugin in plugins:            plan_store(StorePlanContext)         # dtypes, masters, partitions
+//   store = ParamStore(plan)          # every buffer allocated once; parameters become views of it
+//   optimizer = the fused step over the store
 //   for plugin in plugins:            build_optimizer(OptimizerContext)    # wrap or replace it
 //   for plugin in plugins:            on_train_begin(TrainContext)
 //   while step < max_steps:
@@ -32,10 +35,12 @@
 //       for plugin:                   after_gradient_accumulation(StepContext)  # grads complete
 //       host: all-reduce gradients (data parallel) unless a plugin reduces them itself, then take
 //             StepContext::grads again from every trainable .grad (the all-reduce may replace one)
-//       for plugin:                   before_optimizer_step(StepContext)   # check, unscale, vote skip
+//       host: pass 1 — optimizer.grad_summary(), summed across ranks when partitioned: sets
+//             StepContext::grad_norm (unscaled by grad_scale) and grads_finite
+//       for plugin:                   before_optimizer_step(StepContext)   # check, vote skip
 //       host: the vote — skip_step and stop_training agreed across ranks (any rank's counts for all)
-//       host: if not skipped: clip to gradient_clipping, optimizer.step(lr)
-//       for plugin reversed:          after_optimizer_step(StepContext)    # gather, scale, copy back
+//       host: if not skipped: optimizer.step(lr, 1 / (grad_scale * clip divisor))   # pass 2
+//       for plugin reversed:          after_optimizer_step(StepContext)    # gather, copy back
 //       host: zero grads; step += 1; log every steps_per_print (plugins add fields in add_metrics)
 //       if the vote agreed to stop: break     # every rank after the same step (Control)
 //   for plugin reversed:              on_train_end(TrainContext)
@@ -45,7 +50,8 @@
 // plugin can undo in an after-phase what it did in the matching before-phase (composer's rule).
 //
 // What each phase may change is what its context hands out as non-const: the model and its
-// parameters only in on_block_ready and transform_model; the optimizer only in build_optimizer;
+// parameters only in on_block_ready and transform_model; the store's layout only in plan_store;
+// the optimizer only in build_optimizer;
 // the loss that is backpropagated only in before_backward; gradients from after_backward through
 // before_optimizer_step; parameters again in after_optimizer_step. Observers (loggers, profilers)
 // are plugins that only read.
@@ -69,6 +75,7 @@
 #include "memrt/memory.h"
 #include "memrt/model.h"
 #include "memrt/optimizer.h"
+#include "memrt/param_store.h"
 
 namespace memrt {
 
@@ -141,8 +148,17 @@ struct ModelContext {
   Communicator& comm;
 };
 
+// The store's layout, before anything is allocated: set this plugin's axis with the plan's setters
+// (memrt/param_store.h). The same phase runs on a plan from shapes for `launcher --estimate`
+// (run.rank and run.world_size are the estimated ones), so decide from the config only.
+struct StorePlanContext {
+  StorePlan& plan;
+  const RunInfo& run;
+};
+
 struct OptimizerContext {
   CausalLM& model;
+  const ParamStore& store;
   // The optimizer the host built from the config, over the trainable parameters; replace or wrap it.
   std::unique_ptr<Optimizer>& optimizer;
   const RunInfo& run;
@@ -187,16 +203,16 @@ struct StepContext {
   Control& control;
   // after_optimizer_step only: whether the update was skipped (by any rank's vote).
   bool skipped = false;
-  // The gradients the host clips and measures: by default every trainable parameter's .grad,
-  // replicated on every rank. When the host all-reduces the gradients it takes this list again
-  // after the all-reduce (which may replace a .grad), so from before_optimizer_step on it holds the
-  // tensors the optimizer reads. A plugin that partitions gradients (ZeRO: it reduces them itself)
-  // replaces the list in after_gradient_accumulation with the tensors this rank owns and sets
-  // grads_partitioned, so the norm is summed across ranks.
+  // Every trainable parameter's .grad as the optimizer will read it (taken again after the host's
+  // all-reduce, which may replace one). Read-only for observers.
   std::vector<at::Tensor>& grads;
-  bool& grads_partitioned;
-  // Set by the host before the step when gradient_clipping is on: the global L2 norm.
+  // The factor the gradients carry (fp16: the loss scale). A plugin that scaled the loss sets it
+  // in after_gradient_accumulation; the norm is divided by it and the step unscales by it.
+  double grad_scale = 1.0;
+  // Set by the host before before_optimizer_step (pass 1): the global L2 norm of the unscaled
+  // gradients, and whether every gradient element on every rank is finite.
   double grad_norm = 0.0;
+  bool grads_finite = true;
 };
 
 struct ErrorContext {
@@ -210,14 +226,14 @@ using Metrics = std::map<std::string, double>;
 
 // ---- exact weights in checkpoint state ---------------------------------------------------------
 // The convention by which a checkpoint says where a parameter's exact value is, without the host
-// naming any plugin. A plugin whose state_dict() holds the exact (full-precision) value of a whole
-// model parameter — e.g. the fp32 master of a 16-bit weight — stores it under
-// exact_weight_key(name), `name` the parameter's Hugging Face name, in the parameter's shape (any
-// floating dtype). `launcher export` looks at every plugin's state in every rank's file and writes
-// such an entry in preference to model.safetensors (which holds the compute copy, possibly
-// rounded); two plugins storing one parameter's exact weight is an error naming both. Keys
-// beginning with kExactWeightPrefix are reserved for this use. A plugin that holds only a slice of
-// a parameter (a partition) stores no exact weight for it.
+// naming any plugin. Whoever holds the exact (full-precision) value of a whole model parameter —
+// the host's optimizer for the parameter store's fp32 masters, or a plugin in its state_dict() —
+// stores it under exact_weight_key(name), `name` the parameter's Hugging Face name, in the
+// parameter's shape (any floating dtype). `launcher export` looks at the optimizer's and every
+// plugin's state in every rank's file and writes such an entry in preference to model.safetensors
+// (which holds the compute copy, possibly rounded); two owners storing one parameter's exact
+// weight is an error naming both. Keys beginning with kExactWeightPrefix are reserved for this
+// use. Whoever holds only a slice of a parameter (a partition) stores no exact weight for it.
 inline constexpr char kExactWeightPrefix[] = "exact_weight/";
 inline std::string exact_weight_key(const std::string& param_name) {
   return kExactWeightPrefix + param_name;
@@ -253,6 +269,7 @@ class Plugin {
 
   virtual void on_block_ready(BlockReady& /*ctx*/) {}
   virtual void transform_model(ModelContext& /*ctx*/) {}
+  virtual void plan_store(StorePlanContext& /*ctx*/) {}
   virtual void build_optimizer(OptimizerContext& /*ctx*/) {}
   virtual void on_train_begin(TrainContext& /*ctx*/) {}
 
@@ -285,7 +302,6 @@ class Plugin {
   virtual void on_train_end(TrainContext& /*ctx*/) {}
   virtual void on_error(ErrorContext& /*ctx*/) {}
 
-  // ---- ABI 1.1 ----
   // Memory this plugin adds, removes or moves, predicted from shapes alone: edit `estimate` (the
   // plan of plugins before this one, for estimate.run's rank and world size). Called by
   // `launcher --estimate` and at the start of every run; never allocates the model. The host
@@ -299,12 +315,13 @@ class Plugin {
 // ---- the handshake ------------------------------------------------------------------------------
 // The one exported symbol. Plain C layout; fields are only ever appended (struct_size tells the
 // host which ones exist). Minor versions only append virtual functions to Plugin; the host calls
-// them only on plugins built with that minor or later (1.1: estimate_memory). The host refuses a plugin whose ABI major differs, whose ABI minor is
-// newer than the host's, or whose LibTorch version, C++ ABI flag or CUDA flag differ from its own
+// them only on plugins built with that minor or later. ABI 2.0: the parameter store (plan_store,
+// Optimizer::step(StepScalars), StepContext::grad_scale). The host refuses a plugin whose ABI
+// major differs, whose ABI minor is newer than the host's, or whose LibTorch version, C++ ABI flag or CUDA flag differ from its own
 // — plugins pass at::Tensor and nn::Module across the boundary, the same contract as PyTorch C++
 // extensions.
-#define MEMRT_PLUGIN_ABI_MAJOR 1
-#define MEMRT_PLUGIN_ABI_MINOR 1
+#define MEMRT_PLUGIN_ABI_MAJOR 2
+#define MEMRT_PLUGIN_ABI_MINOR 0
 #define MEMRT_PLUGIN_ENTRY_SYMBOL "memrt_plugin_entry"
 
 extern "C" {

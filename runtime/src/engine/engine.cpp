@@ -28,6 +28,7 @@
 #include "models/hf_checkpoint.h"
 #include "models/model_factory.h"
 #include "optim/grad_clip.h"
+#include "store/decay.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizers.h"
 
@@ -42,18 +43,6 @@ std::string mib(int64_t bytes) {
   os << std::fixed << std::setprecision(1) << static_cast<double>(bytes) / (1024.0 * 1024.0)
      << " MiB";
   return os.str();
-}
-
-// Hugging Face's Trainer excludes biases and normalisation weights from weight decay; DeepSpeed,
-// when the optimizer comes from the ds_config, decays every trainable parameter.
-bool hf_no_decay(const std::string& name) {
-  auto ends_with = [&](const char* s) {
-    std::string suffix(s);
-    return name.size() >= suffix.size() &&
-           name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
-  };
-  return ends_with(".bias") || name.find("ln_") != std::string::npos ||
-         name.find("norm") != std::string::npos;
 }
 
 }  // namespace
@@ -89,8 +78,8 @@ RunInfo make_run_info(const TrainConfig& cfg, int rank, int world_size, int loca
 
 EstimateReport estimate_memory(const TrainConfig& cfg, const RunInfo& run, PluginHost& plugins) {
   HostPlanOptions options;
-  options.optimizer = cfg.optimizer.type;
-  options.momentum = cfg.optimizer.momentum;
+  options.store = store_options(cfg.optimizer);
+  options.decay_all = cfg.optimizer.from_ds_config;
   memory::MemoryEstimate plan = host_memory_plan(run, options);
   EstimateReport report;
   report.terms.push_back({"memrt", plan.table});
@@ -166,26 +155,35 @@ void Engine::setup() {
     for (auto& t : model_->parameters()) dist_->broadcast(t, 0);
   }
 
-  // optimizer over the trainable parameters
+  // The parameter store, planned from the model as the transforms left it and by every plugin,
+  // then allocated once; the optimizer steps over it.
   {
-    memory::Scope optimizer_scope(Category::kOptimizerState);
-    std::vector<ParamGroup> groups(2);
-    groups[0].weight_decay = cfg_.optimizer.weight_decay;
-    groups[1].weight_decay = cfg_.optimizer.from_ds_config ? cfg_.optimizer.weight_decay : 0.0;
+    std::vector<ParamInfo> infos;
+    std::vector<std::pair<std::string, at::Tensor>> named;
     for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
-      if (!item.value().requires_grad()) continue;
-      const bool decay = cfg_.optimizer.from_ds_config || !hf_no_decay(item.key());
-      groups[decay ? 0 : 1].names.push_back(item.key());
-      groups[decay ? 0 : 1].params.push_back(item.value());
-      trainable_.push_back(item.value());
+      const at::Tensor& t = item.value();
+      infos.push_back({item.key(), t.sizes().vec(), t.scalar_type(), t.requires_grad(),
+                       decays(item.key(), cfg_.optimizer.from_ds_config)});
+      named.emplace_back(item.key(), t);
     }
-    if (trainable_.empty()) {
+    StoreOptions options = store_options(cfg_.optimizer);
+    options.rank = run_.rank;
+    options.world_size = run_.world_size;
+    StorePlan plan(infos, options);
+    if (plan.groups().empty()) {
       throw Error("the model has no trainable parameters after the plugins' model transforms; "
                   "nothing to train");
     }
-    if (groups[1].params.empty()) groups.pop_back();
-    optimizer_ = make_optimizer(cfg_.optimizer, std::move(groups));
-    OptimizerContext opt_ctx{*model_, optimizer_, run_, *dist_};
+    plugins_.plan_store(plan, run_);
+    plan.check();
+    if (main) log_ << "parameter store:\n" << plan.describe();
+    store_ = std::make_shared<ParamStore>(std::move(plan), named, run_.device);
+    for (size_t i = 0; i < store_->plan().slots().size(); ++i)
+      if (store_->plan().slots()[i].group >= 0) trainable_.push_back(store_->param(static_cast<int>(i)));
+
+    memory::Scope optimizer_scope(Category::kOptimizerState);
+    optimizer_ = make_optimizer(cfg_.optimizer, store_);
+    OptimizerContext opt_ctx{*model_, *store_, optimizer_, run_, *dist_};
     plugins_.each("build_optimizer", -1, [&](Plugin& p) { p.build_optimizer(opt_ctx); });
     if (!optimizer_) throw Error("a plugin's build_optimizer left no optimizer");
   }
@@ -355,10 +353,8 @@ void Engine::train_step(TrainSummary& summary) {
     }
   };
   take_grads();
-  bool grads_partitioned = false;
   const double lr = schedule_->lr(completed_steps_);
-  StepContext sctx{*model_, *optimizer_, run_, *dist_, step_, lr, control_, false, grads,
-                   grads_partitioned};
+  StepContext sctx{*model_, *optimizer_, run_, *dist_, step_, lr, control_, false, grads};
   plugins_.each("after_gradient_accumulation", step_,
                 [&](Plugin& p) { p.after_gradient_accumulation(sctx); });
   if (!plugins_.any_reduces_gradients()) {
@@ -370,6 +366,17 @@ void Engine::train_step(TrainSummary& summary) {
     // may a plugin's after_gradient_accumulation: the host measures and clips the gradients the
     // optimizer will read, so the list is taken again now.
     take_grads();
+  }
+  // Pass 1 of the step: the norm and the overflow check read the gradients once.
+  {
+    GradSummary summary = optimizer_->grad_summary();
+    if (optimizer_->grads_partitioned()) {
+      at::Tensor ss = at::tensor({summary.sum_squares}, at::kDouble);
+      dist_->all_reduce_sum(ss);  // squares are >= 0: an inf or NaN on any rank makes the sum one
+      summary.sum_squares = ss.item<double>();
+    }
+    sctx.grads_finite = summary.finite && std::isfinite(summary.sum_squares);
+    sctx.grad_norm = std::sqrt(summary.sum_squares) / sctx.grad_scale;
   }
   plugins_.each("before_optimizer_step", step_, [&](Plugin& p) { p.before_optimizer_step(sctx); });
 
@@ -389,15 +396,14 @@ void Engine::train_step(TrainSummary& summary) {
   stop_signal_agreed_ = agree[2].item<double>() > 0.0;
   const double loss = agree[3].item<double>() / run_.world_size;
 
-  double grad_norm = std::nan("");
+  const double grad_norm = sctx.grad_norm;
   if (!skip) {
-    at::Tensor sq = at::tensor({grad_sq_norm(grads)}, at::kDouble);
-    if (grads_partitioned) dist_->all_reduce_sum(sq);
-    grad_norm = std::sqrt(sq.item<double>());
-    sctx.grad_norm = grad_norm;
-    if (cfg_.gradient_clipping > 0.0) clip_grads(grads, cfg_.gradient_clipping, grad_norm);
+    // Pass 2: unscale and clip as one factor of the fused step (DeepSpeed's combined scale).
+    StepScalars scalars;
+    scalars.lr = lr;
+    scalars.grad_factor = 1.0 / (sctx.grad_scale * clip_divisor(grad_norm, cfg_.gradient_clipping));
     memory::Scope scope(Category::kOptimizerState);
-    optimizer_->step(lr);
+    optimizer_->step(scalars);
     ++completed_steps_;
   } else {
     ++skipped_steps_;

@@ -69,6 +69,7 @@ class Engine {
   const RunInfo& run_info() const { return run_; }
   // After train(): the trained model (tests, export).
   CausalLM& model() { return *model_; }
+  const ParamStore& store() const { return *store_; }
 
  private:
   void setup();
@@ -92,6 +93,7 @@ class Engine {
   RunInfo run_;
 
   std::shared_ptr<CausalLM> model_;
+  std::shared_ptr<ParamStore> store_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<LrSchedule> schedule_;
   std::unique_ptr<DataLoader> loader_;

@@ -268,10 +268,20 @@ std::string export_checkpoint(const std::string& checkpoint, const std::string& 
     verify_checkpoint_file(dir, m, mine);
     const SafetensorsFile state = SafetensorsFile::open((fs::path(dir) / mine).string());
     for (const std::string& name : state.names()) {
-      if (name.rfind("plugin/", 0) != 0) continue;  // plugin/<plugin>/<key>, as save_checkpoint writes
-      const size_t slash = name.find('/', 7);
-      if (slash == std::string::npos) continue;
-      const std::string plugin = name.substr(7, slash - 7), key = name.substr(slash + 1);
+      // optimizer/<key> (the parameter store's masters) or plugin/<plugin>/<key>, as
+      // save_checkpoint writes them.
+      std::string plugin, key;
+      if (name.rfind("optimizer/", 0) == 0) {
+        plugin = "optimizer";
+        key = name.substr(10);
+      } else if (name.rfind("plugin/", 0) == 0) {
+        const size_t slash = name.find('/', 7);
+        if (slash == std::string::npos) continue;
+        plugin = name.substr(7, slash - 7);
+        key = name.substr(slash + 1);
+      } else {
+        continue;
+      }
       if (key.rfind(kExactWeightPrefix, 0) != 0) continue;
       const std::string param = key.substr(sizeof(kExactWeightPrefix) - 1);
       auto claimed = claims.find(param);
@@ -310,7 +320,7 @@ std::string export_checkpoint(const std::string& checkpoint, const std::string& 
          std::to_string(count_parameters(*model)) + " parameters" +
          (claims.empty() ? std::string()
                          : "; " + std::to_string(claims.size()) +
-                               " tensor(s) from the exact weights in plugin state (" + from + ")") +
+                               " tensor(s) from the exact weights in rank state (" + from + ")") +
          ")";
 }
 

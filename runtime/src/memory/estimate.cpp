@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "models/model_factory.h"
+#include "store/decay.h"
 
 namespace memrt {
 namespace memory {
@@ -110,8 +111,10 @@ memory::MemoryEstimate host_memory_plan(const RunInfo& run, const HostPlanOption
   e.compute_dtype = at::kFloat;
   const int64_t b = 4;
   int64_t all = 0, final_segment = 0;
+  std::vector<ParamInfo> infos;
   for (const ParamSpec& p : parameter_specs(run.shape)) {
     e.params.push_back({p.name, p.shape, p.numel(), true});
+    infos.push_back({p.name, p.shape, at::kFloat, true, decays(p.name, options.decay_all)});
     all += p.numel();
     if (p.block < 0 && p.name.find("embed") == std::string::npos &&
         p.name.find("wte") == std::string::npos && p.name.find("wpe") == std::string::npos)
@@ -122,9 +125,11 @@ memory::MemoryEstimate host_memory_plan(const RunInfo& run, const HostPlanOption
   e.activations = memory::activation_estimate(run.shape, run.micro_batch_size, run.block_size,
                                               e.compute_dtype);
   memory::Table& t = e.table;
-  t.at(Category::kWeights) = all * b;
-  const int64_t states = options.optimizer == "SGD" ? (options.momentum != 0.0 ? 1 : 0) : 2;
-  t.at(Category::kOptimizerState) = states * trainable * 4;
+  StoreOptions store = options.store;
+  store.rank = run.rank;
+  store.world_size = run.world_size;
+  e.store = std::make_shared<StorePlan>(infos, store);
+  t = e.store->bytes();  // weights and optimizer state, as the default layout allocates them
   if (run.world_size > 1) {  // the all-reduce's staging buffers: up to two buckets, kept
     const int64_t grads = trainable * b;
     const int64_t bucket = std::min(options.allreduce_bucket_bytes, grads);

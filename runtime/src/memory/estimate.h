@@ -6,17 +6,19 @@
 #include <string>
 
 #include "memrt/memory.h"
+#include "memrt/param_store.h"
 #include "memrt/plugin.h"
 
 namespace memrt {
 
 struct HostPlanOptions {
-  std::string optimizer = "AdamW";  // "Adam", "AdamW", "SGD"
-  double momentum = 0.0;            // SGD
+  StoreOptions store;       // the optimizer's state and weight decay (rank, world size: the run's)
+  bool decay_all = false;   // every parameter in the decay group (store/decay.h)
   int64_t allreduce_bucket_bytes = int64_t{500'000'000};
 };
 
-// The plan for run.rank in a world of run.world_size ranks.
+// The plan for run.rank in a world of run.world_size ranks. Its weights and optimizer-state cells
+// are the default store layout's bytes (padding included), and `store` that layout.
 memory::MemoryEstimate host_memory_plan(const RunInfo& run, const HostPlanOptions& options);
 
 }  // namespace memrt

@@ -44,4 +44,8 @@ GradStats grad_stats_cpu(const void* grad, at::ScalarType type, int64_t n);
 // written back. Throws memrt::Error for a combination the step does not take.
 void fused_adam_cpu(const AdamRange& range, const AdamScalars& s, float grad_factor);
 
+// Pass 2 on a CUDA device (builds with MEMRT_BUILD_CUDA only): one thread per element, the same
+// adam_update() and conversions (optimizer_math.h), on `stream` (a cudaStream_t).
+void fused_adam_cuda(const AdamRange& range, const AdamScalars& s, float grad_factor, void* stream);
+
 }  // namespace memrt

@@ -110,6 +110,22 @@ MEMRT_HOST_DEVICE inline uint16_t fp16_bits_from_float(float f) {
   return static_cast<uint16_t>(sign | h);
 }
 
+// bf16 bits to fp32 (exact) and fp32 to bf16 bits rounded to nearest-even, a NaN becoming the
+// quiet 0x7fc0: the conversions of c10::BFloat16, written for nvcc too.
+MEMRT_HOST_DEVICE inline float float_from_bf16_bits(uint16_t bits) {
+  const uint32_t x = static_cast<uint32_t>(bits) << 16;
+  float f = 0.f;
+  std::memcpy(&f, &x, sizeof f);
+  return f;
+}
+
+MEMRT_HOST_DEVICE inline uint16_t bf16_bits_from_float(float f) {
+  if (f != f) return 0x7fc0u;
+  uint32_t x = 0;
+  std::memcpy(&x, &f, sizeof x);
+  return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
 struct SgdScalars {
   float lr = 0.f, momentum = 0.f, dampening = 0.f, weight_decay = 0.f;
   bool nesterov = false;
@@ -133,8 +149,6 @@ MEMRT_HOST_DEVICE inline void sgd_update(float& p, float g, float& buf, const Sg
 // given stream (cudaStream_t passed as void*).
 void adam_update_cpu(float* p, const float* g, float* m, float* v, int64_t n, const AdamScalars& s);
 void sgd_update_cpu(float* p, const float* g, float* buf, int64_t n, const SgdScalars& s);
-void adam_update_cuda(float* p, const float* g, float* m, float* v, int64_t n, const AdamScalars& s,
-                      void* stream);
 void sgd_update_cuda(float* p, const float* g, float* buf, int64_t n, const SgdScalars& s,
                      void* stream);
 

@@ -1,9 +1,11 @@
 #include "optim/optimizers.h"
 
+#include <algorithm>
 #include <cmath>
-#include <set>
 
 #include "memrt/error.h"
+#include "memrt/plugin.h"
+#include "optim/fused_adam.h"
 #include "optim/optimizer_math.h"
 
 #ifdef MEMRT_WITH_CUDA
@@ -14,75 +16,96 @@ namespace memrt {
 
 namespace {
 
+// The CUDA stream of a device tensor's step; CPU tensors never get here.
+void* cuda_stream(const at::Tensor& t) {
+#ifdef MEMRT_WITH_CUDA
+  return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
+#else
+  throw Error("optimizer: the parameters are on " + t.device().str() +
+              " but this memrt was built without CUDA kernels");
+#endif
+}
+
 std::string describe(const at::Tensor& t) {
   std::string s = "(";
   for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
   return s + ")";
 }
 
-// Runs `update(p32, g32)` on fp32 contiguous views of parameter p and its gradient, copying in and
-// out only when p is not already fp32 and contiguous.
-template <typename Fn>
-void with_fp32(const std::string& name, at::Tensor& p, Fn update) {
-  const at::Tensor& grad = p.grad();
-  if (grad.is_sparse())
-    throw Error("optimizer: parameter '" + name + "' has a sparse gradient; only dense ones are supported");
-  if (!p.is_floating_point())
-    throw Error("optimizer: parameter '" + name + "' is " + std::string(c10::toString(p.scalar_type())) +
-                "; expected a floating-point tensor");
-  if (grad.sizes() != p.sizes())
-    throw Error("optimizer: gradient of '" + name + "' has shape " + describe(grad) +
-                ", the parameter " + describe(p));
-  at::NoGradGuard no_grad;
-  at::Tensor g32 = grad.to(p.device(), at::kFloat).contiguous();
-  if (p.scalar_type() == at::kFloat && p.is_contiguous()) {
-    update(p, g32);
-  } else {
-    at::Tensor p32 = p.to(at::kFloat).contiguous();
-    update(p32, g32);
-    p.copy_(p32);
-  }
-}
+const char* const kStepKey = ".step";
 
-class OptimizerBase : public Optimizer {
+// The host's optimizers over the parameter store: per parameter with a gradient, the range of it
+// this rank holds (all of it, or its part of this rank's partition) steps in one fused pass over
+// the master (or fp32 compute copy), the state and the gradient; each parameter counts its own
+// updates (a parameter without a gradient is skipped and keeps its count, as in torch.optim).
+class StoreOptimizer : public Optimizer {
  public:
-  OptimizerBase(std::vector<ParamGroup> groups) : groups_(std::move(groups)) {
-    std::set<std::string> seen;
-    for (const auto& g : groups_) {
-      if (g.names.size() != g.params.size())
-        throw Error("optimizer: a parameter group has " + std::to_string(g.names.size()) +
-                    " names for " + std::to_string(g.params.size()) + " parameters");
-      for (size_t i = 0; i < g.params.size(); ++i) {
-        if (!seen.insert(g.names[i]).second)
-          throw Error("optimizer: parameter '" + g.names[i] +
-                      "' appears twice in the parameter groups; each may be in one group only");
-        if (!g.params[i].defined())
-          throw Error("optimizer: parameter '" + g.names[i] + "' is an undefined tensor");
+  StoreOptimizer(const OptimizerConfig& cfg, std::shared_ptr<ParamStore> store)
+      : cfg_(cfg), store_(std::move(store)), steps_(store_->plan().slots().size(), 0) {
+    const StorePlan& plan = store_->plan();
+    for (const StoreGroup& g : plan.groups()) {
+      ParamGroup pg;
+      pg.weight_decay = g.weight_decay;
+      for (int slot : g.slots) {
+        pg.names.push_back(plan.slots()[static_cast<size_t>(slot)].param.name);
+        pg.params.push_back(store_->param(slot));
       }
+      groups_.push_back(std::move(pg));
     }
   }
 
   std::vector<ParamGroup>& param_groups() override { return groups_; }
   const std::vector<ParamGroup>& param_groups() const override { return groups_; }
 
+  bool grads_partitioned() const override {
+    for (const StoreGroup& g : store_->plan().groups())
+      if (g.buffer(StoreBuffer::kMaster).extent == Extent::kPartition ||
+          g.buffer(StoreBuffer::kState).extent == Extent::kPartition)
+        return true;
+    return false;
+  }
+
+  GradSummary grad_summary() const override {
+    GradSummary out;
+    for_each_range([&](int, const at::Tensor& grad, int64_t first, int64_t n) {
+      GradStats s;
+      if (grad.is_cuda()) {  // LibTorch's reduction; the CPU kernel is the deterministic one
+        s.sum_squares = grad.reshape({-1}).narrow(0, first, n).to(at::kDouble).pow(2).sum().item<double>();
+        s.finite = std::isfinite(s.sum_squares);
+      } else {
+        s = grad_stats_cpu(static_cast<const char*>(grad.data_ptr()) +
+                               first * static_cast<int64_t>(grad.element_size()),
+                           grad.scalar_type(), n);
+      }
+      out.sum_squares += s.sum_squares;
+      out.finite = out.finite && s.finite;
+    });
+    return out;
+  }
+
   TensorMap state_dict() const override {
     TensorMap out;
-    for (const auto& [key, t] : state_) out[key] = t;
-    for (const auto& [name, step] : steps_) out[name + ".step"] = at::scalar_tensor(step, at::kLong);
+    const StorePlan& plan = store_->plan();
+    for (const StoreGroup& g : plan.groups())
+      for (int slot : g.slots) {
+        const std::string& name = plan.slots()[static_cast<size_t>(slot)].param.name;
+        for (size_t k = 0; k < plan.state_names().size(); ++k)
+          out[name + "." + plan.state_names()[k]] = held(slot, StoreBuffer::kState, static_cast<int>(k));
+        if (g.buffer(StoreBuffer::kMaster).present) out[exact_weight_key(name)] = held(slot, StoreBuffer::kMaster);
+        out[name + kStepKey] = at::scalar_tensor(steps_[static_cast<size_t>(slot)], at::kLong);
+      }
     return out;
   }
 
   void load_state_dict(const TensorMap& state) override {
+    const TensorMap want = state_dict();
     for (const auto& [key, t] : state) {
-      bool known = state_.count(key) > 0;
-      if (!known && key.size() > 5 && key.compare(key.size() - 5, 5, ".step") == 0)
-        known = steps_.count(key.substr(0, key.size() - 5)) > 0;
-      if (!known)
+      if (!want.count(key))
         throw Error(name() + ": unexpected optimizer state '" + key +
                     "' (no parameter of that name, or a state this optimizer does not keep); "
-                    "was the checkpoint written with another optimizer or model?");
+                    "was the checkpoint written with another optimizer, model or precision?");
     }
-    for (const auto& [key, t] : state_) {
+    for (const auto& [key, t] : want) {
       auto it = state.find(key);
       if (it == state.end())
         throw Error(name() + ": optimizer state '" + key + "' is missing from the checkpoint");
@@ -90,133 +113,169 @@ class OptimizerBase : public Optimizer {
         throw Error(name() + ": optimizer state '" + key + "' has shape " + describe(it->second) +
                     ", expected " + describe(t));
     }
-    for (const auto& [pname, step] : steps_) {
-      auto it = state.find(pname + ".step");
-      if (it == state.end())
-        throw Error(name() + ": optimizer state '" + pname + ".step' is missing from the checkpoint");
-      if (it->second.numel() != 1)
-        throw Error(name() + ": optimizer state '" + pname + ".step' must be a scalar, got shape " +
-                    describe(it->second));
-    }
     at::NoGradGuard no_grad;
-    for (auto& [key, t] : state_) t.copy_(state.at(key));
-    for (auto& [pname, step] : steps_) step = state.at(pname + ".step").item<int64_t>();
+    const StorePlan& plan = store_->plan();
+    for (size_t slot = 0; slot < plan.slots().size(); ++slot) {
+      const ParamSlot& s = plan.slots()[slot];
+      if (s.group < 0) continue;
+      for (const auto& [key, t] : want) {
+        if (key.rfind(s.param.name + ".", 0) != 0 && key != exact_weight_key(s.param.name)) continue;
+        if (key == s.param.name + kStepKey) {
+          steps_[slot] = state.at(key).item<int64_t>();
+        } else {
+          at::Tensor target = t;  // a view of the store
+          target.copy_(state.at(key));
+        }
+      }
+      // The compute copy follows the master it is rounded from.
+      if (store_->groups()[static_cast<size_t>(s.group)].master.defined()) {
+        auto [master, first] = store_->slice(static_cast<int>(slot), StoreBuffer::kMaster);
+        auto [compute, unused] = store_->slice(static_cast<int>(slot), StoreBuffer::kCompute);
+        compute.narrow(0, first, master.numel()).copy_(master);
+      }
+    }
   }
 
   int64_t state_bytes() const override {
     int64_t bytes = 0;
-    for (const auto& [key, t] : state_) bytes += t.numel() * static_cast<int64_t>(t.element_size());
+    for (const ParamStore::Group& g : store_->groups())
+      for (const at::Tensor& t : g.state) bytes += t.numel() * static_cast<int64_t>(t.element_size());
     return bytes;
   }
 
  protected:
-  // fn(group, name, param, t) for every parameter with a gradient, t = its update count including
-  // this one (parameters without a gradient keep their count, as torch's optimizers do).
+  // fn(slot, grad, first, n) for each parameter with a gradient and a non-empty range of
+  // elements [first, first + n) this rank steps; `grad` is its contiguous .grad.
   template <class Fn>
-  void for_each_update(Fn&& fn) {
-    for (auto& g : groups_)
-      for (size_t i = 0; i < g.params.size(); ++i) {
-        if (!g.params[i].grad().defined()) continue;
-        fn(g, g.names[i], g.params[i], ++steps_[g.names[i]]);
-      }
+  void for_each_range(Fn&& fn) const {
+    const StorePlan& plan = store_->plan();
+    for (int slot = 0; slot < static_cast<int>(plan.slots().size()); ++slot) {
+      const ParamSlot& s = plan.slots()[static_cast<size_t>(slot)];
+      if (s.group < 0) continue;
+      const at::Tensor& p = store_->param(slot);
+      at::Tensor grad = p.grad();
+      if (!grad.defined()) continue;
+      check_grad(s, p, grad);
+      if (!grad.is_contiguous()) grad = grad.contiguous();
+      // The range this rank steps: where its master, else its state, lives (full or partition).
+      const ParamStore::Group& g = store_->groups()[static_cast<size_t>(s.group)];
+      const StoreBuffer owner = g.master.defined() ? StoreBuffer::kMaster
+                                : g.state.empty()  ? StoreBuffer::kCompute
+                                                   : StoreBuffer::kState;
+      auto [view, first] = store_->slice(slot, owner);
+      if (view.numel() == 0) continue;
+      fn(slot, grad, first, view.numel());
+    }
   }
 
-  // fp32 zeros of p's shape on p's device, registered as "<name>.<what>".
-  at::Tensor& add_state(const std::string& pname, const std::string& what, const at::Tensor& p) {
-    at::Tensor t = at::zeros(p.sizes(), p.options().dtype(at::kFloat));  // p's shape, fp32
-    return state_[pname + "." + what] = t;
+  void check_grad(const ParamSlot& s, const at::Tensor& p, const at::Tensor& grad) const {
+    if (grad.is_sparse())
+      throw Error("optimizer: parameter '" + s.param.name + "' has a sparse gradient; only dense ones are supported");
+    if (grad.sizes() != p.sizes())
+      throw Error("optimizer: gradient of '" + s.param.name + "' has shape " + describe(grad) +
+                  ", the parameter " + describe(p));
+    const at::ScalarType want = store_->plan().groups()[static_cast<size_t>(s.group)].buffer(StoreBuffer::kGrad).dtype;
+    if (grad.scalar_type() != want && grad.scalar_type() != p.scalar_type())
+      throw Error("optimizer: gradient of '" + s.param.name + "' is " + c10::toString(grad.scalar_type()) +
+                  "; the store keeps " + c10::toString(want) + " gradients for it");
+    if (grad.device() != p.device())
+      throw Error("optimizer: gradient of '" + s.param.name + "' is on " + grad.device().str() +
+                  ", the parameter on " + p.device().str());
   }
 
+  // Slot's part of buffer b as this rank holds it, in the parameter's shape when whole.
+  at::Tensor held(int slot, StoreBuffer b, int state = 0) const {
+    auto [view, first] = store_->slice(slot, b, state);
+    const ParamSlot& s = store_->plan().slots()[static_cast<size_t>(slot)];
+    return view.numel() == s.numel ? view.view(s.param.shape) : view;
+  }
+
+  OptimizerConfig cfg_;
+  std::shared_ptr<ParamStore> store_;
   std::vector<ParamGroup> groups_;
-  std::map<std::string, at::Tensor> state_;  // "<param>.<state>" -> tensor
-  std::map<std::string, int64_t> steps_;     // "<param>" -> updates received
+  std::vector<int64_t> steps_;  // per slot: updates received
 };
 
-void* cuda_stream_of(const at::Tensor& p, const std::string& name) {
-#ifdef MEMRT_WITH_CUDA
-  (void)name;
-  return c10::cuda::getCurrentCUDAStream(p.device().index()).stream();
-#else
-  (void)p;
-  throw Error("optimizer: parameter '" + name +
-              "' is on a CUDA device but this memrt was built without CUDA kernels");
-#endif
-}
-
-class AdamOptimizer : public OptimizerBase {
+class AdamOptimizer final : public StoreOptimizer {
  public:
-  AdamOptimizer(const OptimizerConfig& cfg, std::vector<ParamGroup> groups)
-      : OptimizerBase(std::move(groups)), cfg_(cfg),
-        decoupled_(cfg.type == "AdamW" || cfg.adam_w_mode) {
-    for (const auto& g : groups_)
-      for (size_t i = 0; i < g.params.size(); ++i) {
-        add_state(g.names[i], "exp_avg", g.params[i]);
-        add_state(g.names[i], "exp_avg_sq", g.params[i]);
-        steps_[g.names[i]] = 0;
-      }
-  }
+  AdamOptimizer(const OptimizerConfig& cfg, std::shared_ptr<ParamStore> store)
+      : StoreOptimizer(cfg, std::move(store)), decoupled_(cfg.type == "AdamW" || cfg.adam_w_mode) {}
 
   std::string name() const override { return decoupled_ ? "AdamW" : "Adam"; }
 
-  void step(double lr) override {
-    for_each_update([&](const ParamGroup& g, const std::string& pname, at::Tensor& p, int64_t t) {
-      const AdamScalars s = adam_scalars(lr, cfg_.beta1, cfg_.beta2, cfg_.eps, g.weight_decay,
-                                         decoupled_, cfg_.bias_correction, t);
-      at::Tensor& m = state_[pname + ".exp_avg"];
-      at::Tensor& v = state_[pname + ".exp_avg_sq"];
-      with_fp32(pname, p, [&](at::Tensor& p32, const at::Tensor& g32) {
-        float* pp = p32.data_ptr<float>();
-        const float* gp = g32.data_ptr<float>();
-        if (p32.is_cuda())
-          adam_update_cuda(pp, gp, m.data_ptr<float>(), v.data_ptr<float>(), p32.numel(), s,
-                           cuda_stream_of(p32, pname));
-        else
-          adam_update_cpu(pp, gp, m.data_ptr<float>(), v.data_ptr<float>(), p32.numel(), s);
-      });
+  void step(const StepScalars& scalars) override {
+    const StorePlan& plan = store_->plan();
+    const float factor = static_cast<float>(scalars.grad_factor);
+    for_each_range([&](int slot, const at::Tensor& grad, int64_t first, int64_t n) {
+      const ParamSlot& s = plan.slots()[static_cast<size_t>(slot)];
+      const double wd = plan.groups()[static_cast<size_t>(s.group)].weight_decay;
+      const AdamScalars as = adam_scalars(scalars.lr, cfg_.beta1, cfg_.beta2, cfg_.eps, wd,
+                                          decoupled_, cfg_.bias_correction,
+                                          ++steps_[static_cast<size_t>(slot)]);
+      at::Tensor compute = store_->slice(slot, StoreBuffer::kCompute).first.narrow(0, first, n);
+      at::Tensor m = store_->slice(slot, StoreBuffer::kState, 0).first;
+      at::Tensor v = store_->slice(slot, StoreBuffer::kState, 1).first;
+      AdamRange r;
+      if (store_->groups()[static_cast<size_t>(s.group)].master.defined())
+        r.master = store_->slice(slot, StoreBuffer::kMaster).first.data_ptr<float>();
+      r.compute = compute.data_ptr();
+      r.compute_type = compute.scalar_type();
+      r.grad = static_cast<const char*>(grad.data_ptr()) + first * static_cast<int64_t>(grad.element_size());
+      r.grad_type = grad.scalar_type();
+      r.exp_avg = m.data_ptr<float>();
+      r.exp_avg_sq = v.data_ptr<float>();
+      r.n = n;
+      if (compute.is_cuda()) {
+#ifdef MEMRT_WITH_CUDA
+        fused_adam_cuda(r, as, factor, cuda_stream(compute));
+#else
+        cuda_stream(compute);  // throws: no CUDA kernels in this build
+#endif
+      } else {
+        fused_adam_cpu(r, as, factor);
+      }
     });
   }
 
  private:
-  OptimizerConfig cfg_;
   bool decoupled_;
 };
 
-class SgdOptimizer : public OptimizerBase {
+class SgdOptimizer final : public StoreOptimizer {
  public:
-  SgdOptimizer(const OptimizerConfig& cfg, std::vector<ParamGroup> groups)
-      : OptimizerBase(std::move(groups)), cfg_(cfg) {
-    for (const auto& g : groups_)
-      for (size_t i = 0; i < g.params.size(); ++i) {
-        if (cfg.momentum != 0.0) add_state(g.names[i], "momentum_buffer", g.params[i]);
-        steps_[g.names[i]] = 0;
-      }
-  }
-
+  using StoreOptimizer::StoreOptimizer;
   std::string name() const override { return "SGD"; }
 
-  void step(double lr) override {
-    for_each_update([&](const ParamGroup& g, const std::string& pname, at::Tensor& p, int64_t t) {
-      SgdScalars s;
-      s.lr = static_cast<float>(lr);
-      s.momentum = static_cast<float>(cfg_.momentum);
-      s.dampening = static_cast<float>(cfg_.dampening);
-      s.weight_decay = static_cast<float>(g.weight_decay);
-      s.nesterov = cfg_.nesterov;
-      s.first_step = t == 1;
-      float* buf = nullptr;
-      if (cfg_.momentum != 0.0) buf = state_[pname + ".momentum_buffer"].data_ptr<float>();
-      with_fp32(pname, p, [&](at::Tensor& p32, const at::Tensor& g32) {
-        if (p32.is_cuda())
-          sgd_update_cuda(p32.data_ptr<float>(), g32.data_ptr<float>(), buf, p32.numel(), s,
-                          cuda_stream_of(p32, pname));
-        else
-          sgd_update_cpu(p32.data_ptr<float>(), g32.data_ptr<float>(), buf, p32.numel(), s);
-      });
+  void step(const StepScalars& scalars) override {
+    const StorePlan& plan = store_->plan();
+    at::NoGradGuard no_grad;
+    for_each_range([&](int slot, const at::Tensor& grad, int64_t first, int64_t n) {
+      const ParamSlot& s = plan.slots()[static_cast<size_t>(slot)];
+      SgdScalars ss;
+      ss.lr = static_cast<float>(scalars.lr);
+      ss.momentum = static_cast<float>(cfg_.momentum);
+      ss.dampening = static_cast<float>(cfg_.dampening);
+      ss.weight_decay = static_cast<float>(plan.groups()[static_cast<size_t>(s.group)].weight_decay);
+      ss.nesterov = cfg_.nesterov;
+      ss.first_step = ++steps_[static_cast<size_t>(slot)] == 1;
+      const bool master = store_->groups()[static_cast<size_t>(s.group)].master.defined();
+      at::Tensor compute = store_->slice(slot, StoreBuffer::kCompute).first.narrow(0, first, n);
+      at::Tensor p = master ? store_->slice(slot, StoreBuffer::kMaster).first : compute;
+      at::Tensor g = grad.reshape({-1}).narrow(0, first, n).to(at::kFloat);
+      if (scalars.grad_factor != 1.0) g = g * static_cast<float>(scalars.grad_factor);
+      float* buf = cfg_.momentum != 0.0 ? store_->slice(slot, StoreBuffer::kState, 0).first.data_ptr<float>() : nullptr;
+      if (p.is_cuda()) {
+#ifdef MEMRT_WITH_CUDA
+        sgd_update_cuda(p.data_ptr<float>(), g.data_ptr<float>(), buf, n, ss, cuda_stream(p));
+#else
+        cuda_stream(p);  // throws: no CUDA kernels in this build
+#endif
+      } else {
+        sgd_update_cpu(p.data_ptr<float>(), g.data_ptr<float>(), buf, n, ss);
+      }
+      if (master) compute.copy_(p);
     });
   }
-
- private:
-  OptimizerConfig cfg_;
 };
 
 void check_range(bool ok, const std::string& key, const std::string& expected, double got) {
@@ -225,16 +284,14 @@ void check_range(bool ok, const std::string& key, const std::string& expected, d
                       "expected " + expected + ", got " + std::to_string(got));
 }
 
-}  // namespace
-
-std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, std::vector<ParamGroup> groups) {
+void check_config(const OptimizerConfig& cfg) {
   check_range(cfg.lr >= 0, "lr", "a learning rate >= 0", cfg.lr);
   if (cfg.type == "Adam" || cfg.type == "AdamW") {
     check_range(cfg.beta1 >= 0 && cfg.beta1 < 1, "betas[0]", "0 <= beta1 < 1", cfg.beta1);
     check_range(cfg.beta2 >= 0 && cfg.beta2 < 1, "betas[1]", "0 <= beta2 < 1", cfg.beta2);
     check_range(cfg.eps >= 0, "eps", "eps >= 0", cfg.eps);
     check_range(cfg.weight_decay >= 0, "weight_decay", "weight_decay >= 0", cfg.weight_decay);
-    return std::make_unique<AdamOptimizer>(cfg, std::move(groups));
+    return;
   }
   if (cfg.type == "SGD") {
     check_range(cfg.momentum >= 0, "momentum", "momentum >= 0", cfg.momentum);
@@ -242,10 +299,66 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, std::vecto
     if (cfg.nesterov && (cfg.momentum <= 0 || cfg.dampening != 0))
       throw ConfigError("ds_config", "optimizer.params.nesterov",
                         "Nesterov momentum requires momentum > 0 and dampening 0 (as torch.optim.SGD)");
-    return std::make_unique<SgdOptimizer>(cfg, std::move(groups));
+    return;
   }
   throw ConfigError("ds_config", "optimizer.type",
                     "unknown optimizer '" + cfg.type + "'; supported: Adam, AdamW, SGD");
+}
+
+}  // namespace
+
+StoreOptions store_options(const OptimizerConfig& cfg) {
+  check_config(cfg);
+  StoreOptions o;
+  o.optimizer = cfg.type;
+  o.momentum = cfg.momentum;
+  o.weight_decay = cfg.weight_decay;
+  return o;
+}
+
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, std::shared_ptr<ParamStore> store) {
+  check_config(cfg);
+  if (store->plan().options().optimizer != cfg.type) {
+    throw Error("optimizer: the store was planned for " + store->plan().options().optimizer +
+                "'s state, not " + cfg.type + "'s");
+  }
+  if (cfg.type == "SGD") return std::make_unique<SgdOptimizer>(cfg, std::move(store));
+  return std::make_unique<AdamOptimizer>(cfg, std::move(store));
+}
+
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, std::vector<ParamGroup> groups) {
+  StoreOptions options = store_options(cfg);
+  std::vector<ParamInfo> infos;
+  std::vector<std::pair<std::string, at::Tensor>> params;
+  bool decay_set = false, sixteen = false;
+  for (const ParamGroup& g : groups) {
+    if (g.names.size() != g.params.size())
+      throw Error("optimizer: a parameter group has " + std::to_string(g.names.size()) +
+                  " names for " + std::to_string(g.params.size()) + " parameters");
+    const bool decay = g.weight_decay > 0;
+    if (decay && decay_set && options.weight_decay != g.weight_decay)
+      throw Error("optimizer: parameter groups decay by different amounts; the store keeps one "
+                  "decaying group");
+    if (decay) {
+      options.weight_decay = g.weight_decay;
+      decay_set = true;
+    }
+    for (size_t i = 0; i < g.params.size(); ++i) {
+      if (!g.params[i].defined())
+        throw Error("optimizer: parameter '" + g.names[i] + "' is an undefined tensor");
+      for (const auto& seen : params)
+        if (seen.first == g.names[i])
+          throw Error("optimizer: parameter '" + g.names[i] +
+                      "' appears twice in the parameter groups; each may be in one group only");
+      infos.push_back({g.names[i], g.params[i].sizes().vec(), g.params[i].scalar_type(), true, decay});
+      params.emplace_back(g.names[i], g.params[i]);
+      sixteen = sixteen || g.params[i].scalar_type() != at::kFloat;
+    }
+  }
+  StorePlan plan(infos, options);
+  if (sixteen) plan.set_master_weights(true);
+  const at::Device device = params.empty() ? at::Device(at::kCPU) : params.front().second.device();
+  return make_optimizer(cfg, std::make_shared<ParamStore>(std::move(plan), params, device));
 }
 
 }  // namespace memrt

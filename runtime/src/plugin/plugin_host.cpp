@@ -247,14 +247,44 @@ void PluginHost::call(const LoadedPlugin& p, const char* phase, int64_t step,
   }
 }
 
-std::vector<memory::EstimateTerm> PluginHost::estimate_memory(memory::MemoryEstimate& estimate) {
-  std::vector<memory::EstimateTerm> terms;
+void PluginHost::plan_store(StorePlan& plan, const RunInfo& run) {
+  StorePlanContext ctx{plan, run};
   for (LoadedPlugin& p : plugins_) {
-    if (p.abi_minor < 1) continue;
-    const memory::Table before = estimate.table;
-    call(p, "estimate_memory", -1, [&](Plugin& q) { q.estimate_memory(estimate); });
-    if (!(estimate.table == before)) terms.push_back({p.name, estimate.table - before});
+    plan.set_author(p.name);
+    call(p, "plan_store", -1, [&](Plugin& q) { q.plan_store(ctx); });
   }
+  plan.set_author("");
+}
+
+std::vector<memory::EstimateTerm> PluginHost::estimate_memory(memory::MemoryEstimate& estimate) {
+  std::vector<memory::Table> deltas(plugins_.size());
+  for (size_t i = 0; i < plugins_.size(); ++i) {
+    const memory::Table before = estimate.table;
+    call(plugins_[i], "estimate_memory", -1, [&](Plugin& q) { q.estimate_memory(estimate); });
+    deltas[i] = estimate.table - before;
+  }
+  if (estimate.store) {
+    StorePlan& plan = *estimate.store;
+    StorePlanContext ctx{plan, *estimate.run};
+    memory::Table last = plan.bytes();
+    for (size_t i = 0; i < plugins_.size(); ++i) {
+      plan.set_author(plugins_[i].name);
+      call(plugins_[i], "plan_store", -1, [&](Plugin& q) { q.plan_store(ctx); });
+      const memory::Table now = plan.bytes();
+      const memory::Table change = now - last;
+      for (memory::Category c : memory::all_categories())
+        for (memory::Placement pl : {memory::Placement::kDevice, memory::Placement::kHost}) {
+          estimate.table.at(c, pl) += change.at(c, pl);
+          deltas[i].at(c, pl) += change.at(c, pl);
+        }
+      last = now;
+    }
+    plan.set_author("");
+    plan.check();
+  }
+  std::vector<memory::EstimateTerm> terms;
+  for (size_t i = 0; i < plugins_.size(); ++i)
+    if (!(deltas[i] == memory::Table())) terms.push_back({plugins_[i].name, deltas[i]});
   return terms;
 }
 

@@ -75,8 +75,13 @@ class PluginHost {
   void each(const char* phase, int64_t step, const std::function<void(Plugin&)>& fn);
   void each_reversed(const char* phase, int64_t step, const std::function<void(Plugin&)>& fn);
 
-  // Every plugin's estimate_memory(), in priority order, on `estimate`; returns one term per
-  // plugin that changed it (plugins built before ABI 1.1 have no estimate and are skipped).
+  // Every plugin's plan_store(), in priority order, each named as the author of its settings
+  // (two plugins setting one axis differently is an error naming both).
+  void plan_store(StorePlan& plan, const RunInfo& run);
+
+  // Every plugin's estimate_memory(), in priority order, on `estimate`; then every plugin's
+  // plan_store() on estimate.store, the store's cells of the table following each. Returns one
+  // term per plugin that changed the table in either phase.
   std::vector<memory::EstimateTerm> estimate_memory(memory::MemoryEstimate& estimate);
 
   // fn(plugin) for one plugin, with the same error attribution.

@@ -1,0 +1,263 @@
+// The parameter store (memrt/param_store.h): layout, partitions, who sets what, allocation once
+// with parameters as views, its bytes against DeepSpeed's per-rank formulas, and a partitioned
+// step that equals the whole one bit for bit.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "memory/tracking_allocator.h"
+#include "memrt/error.h"
+#include "memrt/param_store.h"
+#include "optim/optimizers.h"
+
+using namespace memrt;
+using memory::Category;
+using memory::Placement;
+
+namespace {
+
+// Three decaying tensors and one that does not: 35 + 13 + 7 = 55 and 5 elements.
+std::vector<ParamInfo> infos(at::ScalarType dtype = at::kFloat) {
+  return {{"a.weight", {7, 5}, dtype, true, true},
+          {"a.bias", {5}, dtype, true, false},
+          {"b.weight", {13}, dtype, true, true},
+          {"frozen.weight", {4, 4}, dtype, false, true},
+          {"c.weight", {7}, dtype, true, true}};
+}
+
+StoreOptions options(int rank = 0, int world = 1, const char* optimizer = "AdamW") {
+  StoreOptions o;
+  o.optimizer = optimizer;
+  o.weight_decay = 0.1;
+  o.rank = rank;
+  o.world_size = world;
+  return o;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> tensors_for(const std::vector<ParamInfo>& ps, int seed) {
+  at::manual_seed(seed);
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const ParamInfo& p : ps) out.emplace_back(p.name, at::randn(p.shape).set_requires_grad(p.trainable));
+  return out;
+}
+
+template <class Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(StorePlan, GroupsPadToWorldTimesAlignmentAndPartitionEvenly) {
+  const StorePlan one(infos(), options());
+  ASSERT_EQ(one.groups().size(), 2u);
+  EXPECT_EQ(one.groups()[0].name, "decay");
+  EXPECT_EQ(one.groups()[0].weight_decay, 0.1);
+  EXPECT_EQ(one.groups()[0].numel, 35 + 13 + 7);
+  EXPECT_EQ(one.groups()[0].padded, 64);
+  EXPECT_EQ(one.groups()[1].name, "no_decay");
+  EXPECT_EQ(one.groups()[1].weight_decay, 0.0);
+  EXPECT_EQ(one.groups()[1].padded, 16);
+  // Model order within a group; the frozen tensor is in none.
+  EXPECT_EQ(one.slots()[static_cast<size_t>(one.find("b.weight"))].offset, 35);
+  EXPECT_EQ(one.slots()[static_cast<size_t>(one.find("c.weight"))].offset, 48);
+  EXPECT_EQ(one.slots()[static_cast<size_t>(one.find("frozen.weight"))].group, -1);
+
+  for (int r = 0; r < 3; ++r) {
+    const StorePlan p(infos(), options(r, 3));
+    EXPECT_EQ(p.groups()[0].padded, 96);  // 55 up to a multiple of 3 * 16
+    EXPECT_EQ(p.partition(0), std::make_pair(int64_t{32} * r, int64_t{32} * (r + 1)));
+  }
+  StorePlan blocks(infos(), options(0, 2));
+  blocks.require_alignment(256);  // an 8-bit state's block
+  EXPECT_EQ(blocks.alignment(), 256);
+  EXPECT_EQ(blocks.groups()[0].padded, 512);
+}
+
+TEST(StorePlan, TwoPluginsSettingOneAxisDifferentlyIsAnErrorNamingBoth) {
+  StorePlan plan(infos(), options());
+  plan.set_author("precision");
+  plan.set_compute_dtype(at::kBFloat16);
+  plan.set_master_weights(true);
+  plan.set_author("quant");
+  plan.set_compute_dtype(at::kBFloat16);  // the same value: fine
+  const std::string e = error_of([&] { plan.set_compute_dtype(at::kHalf); });
+  for (const char* part : {"'precision'", "'quant'", "compute dtype", "bf16", "fp16"})
+    EXPECT_NE(e.find(part), std::string::npos) << part << ": " << e;
+  plan.set_author("");
+  EXPECT_NO_THROW(plan.check());
+  EXPECT_EQ(plan.slots()[static_cast<size_t>(plan.find("frozen.weight"))].param.dtype, at::kBFloat16);
+}
+
+TEST(StorePlan, CheckRefusesLayoutsTheStepCannotRun) {
+  StorePlan no_master(infos(), options());
+  no_master.set_compute_dtype(at::kHalf);
+  EXPECT_NE(error_of([&] { no_master.check(); }).find("without fp32 master weights"), std::string::npos);
+  StorePlan fp32_master(infos(), options());
+  fp32_master.set_master_weights(true);
+  EXPECT_NE(error_of([&] { fp32_master.check(); }).find("masters are for a 16-bit"), std::string::npos);
+  StorePlan stage3(infos(), options());
+  EXPECT_NE(error_of([&] { stage3.set_extent(StoreBuffer::kCompute, Extent::kPartition); })
+                .find("stage 3"), std::string::npos);
+  EXPECT_NE(error_of([&] { StorePlan(infos(at::kDouble), options()); }).find("'a.weight' is Double"),
+            std::string::npos);
+}
+
+// Stage 1 with mixed-precision Adam on N ranks: masters and both moments partitioned, 12 bytes per
+// element of the partition (DeepSpeed's 12 Psi / N), the 16-bit weights whole (2 Psi); with
+// offload_optimizer the 12 bytes are host memory. Padding included, to the byte.
+TEST(StorePlan, BytesAreDeepSpeedsPerRankModelStatesPlusPadding) {
+  for (int world : {1, 2, 4}) {
+    for (Placement where : {Placement::kDevice, Placement::kHost}) {
+      StorePlan plan(infos(), options(world - 1, world));
+      plan.set_compute_dtype(at::kBFloat16);
+      plan.set_master_weights(true);
+      for (StoreBuffer b : {StoreBuffer::kMaster, StoreBuffer::kState}) {
+        plan.set_extent(b, Extent::kPartition);
+        plan.set_placement(b, where);
+      }
+      plan.check();
+      const int64_t unit = 16 * world;
+      const int64_t padded = (55 + unit - 1) / unit * unit + (5 + unit - 1) / unit * unit;
+      const memory::Table t = plan.bytes();
+      EXPECT_EQ(t.at(Category::kWeights), 2 * padded + 2 * 16) << world;  // + the frozen 4x4
+      EXPECT_EQ(t.at(Category::kMasterWeights, where), 4 * padded / world) << world;
+      EXPECT_EQ(t.at(Category::kOptimizerState, where), 8 * padded / world) << world;
+      EXPECT_EQ(t.category(Category::kGradients), 0) << "autograd's .grad is not the store's";
+    }
+  }
+}
+
+TEST(ParamStore, ParametersBecomeViewsAndMastersKeepTheFp32Values) {
+  memory::install_tracking_allocator();
+  const std::vector<ParamInfo> ps = infos();
+  auto params = tensors_for(ps, 5);
+  std::vector<at::Tensor> before;
+  for (const auto& [name, t] : params) before.push_back(t.detach().clone());
+  StorePlan plan(ps, options());
+  plan.set_compute_dtype(at::kBFloat16);
+  plan.set_master_weights(true);
+  const memory::Table live0 = memory::live();
+  ParamStore store(std::move(plan), params, at::kCPU);
+  const memory::Table grew = memory::live() - live0;
+
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamSlot& s = store.plan().slots()[i];
+    const at::Tensor& p = params[i].second;  // the caller's handle: the same tensor
+    EXPECT_TRUE(p.is_same(store.param(static_cast<int>(i))));
+    EXPECT_EQ(p.scalar_type(), at::kBFloat16) << s.param.name;
+    EXPECT_TRUE(at::equal(p, before[i].to(at::kBFloat16))) << s.param.name;
+    if (s.group < 0) continue;
+    const ParamStore::Group& g = store.groups()[static_cast<size_t>(s.group)];
+    EXPECT_EQ(p.data_ptr(), static_cast<char*>(g.compute.data_ptr()) + 2 * s.offset) << s.param.name;
+    EXPECT_TRUE(at::equal(store.slice(static_cast<int>(i), StoreBuffer::kMaster).first,
+                          before[i].reshape({-1})))
+        << s.param.name;
+  }
+  // Padding is zeros; state is zeros.
+  EXPECT_EQ(store.groups()[0].compute.narrow(0, 55, 9).abs().sum().item<float>(), 0.f);
+  EXPECT_EQ(store.groups()[0].state[1].abs().sum().item<float>(), 0.f);
+  // Allocated in its categories; the old fp32 parameters (made outside any scope here) are gone.
+  EXPECT_EQ(grew.at(Category::kMasterWeights), 4 * (64 + 16));
+  EXPECT_EQ(grew.at(Category::kOptimizerState), 8 * (64 + 16));
+  EXPECT_EQ(grew.at(Category::kWeights), 2 * (64 + 16) + 2 * 16);  // the frozen one cast too
+  EXPECT_EQ(grew.at(Category::kUnattributed), -4 * (55 + 5 + 16));
+}
+
+TEST(ParamStore, TheModelAndThePlanMustNameTheSameParameters) {
+  const std::vector<ParamInfo> ps = infos();
+  auto params = tensors_for(ps, 1);
+  params.pop_back();
+  EXPECT_NE(error_of([&] { ParamStore(StorePlan(ps, options()), params, at::kCPU); })
+                .find("plan has parameter 'c.weight', which the model lacks"), std::string::npos);
+  params = tensors_for(ps, 1);
+  params.emplace_back("extra.weight", at::zeros({2}));
+  EXPECT_NE(error_of([&] { ParamStore(StorePlan(ps, options()), params, at::kCPU); })
+                .find("model has parameter 'extra.weight', which the plan lacks"), std::string::npos);
+  params = tensors_for(ps, 1);
+  params[0].second = at::zeros({5, 7});
+  EXPECT_NE(error_of([&] { ParamStore(StorePlan(ps, options()), params, at::kCPU); })
+                .find("'a.weight' has shape (5, 7) but the plan says (7, 5)"), std::string::npos);
+}
+
+// ZeRO stage 1's arithmetic on one process: two ranks' stores, masters and moments partitioned,
+// each stepping its partition and then taking the other's updated 16-bit values (the all-gather),
+// give the bits of one unpartitioned store — parameters straddling the partition boundary included.
+TEST(ParamStore, PartitionedStepsEqualTheWholeStepBitForBit) {
+  const std::vector<ParamInfo> ps = infos();
+  OptimizerConfig cfg;
+  cfg.type = "AdamW";
+  cfg.weight_decay = 0.1;
+  auto make = [&](int rank, int world) {
+    StoreOptions o = store_options(cfg);
+    o.rank = rank;
+    o.world_size = world;
+    StorePlan plan(ps, o);
+    plan.set_compute_dtype(at::kBFloat16);
+    plan.set_master_weights(true);
+    if (world > 1) {
+      plan.set_extent(StoreBuffer::kMaster, Extent::kPartition);
+      plan.set_extent(StoreBuffer::kState, Extent::kPartition);
+    }
+    auto store = std::make_shared<ParamStore>(std::move(plan), tensors_for(ps, 9), at::kCPU);
+    return std::make_pair(store, make_optimizer(cfg, store));
+  };
+  auto whole = make(0, 1);
+  std::vector<std::pair<std::shared_ptr<ParamStore>, std::unique_ptr<Optimizer>>> ranks;
+  ranks.push_back(make(0, 2));
+  ranks.push_back(make(1, 2));
+  EXPECT_FALSE(whole.second->grads_partitioned());
+  EXPECT_TRUE(ranks[0].second->grads_partitioned());
+
+  at::manual_seed(4);
+  for (int step = 0; step < 3; ++step) {
+    std::vector<at::Tensor> grads;
+    for (const ParamInfo& p : ps) grads.push_back(at::randn(p.shape).to(at::kBFloat16));
+    auto set_grads = [&](Optimizer& opt) {
+      size_t k = 0;
+      for (ParamGroup& g : opt.param_groups())
+        for (size_t i = 0; i < g.params.size(); ++i) {
+          const int64_t slot = whole.first->plan().find(g.names[i]);
+          g.params[i].mutable_grad() = grads[static_cast<size_t>(slot)].clone();
+          ++k;
+        }
+      EXPECT_EQ(k, 4u);
+    };
+    set_grads(*whole.second);
+    for (auto& r : ranks) set_grads(*r.second);
+    const GradSummary all = whole.second->grad_summary();
+    const double parts = ranks[0].second->grad_summary().sum_squares + ranks[1].second->grad_summary().sum_squares;
+    EXPECT_NEAR(parts, all.sum_squares, 1e-12 * all.sum_squares);
+
+    const StepScalars scalars{1e-2, 0.25};
+    whole.second->step(scalars);
+    for (auto& r : ranks) r.second->step(scalars);
+    // The all-gather of the updated 16-bit partitions.
+    for (size_t g = 0; g < whole.first->groups().size(); ++g) {
+      for (int r = 0; r < 2; ++r) {
+        const auto [lo, hi] = ranks[static_cast<size_t>(r)].first->plan().partition(static_cast<int>(g));
+        const at::Tensor mine = ranks[static_cast<size_t>(r)].first->groups()[g].compute.narrow(0, lo, hi - lo);
+        ranks[static_cast<size_t>(1 - r)].first->groups()[g].compute.narrow(0, lo, hi - lo).copy_(mine);
+      }
+    }
+  }
+  for (size_t g = 0; g < whole.first->groups().size(); ++g) {
+    const ParamStore::Group& w = whole.first->groups()[g];
+    for (int r = 0; r < 2; ++r) {
+      const ParamStore::Group& part = ranks[static_cast<size_t>(r)].first->groups()[g];
+      EXPECT_TRUE(at::equal(part.compute.narrow(0, 0, w.compute.numel()), w.compute)) << g << " " << r;
+      const auto [lo, hi] = ranks[static_cast<size_t>(r)].first->plan().partition(static_cast<int>(g));
+      const int64_t end = std::min(hi, w.master.numel());
+      if (end <= lo) continue;
+      EXPECT_TRUE(at::equal(part.master.narrow(0, 0, end - lo), w.master.narrow(0, lo, end - lo))) << g << " " << r;
+      EXPECT_TRUE(at::equal(part.state[1].narrow(0, 0, end - lo), w.state[1].narrow(0, lo, end - lo))) << g << " " << r;
+    }
+  }
+}
