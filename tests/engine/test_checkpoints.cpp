@@ -149,6 +149,11 @@ const ResumeCase kResumeCases[] = {
                 "fp16": {"enabled": true, "initial_scale_power": 24, "loss_scale_window": 2})", "", 1, true},
     {"two_ranks", R"("train_batch_size": 8, "train_micro_batch_size_per_gpu": 4)", "", 2},
     {"bf16_two_ranks", R"("train_batch_size": 8, "train_micro_batch_size_per_gpu": 4, "bf16": {"enabled": true})", "", 2},
+    {"zero1_bf16_offload_two_ranks", R"("train_batch_size": 8, "train_micro_batch_size_per_gpu": 4,
+        "bf16": {"enabled": true}, "zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}})", "", 2},
+    {"zero1_fp16_two_ranks", R"("train_batch_size": 8, "train_micro_batch_size_per_gpu": 4, "gradient_clipping": 1.0,
+        "fp16": {"enabled": true, "initial_scale_power": 24, "loss_scale_window": 2},
+        "zero_optimization": {"stage": 1})", "", 2},
 };
 
 INSTANTIATE_TEST_SUITE_P(Runs, ExactResume, ::testing::ValuesIn(kResumeCases),

@@ -89,9 +89,16 @@ class StoreOptimizer : public Optimizer {
     for (const StoreGroup& g : plan.groups())
       for (int slot : g.slots) {
         const std::string& name = plan.slots()[static_cast<size_t>(slot)].param.name;
+        if (!plan.state_names().empty() && held(slot, StoreBuffer::kState).numel() == 0) continue;  // another rank's
         for (size_t k = 0; k < plan.state_names().size(); ++k)
           out[name + "." + plan.state_names()[k]] = held(slot, StoreBuffer::kState, static_cast<int>(k));
-        if (g.buffer(StoreBuffer::kMaster).present) out[exact_weight_key(name)] = held(slot, StoreBuffer::kMaster);
+        if (g.buffer(StoreBuffer::kMaster).present) {
+          // A whole master is the parameter's exact weight (export writes it); a part of one (a
+          // partition's share) is state only.
+          const at::Tensor master = held(slot, StoreBuffer::kMaster);
+          const bool whole = master.numel() == plan.slots()[static_cast<size_t>(slot)].numel;
+          out[whole ? exact_weight_key(name) : name + ".master"] = master;
+        }
         out[name + kStepKey] = at::scalar_tensor(steps_[static_cast<size_t>(slot)], at::kLong);
       }
     return out;
@@ -117,7 +124,7 @@ class StoreOptimizer : public Optimizer {
     const StorePlan& plan = store_->plan();
     for (size_t slot = 0; slot < plan.slots().size(); ++slot) {
       const ParamSlot& s = plan.slots()[slot];
-      if (s.group < 0) continue;
+      if (s.group < 0 || !want.count(s.param.name + kStepKey)) continue;
       for (const auto& [key, t] : want) {
         if (key.rfind(s.param.name + ".", 0) != 0 && key != exact_weight_key(s.param.name)) continue;
         if (key == s.param.name + kStepKey) {

@@ -9,7 +9,8 @@
 // State (the store's, fp32): Adam "<name>.exp_avg", "<name>.exp_avg_sq"; SGD
 // "<name>.momentum_buffer" (only when momentum != 0); the master "exact_weight/<name>"
 // (memrt::exact_weight_key) when there is one; "<name>.step" (0-d int64: updates received).
-// A partitioned store's state_dict holds this rank's part of each parameter (1-D).
+// A partitioned store's state_dict holds this rank's part of each parameter it has a part of
+// (1-D where it is not the whole), a partial master under "<name>.master".
 #pragma once
 
 #include <memory>
