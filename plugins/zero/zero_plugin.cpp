@@ -2,11 +2,18 @@
 //
 // Stage 0 is plain data parallelism, done by the host (bucketed gradient all-reduce). Stage 1
 // partitions the fp32 masters and the optimizer state: each rank steps its partition of every
-// group, then the updated compute values are all-gathered. docs/zero.md has the phases; the store
-// (memrt/param_store.h) does the bookkeeping, so this plugin sets extents and placements and
-// moves bytes between ranks.
+// group, then the updated compute values are all-gathered. Stage 2 also partitions the
+// gradients: as backward hands each parameter's gradient over, it goes into a bucket and is
+// dropped; a full bucket is reduce-scattered into the owners' flat gradient partitions.
+// docs/zero.md has the phases; the store (memrt/param_store.h) does the bookkeeping, so this
+// plugin sets extents and placements and moves bytes between ranks.
 #include <algorithm>
+#include <memory>
 #include <string>
+#include <vector>
+
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <memrt/plugin.h>
 
@@ -30,6 +37,11 @@ class ZeroPlugin final : public memrt::Plugin {
     memrt::ConfigReader r(*zero, diag);
     stage_ = r.get<int64_t>("stage", 0);
     allgather_bucket_ = r.get<int64_t>("allgather_bucket_size", allgather_bucket_);
+    reduce_bucket_ = r.get<int64_t>("reduce_bucket_size", reduce_bucket_);
+    if (reduce_bucket_ <= 0) {
+      throw zero->error("reduce_bucket_size must be > 0 elements (got " +
+                        std::to_string(reduce_bucket_) + ")");
+    }
     if (allgather_bucket_ <= 0) {
       throw zero->error("allgather_bucket_size must be > 0 elements (got " +
                         std::to_string(allgather_bucket_) + ")");
@@ -48,11 +60,12 @@ class ZeroPlugin final : public memrt::Plugin {
                                 "is already where the step runs)");
       }
     }
-    // DeepSpeed's keys (deepspeed/runtime/zero/config.py) for what stage 1 does not do here:
-    // gradient partitioning (stage 2) and parameter partitioning (stage 3); the config loader
-    // checked their types.
+    // DeepSpeed's other keys (deepspeed/runtime/zero/config.py; the config loader checked their
+    // types). Stage 2 here always reduce-scatters (reduce_scatter), into one flat partition per
+    // group (contiguous_gradients), on the backward thread as buckets fill (overlap_comm needs a
+    // second stream Gloo on a CPU does not have); stage 3's keys wait for stage 3.
     for (const char* k :
-         {"contiguous_gradients", "overlap_comm", "reduce_scatter", "reduce_bucket_size",
+         {"contiguous_gradients", "overlap_comm", "reduce_scatter",
           "use_multi_rank_bucket_allreduce", "allgather_partitions", "round_robin_gradients",
           "load_from_fp32_weights", "elastic_checkpoint", "ignore_unused_parameters",
           "sub_group_size", "stage3_prefetch_bucket_size", "prefetch_bucket_size",
@@ -70,11 +83,11 @@ class ZeroPlugin final : public memrt::Plugin {
     if (stage_ < 0 || stage_ > 3) {
       throw zero->error("stage must be 0, 1, 2 or 3 (got " + std::to_string(stage_) + ")");
     }
-    if (stage_ > 1) {
+    if (stage_ > 2) {
       throw zero->error("ZeRO stage " + std::to_string(stage_) +
-                        " is not implemented yet in this memrt version (plugins/zero: stages 0 and "
-                        "1); "
-                        "use \"stage\": 1 (optimizer state and masters partitioned) or 0");
+                        " is not implemented yet in this memrt version (plugins/zero: stages 0 to "
+                        "2); use \"stage\": 2 (gradients, optimizer state and masters "
+                        "partitioned)");
     }
   }
 
@@ -82,16 +95,42 @@ class ZeroPlugin final : public memrt::Plugin {
     if (stage_ < 1) return;
     ctx.plan.set_extent(StoreBuffer::kMaster, Extent::kPartition);
     ctx.plan.set_extent(StoreBuffer::kState, Extent::kPartition);
+    if (stage_ >= 2) ctx.plan.set_extent(StoreBuffer::kGrad, Extent::kPartition);
     if (offload_) {
       ctx.plan.set_placement(StoreBuffer::kMaster, Placement::kHost);
       ctx.plan.set_placement(StoreBuffer::kState, Placement::kHost);
+      if (stage_ >= 2) ctx.plan.set_placement(StoreBuffer::kGrad, Placement::kHost);
     }
+  }
+
+  bool reduces_gradients() const override { return stage_ >= 2; }
+
+  // Stage 2 estimate: no replicated gradients (the store's cells add the partition); in flight,
+  // at most the bucket being filled, its rank-major staging and the reduce-scatter's output.
+  void estimate_memory(memrt::memory::MemoryEstimate& e) const override {
+    if (stage_ < 2) return;
+    const int64_t b = static_cast<int64_t>(c10::elementSize(e.compute_dtype));
+    int64_t trainable = 0;
+    for (const auto& p : e.params) trainable += p.trainable ? p.numel : 0;
+    const int64_t n = e.run->world_size;
+    const int64_t bucket = std::min(reduce_bucket_, trainable);
+    for (Placement pl : {Placement::kDevice, Placement::kHost}) {
+      e.table.at(Category::kGradients, pl) = 0;
+      e.table.at(Category::kCommBuffers, pl) = 0;
+    }
+    e.table.at(Category::kCommBuffers) = (n * bucket + bucket) * b;
+    e.backward_grad_elements = 0;
+    e.peak_in_backward = true;  // no full set of gradients ever exists at the step
+    e.refresh_activations();
   }
 
   // Every rank updated its partition of each compute buffer; gather the others' in chunks of
   // allgather_bucket_size elements (rank-major in a staging buffer, comm_buffers, alive only
   // here), then copy them in place.
   void after_optimizer_step(memrt::StepContext& ctx) override {
+    if (stage_ >= 2) {  // the next step accumulates from zero
+      for (const auto& g : store_->groups()) g.grad.zero_();
+    }
     if (stage_ < 1 || ctx.skipped || ctx.run.world_size == 1) return;
     const memrt::ParamStore& store = *store_;
     const int n = ctx.run.world_size;
@@ -116,17 +155,141 @@ class ZeroPlugin final : public memrt::Plugin {
     }
   }
 
-  void build_optimizer(memrt::OptimizerContext& ctx) override { store_ = &ctx.store; }
+  void build_optimizer(memrt::OptimizerContext& ctx) override {
+    store_ = &ctx.store;
+    comm_ = &ctx.comm;
+    if (stage_ >= 2) plan_buckets(ctx.run);
+  }
 
+  void after_backward(memrt::MicroStepContext& /*ctx*/) override {
+    if (stage_ < 2) return;
+    // Parameters that got no gradient this micro-step leave their bucket unfinished: reduce what
+    // it holds (their part is zeros), so every rank has reduced every bucket once.
+    for (Bucket& bucket : buckets_)
+      if (bucket.staging.defined()) flush(bucket);
+    for (Bucket& bucket : buckets_) bucket.pending = static_cast<int>(bucket.slots.size());
+  }
  private:
+  // A contiguous range [begin, end) of one group's elements, reduced together. Buckets are laid
+  // out from the group's end, as backward produces gradients in reverse model order.
+  struct Bucket {
+    int group = 0;
+    int64_t begin = 0, end = 0;
+    std::vector<int> slots;  // parameters overlapping it
+    int pending = 0;         // of them, still to hand their gradient over this micro-step
+    int64_t width = 0;       // the largest share of one rank: each rank's slot in `staging`
+    at::Tensor staging;      // (world_size * width): rank r's share at [r * width, ...)
+  };
+
+  // Stage 2: one post-accumulate hook per trainable parameter: its gradient, as soon as autograd
+  // has stored it, goes into its bucket(s) in rank-major order and is dropped.
+  struct HandOver final : torch::autograd::PostAccumulateGradHook {
+    HandOver(ZeroPlugin* self, int slot) : self(self), slot(slot) {}
+    void operator()(const torch::autograd::Variable& param) override { self->hand_over(slot, param); }
+    ZeroPlugin* self;
+    int slot;
+  };
+
+  void plan_buckets(const memrt::RunInfo& run) {
+    const memrt::StorePlan& plan = store_->plan();
+    buckets_.clear();
+    bucket_of_.assign(plan.slots().size(), {});
+    for (int g = 0; g < static_cast<int>(plan.groups().size()); ++g) {
+      const memrt::StoreGroup& group = plan.groups()[static_cast<size_t>(g)];
+      const int64_t part = group.padded / run.world_size;
+      Bucket current;
+      current.group = g;
+      current.end = group.numel;
+      current.begin = group.numel;
+      auto close = [&] {
+        if (current.slots.empty()) return;
+        for (int r = 0; r < run.world_size; ++r) {
+          const int64_t lo = std::max(current.begin, r * part), hi = std::min(current.end, (r + 1) * part);
+          current.width = std::max(current.width, hi - lo);
+        }
+        for (int slot : current.slots) bucket_of_[static_cast<size_t>(slot)].push_back(static_cast<int>(buckets_.size()));
+        current.pending = static_cast<int>(current.slots.size());
+        buckets_.push_back(current);
+        current = Bucket();
+        current.group = g;
+      };
+      for (auto it = group.slots.rbegin(); it != group.slots.rend(); ++it) {
+        const memrt::ParamSlot& s = plan.slots()[static_cast<size_t>(*it)];
+        if (current.slots.empty()) current.end = s.offset + s.numel;
+        current.begin = s.offset;
+        current.slots.push_back(*it);
+        if (current.end - current.begin >= reduce_bucket_) close();
+      }
+      close();
+    }
+    for (size_t slot = 0; slot < plan.slots().size(); ++slot) {
+      if (plan.slots()[slot].group < 0) continue;
+      torch::autograd::impl::set_post_acc_grad_hooks(
+          store_->param(static_cast<int>(slot)), std::make_unique<HandOver>(this, static_cast<int>(slot)));
+    }
+  }
+
+  void hand_over(int slot, const at::Tensor& param) {
+    at::Tensor& grad = const_cast<at::Tensor&>(param).mutable_grad();
+    if (!grad.defined()) return;
+    const memrt::ParamSlot& s = store_->plan().slots()[static_cast<size_t>(slot)];
+    const at::Tensor flat = grad.reshape({-1});
+    at::NoGradGuard no_grad;
+    for (int b : bucket_of_[static_cast<size_t>(slot)]) {
+      Bucket& bucket = buckets_[static_cast<size_t>(b)];
+      const int64_t part = store_->plan().groups()[static_cast<size_t>(bucket.group)].padded / comm_->world_size();
+      if (!bucket.staging.defined()) {
+        memrt::memory::Scope scope(Category::kCommBuffers);
+        bucket.staging = at::zeros({comm_->world_size() * bucket.width}, grad.options());
+      }
+      // The parameter's elements inside this bucket, each to its owner's share.
+      const int64_t lo = std::max(bucket.begin, s.offset), hi = std::min(bucket.end, s.offset + s.numel);
+      for (int64_t x = lo; x < hi;) {
+        const int64_t r = x / part, stop = std::min(hi, (r + 1) * part);
+        const int64_t share_begin = std::max(bucket.begin, r * part);
+        bucket.staging.narrow(0, r * bucket.width + (x - share_begin), stop - x)
+            .copy_(flat.narrow(0, x - s.offset, stop - x));
+        x = stop;
+      }
+      if (--bucket.pending == 0) flush(bucket);
+    }
+    grad = at::Tensor();  // after backward, no rank holds a gradient it does not own
+  }
+
+  // Reduce-scatter the bucket: each rank adds the mean of every rank's share of it into its flat
+  // gradient partition (DeepSpeed averages over the data-parallel ranks).
+  void flush(Bucket& bucket) {
+    const int n = comm_->world_size(), rank = comm_->rank();
+    const memrt::ParamStore::Group& g = store_->groups()[static_cast<size_t>(bucket.group)];
+    const auto [my_lo, my_hi] = store_->plan().partition(bucket.group);
+    at::NoGradGuard no_grad;
+    at::Tensor mine;
+    {
+      memrt::memory::Scope scope(Category::kCommBuffers);
+      mine = at::empty({bucket.width}, bucket.staging.options());
+    }
+    comm_->reduce_scatter_sum(mine, bucket.staging);
+    bucket.staging = at::Tensor();
+    const int64_t lo = std::max(bucket.begin, my_lo), hi = std::min(bucket.end, my_hi);
+    if (hi > lo) {
+      at::Tensor dst = g.grad.narrow(0, lo - my_lo, hi - lo);
+      dst.add_(mine.narrow(0, 0, hi - lo).to(dst.scalar_type()), 1.0 / n);
+    }
+    (void)rank;
+  }
+
   int64_t stage_ = 0;
   bool offload_ = false;
   int64_t allgather_bucket_ = 500'000'000;  // DeepSpeed's default, in elements
+  int64_t reduce_bucket_ = 500'000'000;     // likewise
   const memrt::ParamStore* store_ = nullptr;
+  memrt::Communicator* comm_ = nullptr;
+  std::vector<Bucket> buckets_;
+  std::vector<std::vector<int>> bucket_of_;  // per slot: the buckets it overlaps
 };
 
 }  // namespace
 
-MEMRT_PLUGIN(ZeroPlugin, "zero", "0.2.0",
-             "ZeRO stage 1 over the parameter store (masters and optimizer state partitioned), "
-             "optimizer offload to host memory")
+MEMRT_PLUGIN(ZeroPlugin, "zero", "0.3.0",
+             "ZeRO stages 1 and 2 over the parameter store (masters, optimizer state and "
+             "gradients partitioned), optimizer offload to host memory")

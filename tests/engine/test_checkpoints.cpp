@@ -151,6 +151,8 @@ const ResumeCase kResumeCases[] = {
     {"bf16_two_ranks", R"("train_batch_size": 8, "train_micro_batch_size_per_gpu": 4, "bf16": {"enabled": true})", "", 2},
     {"zero1_bf16_offload_two_ranks", R"("train_batch_size": 8, "train_micro_batch_size_per_gpu": 4,
         "bf16": {"enabled": true}, "zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}})", "", 2},
+    {"zero2_bf16_accumulation_two_ranks", R"("train_batch_size": 8, "train_micro_batch_size_per_gpu": 2,
+        "bf16": {"enabled": true}, "zero_optimization": {"stage": 2, "reduce_bucket_size": 3000})", "", 2},
     {"zero1_fp16_two_ranks", R"("train_batch_size": 8, "train_micro_batch_size_per_gpu": 4, "gradient_clipping": 1.0,
         "fp16": {"enabled": true, "initial_scale_power": 24, "loss_scale_window": 2},
         "zero_optimization": {"stage": 1})", "", 2},

@@ -41,17 +41,22 @@ struct Job {
   int stage = 0;
   bool offload = false;
   int ranks = 1;
+  int accumulation = 1;  // gradient_accumulation_steps
   std::string name() const {
     return precision + "_stage" + std::to_string(stage) + (offload ? "_offload" : "") + "_" +
-           std::to_string(ranks) + "ranks";
+           std::to_string(ranks) + "ranks" + (accumulation > 1 ? "_gas" + std::to_string(accumulation) : "");
   }
 };
 
 std::string ds_config(const Job& r) {
-  std::string ds = R"({"train_batch_size": 8, "gradient_clipping": 1.0, )";
+  std::string ds = R"({"train_batch_size": 8, "gradient_clipping": 1.0, "gradient_accumulation_steps": )" +
+                   std::to_string(r.accumulation) + ", ";
   if (r.precision == "bf16") ds += R"("bf16": {"enabled": true}, )";
   if (r.precision == "fp16") ds += R"("fp16": {"enabled": true, "initial_scale_power": 8}, )";
   ds += R"("zero_optimization": {"stage": )" + std::to_string(r.stage);
+  // Small buckets (elements): many reduce-scatters and chunked all-gathers per step, parameters
+  // larger than a bucket, and buckets straddling the ranks' partitions.
+  if (r.stage > 0) ds += R"(, "reduce_bucket_size": 5000, "allgather_bucket_size": 3000)";
   if (r.offload) ds += R"(, "offload_optimizer": {"device": "cpu", "pin_memory": true})";
   return ds + "}}";
 }
@@ -78,7 +83,8 @@ double worst_relative(const std::vector<double>& a, const std::vector<double>& b
 }  // namespace
 
 // fp32: every stage, rank count and placement follows the single-rank stage-0 curve within 1e-5
-// relative over 20 steps (the global batch is the same for every rank count).
+// relative over 20 steps (the global batch is the same for every rank count), also when
+// accumulating gradients over micro-steps (stage 2 adds each micro-step's into the partition).
 TEST(Zero, Fp32StagesRanksAndOffloadFollowStageZero) {
   TempDir dir("zero_fp32");
   const std::vector<double> ref = losses(train(dir, {"fp32", 0, false, 1}));
@@ -87,14 +93,17 @@ TEST(Zero, Fp32StagesRanksAndOffloadFollowStageZero) {
   for (const Job& r : std::vector<Job>{{"fp32", 0, false, 2}, {"fp32", 0, false, 4},
                                        {"fp32", 1, false, 1}, {"fp32", 1, false, 2},
                                        {"fp32", 1, false, 4}, {"fp32", 1, true, 2},
-                                       {"fp32", 1, true, 4}}) {
+                                       {"fp32", 1, true, 4}, {"fp32", 2, false, 1},
+                                       {"fp32", 2, false, 2}, {"fp32", 2, false, 4},
+                                       {"fp32", 2, true, 2}, {"fp32", 2, true, 4},
+                                       {"fp32", 2, false, 2, 2}, {"fp32", 1, false, 2, 2}}) {
     EXPECT_LT(worst_relative(losses(train(dir, r)), ref), 1e-5) << r.name();
   }
 }
 
-// 16-bit: stage 1 on N ranks (with and without offload) stays within the spread stage 0 itself
+// 16-bit: stages 1 and 2 on N ranks (with and without offload) stay within the spread stage 0 itself
 // shows between 1 and N ranks in that precision (the all-reduce's order of additions differs).
-TEST(Zero, SixteenBitStageOneStaysWithinStageZerosSpread) {
+TEST(Zero, SixteenBitStagesOneAndTwoStayWithinStageZerosSpread) {
   TempDir dir("zero_16bit");
   for (const char* precision : {"bf16", "fp16"}) {
     const std::vector<double> one = losses(train(dir, {precision, 0, false, 1}));
@@ -102,39 +111,51 @@ TEST(Zero, SixteenBitStageOneStaysWithinStageZerosSpread) {
     for (int ranks : {2, 4}) {
       const std::vector<double> zero0 = losses(train(dir, {precision, 0, false, ranks}));
       const double spread = std::max(worst_relative(zero0, one), 1e-6);
-      for (bool offload : {false, true}) {
-        const Job r{precision, 1, offload, ranks};
-        const double d = worst_relative(losses(train(dir, r)), one);
-        EXPECT_LE(d, 1.5 * spread) << r.name() << " (stage 0's spread on " << ranks << " ranks: " << spread << ")";
+      for (int stage : {1, 2}) {
+        for (bool offload : {false, true}) {
+          const Job r{precision, stage, offload, ranks};
+          const double d = worst_relative(losses(train(dir, r)), one);
+          EXPECT_LE(d, 1.5 * spread) << r.name() << " (stage 0's spread on " << ranks << " ranks: " << spread << ")";
+        }
       }
     }
   }
 }
 
 // Each rank's masters and Adam moments: 12 bytes per element of its partition (DeepSpeed's
-// 12 Psi / N for mixed-precision Adam at stage 1) plus the padding the layout uses, in host
-// memory when offloaded; the 16-bit weights whole on every rank. Measured equals the estimate.
-TEST(Zero, EachRankHoldsItsPartitionOfMastersAndStateAsEstimated) {
+// 12 Psi / N for mixed-precision Adam) plus the padding the layout uses, in host memory when
+// offloaded; the 16-bit weights whole on every rank. Stage 2 adds 2 bytes per partition element
+// of gradients (DeepSpeed's 2 Psi / N) and no rank holds another gradient at the peak. Measured
+// equals the estimate.
+TEST(Zero, EachRankHoldsItsPartitionsAsEstimated) {
   TempDir dir("zero_bytes");
-  for (bool offload : {false, true}) {
-    const Job r{"bf16", 1, offload, 2};
-    const rapidjson::Document report = read_json(train(dir, r) / "memory_report.json");
-    ASSERT_EQ(report["ranks"].Size(), 2u);
-    // Groups: decay 116,736 elements (weights of embeddings, attention, MLP) and no_decay 1,792
-    // (biases, LayerNorms), each padded to a multiple of 2 x 16.
-    const int64_t decay = 116736, no_decay = 1792;
-    const int64_t padded = (decay + 31) / 32 * 32 + (no_decay + 31) / 32 * 32;
-    const char* where = offload ? "host" : "device";
-    for (const auto& rank : report["ranks"].GetArray()) {
-      SCOPED_TRACE(r.name() + " rank " + std::to_string(rank["rank"].GetInt()));
-      const auto& measured = rank["measured"]["categories"];
-      const auto& estimate = rank["estimate"]["categories"];
-      EXPECT_EQ(measured["master_weights"][where].GetInt64(), 4 * padded / 2);
-      EXPECT_EQ(measured["optimizer_state"][where].GetInt64(), 8 * padded / 2);
-      EXPECT_EQ(measured["weights"]["device"].GetInt64(), 2 * padded);
-      for (const char* cat : {"weights", "master_weights", "optimizer_state"})
-        for (const char* pl : {"device", "host"})
-          EXPECT_EQ(measured[cat][pl].GetInt64(), estimate[cat][pl].GetInt64()) << cat << " " << pl;
+  for (int stage : {1, 2}) {
+    for (bool offload : {false, true}) {
+      const Job r{"bf16", stage, offload, 2};
+      const rapidjson::Document report = read_json(train(dir, r) / "memory_report.json");
+      ASSERT_EQ(report["ranks"].Size(), 2u);
+      // Groups: decay 116,736 elements (weights of embeddings, attention, MLP) and no_decay 1,792
+      // (biases, LayerNorms), each padded to a multiple of 2 x 16.
+      const int64_t decay = 116736, no_decay = 1792;
+      const int64_t padded = (decay + 31) / 32 * 32 + (no_decay + 31) / 32 * 32;
+      const char* where = offload ? "host" : "device";
+      for (const auto& rank : report["ranks"].GetArray()) {
+        SCOPED_TRACE(r.name() + " rank " + std::to_string(rank["rank"].GetInt()));
+        const auto& measured = rank["measured"]["categories"];
+        const auto& estimate = rank["estimate"]["categories"];
+        EXPECT_EQ(measured["master_weights"][where].GetInt64(), 4 * padded / 2);
+        EXPECT_EQ(measured["optimizer_state"][where].GetInt64(), 8 * padded / 2);
+        EXPECT_EQ(measured["weights"]["device"].GetInt64(), 2 * padded);
+        std::vector<const char*> exact = {"weights", "master_weights", "optimizer_state"};
+        if (stage == 2) {
+          EXPECT_EQ(measured["gradients"][where].GetInt64(), 2 * padded / 2);
+          EXPECT_EQ(measured["gradients"][offload ? "device" : "host"].GetInt64(), 0);
+          exact.push_back("gradients");
+        }
+        for (const char* cat : exact)
+          for (const char* pl : {"device", "host"})
+            EXPECT_EQ(measured[cat][pl].GetInt64(), estimate[cat][pl].GetInt64()) << cat << " " << pl;
+      }
     }
   }
 }
@@ -143,7 +164,7 @@ TEST(Zero, StagesNotBuiltAndPartialOffloadAreRefusedNamingTheKey) {
   TempDir dir("zero_refused");
   const std::string yaml = dir.write("train.yaml", kYaml);
   const std::pair<const char*, std::vector<std::string>> cases[] = {
-      {R"({"train_batch_size": 8, "zero_optimization": {"stage": 2}})", {"zero_optimization", "stage 2", "not implemented yet"}},
+      {R"({"train_batch_size": 8, "zero_optimization": {"stage": 3}})", {"zero_optimization", "stage 3", "not implemented yet"}},
       {R"({"train_batch_size": 8, "zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}})",
        {"offload_optimizer", "ratio", "remove ratio or set 1"}},
       {R"({"train_batch_size": 8, "zero_optimization": {"stage": 1, "offload_optimizer": {"device": "nvme"}}})",

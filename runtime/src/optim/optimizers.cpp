@@ -67,15 +67,13 @@ class StoreOptimizer : public Optimizer {
 
   GradSummary grad_summary() const override {
     GradSummary out;
-    for_each_range([&](int, const at::Tensor& grad, int64_t first, int64_t n) {
+    for_each_range([&](int, const at::Tensor& grad, int64_t /*first*/, int64_t n) {
       GradStats s;
       if (grad.is_cuda()) {  // LibTorch's reduction; the CPU kernel is the deterministic one
-        s.sum_squares = grad.reshape({-1}).narrow(0, first, n).to(at::kDouble).pow(2).sum().item<double>();
+        s.sum_squares = grad.to(at::kDouble).pow(2).sum().item<double>();
         s.finite = std::isfinite(s.sum_squares);
       } else {
-        s = grad_stats_cpu(static_cast<const char*>(grad.data_ptr()) +
-                               first * static_cast<int64_t>(grad.element_size()),
-                           grad.scalar_type(), n);
+        s = grad_stats_cpu(grad.data_ptr(), grad.scalar_type(), n);
       }
       out.sum_squares += s.sum_squares;
       out.finite = out.finite && s.finite;
@@ -152,26 +150,32 @@ class StoreOptimizer : public Optimizer {
 
  protected:
   // fn(slot, grad, first, n) for each parameter with a gradient and a non-empty range of
-  // elements [first, first + n) this rank steps; `grad` is its contiguous .grad.
+  // elements [first, first + n) this rank steps; `grad` holds exactly those n elements
+  // (contiguous, 1-D): a range of the parameter's .grad, or of the group's flat gradient
+  // partition when the store keeps one (ZeRO-2: every parameter of the partition steps).
   template <class Fn>
   void for_each_range(Fn&& fn) const {
     const StorePlan& plan = store_->plan();
     for (int slot = 0; slot < static_cast<int>(plan.slots().size()); ++slot) {
       const ParamSlot& s = plan.slots()[static_cast<size_t>(slot)];
       if (s.group < 0) continue;
+      const ParamStore::Group& g = store_->groups()[static_cast<size_t>(s.group)];
+      if (g.grad.defined()) {
+        auto [grad, first] = store_->slice(slot, StoreBuffer::kGrad);
+        if (grad.numel() > 0) fn(slot, grad, first, grad.numel());
+        continue;
+      }
       const at::Tensor& p = store_->param(slot);
       at::Tensor grad = p.grad();
       if (!grad.defined()) continue;
       check_grad(s, p, grad);
-      if (!grad.is_contiguous()) grad = grad.contiguous();
       // The range this rank steps: where its master, else its state, lives (full or partition).
-      const ParamStore::Group& g = store_->groups()[static_cast<size_t>(s.group)];
       const StoreBuffer owner = g.master.defined() ? StoreBuffer::kMaster
                                 : g.state.empty()  ? StoreBuffer::kCompute
                                                    : StoreBuffer::kState;
       auto [view, first] = store_->slice(slot, owner);
       if (view.numel() == 0) continue;
-      fn(slot, grad, first, view.numel());
+      fn(slot, grad.contiguous().view({-1}).narrow(0, first, view.numel()), first, view.numel());
     }
   }
 
@@ -227,7 +231,7 @@ class AdamOptimizer final : public StoreOptimizer {
         r.master = store_->slice(slot, StoreBuffer::kMaster).first.data_ptr<float>();
       r.compute = compute.data_ptr();
       r.compute_type = compute.scalar_type();
-      r.grad = static_cast<const char*>(grad.data_ptr()) + first * static_cast<int64_t>(grad.element_size());
+      r.grad = grad.data_ptr();
       r.grad_type = grad.scalar_type();
       r.exp_avg = m.data_ptr<float>();
       r.exp_avg_sq = v.data_ptr<float>();
@@ -268,7 +272,7 @@ class SgdOptimizer final : public StoreOptimizer {
       const bool master = store_->groups()[static_cast<size_t>(s.group)].master.defined();
       at::Tensor compute = store_->slice(slot, StoreBuffer::kCompute).first.narrow(0, first, n);
       at::Tensor p = master ? store_->slice(slot, StoreBuffer::kMaster).first : compute;
-      at::Tensor g = grad.reshape({-1}).narrow(0, first, n).to(at::kFloat);
+      at::Tensor g = grad.to(at::kFloat);
       if (scalars.grad_factor != 1.0) g = g * static_cast<float>(scalars.grad_factor);
       float* buf = cfg_.momentum != 0.0 ? store_->slice(slot, StoreBuffer::kState, 0).first.data_ptr<float>() : nullptr;
       if (p.is_cuda()) {
