@@ -139,6 +139,7 @@ TEST(LrScheduleReference, DeepSpeedWarmupLr) {
   c.warmup_type = "linear";
   check_reference(c, 1e-3, 0, 20);
   check_reference(sched("WarmupLR", 1), 1e-3, 0, 5);  // W = max(2, 1)
+  check_reference(sched("WarmupLR", 0), 1e-3, 0, 5);  // W = max(2, 0): "auto" without warmup
 }
 
 TEST(LrScheduleReference, DeepSpeedWarmupDecayLr) {
@@ -173,8 +174,8 @@ TEST(LrScheduleReference, HuggingFace) {
 TEST(LrScheduleErrors, UnknownTypeAndBadParams) {
   expect_error<ConfigError>([] { make_lr_schedule(sched("OneCycle", 1), 1e-3, 10); },
                             {"scheduler.type", "OneCycle", "WarmupLR", "linear"});
-  expect_error<ConfigError>([] { make_lr_schedule(sched("WarmupLR", 0), 1e-3, 10); },
-                            {"scheduler.params.warmup_num_steps", "positive"});
+  expect_error<ConfigError>([] { make_lr_schedule(sched("WarmupLR", -1), 1e-3, 10); },
+                            {"scheduler.params.warmup_num_steps", "non-negative"});
   expect_error<ConfigError>([] { make_lr_schedule(sched("WarmupDecayLR", 5, 0), 1e-3, 0); },
                             {"scheduler.params.total_num_steps", "WarmupDecayLR"});
   expect_error<ConfigError>([] { make_lr_schedule(sched("linear", 5), 1e-3, 0); }, {"max_steps"});

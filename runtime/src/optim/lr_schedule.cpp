@@ -141,11 +141,12 @@ std::unique_ptr<LrSchedule> make_lr_schedule(const SchedulerConfig& cfg, double 
   const bool deepspeed = type == "WarmupLR" || type == "WarmupDecayLR" || type == "WarmupCosineLR";
   const std::string where = deepspeed ? "scheduler.params." : "";
 
-  if (cfg.warmup_num_steps < 0 || (deepspeed && cfg.warmup_num_steps == 0))
+  // DeepSpeed's schedules take 0 too (they warm up over max(2, warmup_num_steps) steps); a
+  // Hugging Face run without warmup resolves "auto" to 0.
+  if (cfg.warmup_num_steps < 0)
     throw ConfigError(deepspeed ? "ds_config" : "train.yaml",
                       deepspeed ? "scheduler.params.warmup_num_steps" : "warmup_steps",
-                      "expected " + std::string(deepspeed ? "a positive" : "a non-negative") +
-                          " integer, got " + std::to_string(cfg.warmup_num_steps));
+                      "expected a non-negative integer, got " + std::to_string(cfg.warmup_num_steps));
   if (deepspeed && cfg.warmup_type != "log" && cfg.warmup_type != "linear")
     throw ConfigError("ds_config", "scheduler.params.warmup_type",
                       "expected \"log\" or \"linear\", got \"" + cfg.warmup_type + "\"");
