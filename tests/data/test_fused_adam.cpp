@@ -38,16 +38,7 @@ AdamScalars scalars(double lr, double wd, int64_t t) {
 struct Buffers {
   at::Tensor master, compute, grad, m, v;  // master undefined without one
   AdamRange range() {
-    AdamRange r;
-    r.master = master.defined() ? master.data_ptr<float>() : nullptr;
-    r.compute = compute.data_ptr();
-    r.compute_type = compute.scalar_type();
-    r.grad = grad.data_ptr();
-    r.grad_type = grad.scalar_type();
-    r.exp_avg = m.data_ptr<float>();
-    r.exp_avg_sq = v.data_ptr<float>();
-    r.n = compute.numel();
-    return r;
+    return adam_range(master, compute, grad, m, v);
   }
 };
 

@@ -12,6 +12,10 @@
 
 #include "optim/optimizer_math.h"
 
+namespace at {
+class Tensor;
+}
+
 namespace memrt {
 
 // n elements of each buffer; the 16-bit ones are at::kBFloat16 or at::kHalf. 16-bit values widen
@@ -29,6 +33,10 @@ struct AdamRange {
   float* exp_avg_sq = nullptr;
   int64_t n = 0;
 };
+
+// The range over whole contiguous tensors of n elements each (master undefined: none).
+AdamRange adam_range(const at::Tensor& master, const at::Tensor& compute, const at::Tensor& grad,
+                     const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq);
 
 struct GradStats {
   double sum_squares = 0.0;  // of the gradient as stored (before any unscaling)

@@ -224,18 +224,11 @@ class AdamOptimizer final : public StoreOptimizer {
                                           decoupled_, cfg_.bias_correction,
                                           ++steps_[static_cast<size_t>(slot)]);
       at::Tensor compute = store_->slice(slot, StoreBuffer::kCompute).first.narrow(0, first, n);
-      at::Tensor m = store_->slice(slot, StoreBuffer::kState, 0).first;
-      at::Tensor v = store_->slice(slot, StoreBuffer::kState, 1).first;
-      AdamRange r;
-      if (store_->groups()[static_cast<size_t>(s.group)].master.defined())
-        r.master = store_->slice(slot, StoreBuffer::kMaster).first.data_ptr<float>();
-      r.compute = compute.data_ptr();
-      r.compute_type = compute.scalar_type();
-      r.grad = grad.data_ptr();
-      r.grad_type = grad.scalar_type();
-      r.exp_avg = m.data_ptr<float>();
-      r.exp_avg_sq = v.data_ptr<float>();
-      r.n = n;
+      const at::Tensor master = store_->groups()[static_cast<size_t>(s.group)].master.defined()
+                                    ? store_->slice(slot, StoreBuffer::kMaster).first
+                                    : at::Tensor();
+      const AdamRange r = adam_range(master, compute, grad, store_->slice(slot, StoreBuffer::kState, 0).first,
+                                     store_->slice(slot, StoreBuffer::kState, 1).first);
       if (compute.is_cuda()) {
 #ifdef MEMRT_WITH_CUDA
         fused_adam_cuda(r, as, factor, cuda_stream(compute));
@@ -317,6 +310,25 @@ void check_config(const OptimizerConfig& cfg) {
 }
 
 }  // namespace
+
+AdamRange adam_range(const at::Tensor& master, const at::Tensor& compute, const at::Tensor& grad,
+                     const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq) {
+  const int64_t n = compute.numel();
+  for (const at::Tensor* t : {&master, &grad, &exp_avg, &exp_avg_sq}) {
+    if (t->defined() && (t->numel() != n || !t->is_contiguous()))
+      throw Error("fused Adam step: the buffers of one range must be contiguous and of one length");
+  }
+  AdamRange r;
+  r.master = master.defined() ? master.data_ptr<float>() : nullptr;
+  r.compute = compute.data_ptr();
+  r.compute_type = compute.scalar_type();
+  r.grad = grad.data_ptr();
+  r.grad_type = grad.scalar_type();
+  r.exp_avg = exp_avg.data_ptr<float>();
+  r.exp_avg_sq = exp_avg_sq.data_ptr<float>();
+  r.n = n;
+  return r;
+}
 
 StoreOptions store_options(const OptimizerConfig& cfg) {
   check_config(cfg);
