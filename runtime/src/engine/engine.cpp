@@ -28,9 +28,9 @@
 #include "models/hf_checkpoint.h"
 #include "models/model_factory.h"
 #include "optim/grad_clip.h"
-#include "store/decay.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizers.h"
+#include "store/decay.h"
 
 namespace memrt {
 namespace {
@@ -369,14 +369,14 @@ void Engine::train_step(TrainSummary& summary) {
   }
   // Pass 1 of the step: the norm and the overflow check read the gradients once.
   {
-    GradSummary summary = optimizer_->grad_summary();
+    GradSummary pass1 = optimizer_->grad_summary();
     if (optimizer_->grads_partitioned()) {
-      at::Tensor ss = at::tensor({summary.sum_squares}, at::kDouble);
+      at::Tensor ss = at::tensor({pass1.sum_squares}, at::kDouble);
       dist_->all_reduce_sum(ss);  // squares are >= 0: an inf or NaN on any rank makes the sum one
-      summary.sum_squares = ss.item<double>();
+      pass1.sum_squares = ss.item<double>();
     }
-    sctx.grads_finite = summary.finite && std::isfinite(summary.sum_squares);
-    sctx.grad_norm = std::sqrt(summary.sum_squares) / sctx.grad_scale;
+    sctx.grads_finite = pass1.finite && std::isfinite(pass1.sum_squares);
+    sctx.grad_norm = std::sqrt(pass1.sum_squares) / sctx.grad_scale;
   }
   plugins_.each("before_optimizer_step", step_, [&](Plugin& p) { p.before_optimizer_step(sctx); });
 

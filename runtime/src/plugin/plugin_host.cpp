@@ -247,11 +247,13 @@ void PluginHost::call(const LoadedPlugin& p, const char* phase, int64_t step,
   }
 }
 
-void PluginHost::plan_store(StorePlan& plan, const RunInfo& run) {
+void PluginHost::plan_store(StorePlan& plan, const RunInfo& run,
+                            const std::function<void(size_t)>& after_each) {
   StorePlanContext ctx{plan, run};
-  for (LoadedPlugin& p : plugins_) {
-    plan.set_author(p.name);
-    call(p, "plan_store", -1, [&](Plugin& q) { q.plan_store(ctx); });
+  for (size_t i = 0; i < plugins_.size(); ++i) {
+    plan.set_author(plugins_[i].name);
+    call(plugins_[i], "plan_store", -1, [&](Plugin& q) { q.plan_store(ctx); });
+    if (after_each) after_each(i);
   }
   plan.set_author("");
 }
@@ -264,13 +266,10 @@ std::vector<memory::EstimateTerm> PluginHost::estimate_memory(memory::MemoryEsti
     deltas[i] = estimate.table - before;
   }
   if (estimate.store) {
-    StorePlan& plan = *estimate.store;
-    StorePlanContext ctx{plan, *estimate.run};
-    memory::Table last = plan.bytes();
-    for (size_t i = 0; i < plugins_.size(); ++i) {
-      plan.set_author(plugins_[i].name);
-      call(plugins_[i], "plan_store", -1, [&](Plugin& q) { q.plan_store(ctx); });
-      const memory::Table now = plan.bytes();
+    // The store's cells follow each plugin's settings; the change is that plugin's term too.
+    memory::Table last = estimate.store->bytes();
+    plan_store(*estimate.store, *estimate.run, [&](size_t i) {
+      const memory::Table now = estimate.store->bytes();
       const memory::Table change = now - last;
       for (memory::Category c : memory::all_categories())
         for (memory::Placement pl : {memory::Placement::kDevice, memory::Placement::kHost}) {
@@ -278,9 +277,8 @@ std::vector<memory::EstimateTerm> PluginHost::estimate_memory(memory::MemoryEsti
           deltas[i].at(c, pl) += change.at(c, pl);
         }
       last = now;
-    }
-    plan.set_author("");
-    plan.check();
+    });
+    estimate.store->check();
   }
   std::vector<memory::EstimateTerm> terms;
   for (size_t i = 0; i < plugins_.size(); ++i)

@@ -76,8 +76,10 @@ class PluginHost {
   void each_reversed(const char* phase, int64_t step, const std::function<void(Plugin&)>& fn);
 
   // Every plugin's plan_store(), in priority order, each named as the author of its settings
-  // (two plugins setting one axis differently is an error naming both).
-  void plan_store(StorePlan& plan, const RunInfo& run);
+  // (two plugins setting one axis differently is an error naming both); after_each(i), if
+  // given, runs after plugin i's.
+  void plan_store(StorePlan& plan, const RunInfo& run,
+                  const std::function<void(size_t)>& after_each = {});
 
   // Every plugin's estimate_memory(), in priority order, on `estimate`; then every plugin's
   // plan_store() on estimate.store, the store's cells of the table following each. Returns one
