@@ -259,7 +259,7 @@ class ZeroPlugin final : public memrt::Plugin {
   // Reduce-scatter the bucket: each rank adds the mean of every rank's share of it into its flat
   // gradient partition (DeepSpeed averages over the data-parallel ranks).
   void flush(Bucket& bucket) {
-    const int n = comm_->world_size(), rank = comm_->rank();
+    const int n = comm_->world_size();
     const memrt::ParamStore::Group& g = store_->groups()[static_cast<size_t>(bucket.group)];
     const auto [my_lo, my_hi] = store_->plan().partition(bucket.group);
     at::NoGradGuard no_grad;
@@ -275,7 +275,6 @@ class ZeroPlugin final : public memrt::Plugin {
       at::Tensor dst = g.grad.narrow(0, lo - my_lo, hi - lo);
       dst.add_(mine.narrow(0, 0, hi - lo).to(dst.scalar_type()), 1.0 / n);
     }
-    (void)rank;
   }
 
   int64_t stage_ = 0;

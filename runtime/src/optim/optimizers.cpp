@@ -32,7 +32,8 @@ std::string describe(const at::Tensor& t) {
   return s + ")";
 }
 
-const char* const kStepKey = ".step";
+const char kStepKey[] = ".step";
+constexpr size_t kStepKeyLength = sizeof(kStepKey) - 1;
 
 // The host's optimizers over the parameter store: per parameter with a gradient, the range of it
 // this rank holds (all of it, or its part of this rank's partition) steps in one fused pass over
@@ -119,25 +120,24 @@ class StoreOptimizer : public Optimizer {
                     ", expected " + describe(t));
     }
     at::NoGradGuard no_grad;
+    for (const auto& [key, view] : want) {  // the entries are views of the store
+      if (key.size() < kStepKeyLength || key.compare(key.size() - kStepKeyLength, kStepKeyLength, kStepKey) != 0) {
+        at::Tensor target = view;
+        target.copy_(state.at(key));
+      }
+    }
     const StorePlan& plan = store_->plan();
     for (size_t slot = 0; slot < plan.slots().size(); ++slot) {
-      const ParamSlot& s = plan.slots()[slot];
-      if (s.group < 0 || !want.count(s.param.name + kStepKey)) continue;
-      for (const auto& [key, t] : want) {
-        if (key.rfind(s.param.name + ".", 0) != 0 && key != exact_weight_key(s.param.name)) continue;
-        if (key == s.param.name + kStepKey) {
-          steps_[slot] = state.at(key).item<int64_t>();
-        } else {
-          at::Tensor target = t;  // a view of the store
-          target.copy_(state.at(key));
-        }
-      }
-      // The compute copy follows the master it is rounded from.
-      if (store_->groups()[static_cast<size_t>(s.group)].master.defined()) {
-        auto [master, first] = store_->slice(static_cast<int>(slot), StoreBuffer::kMaster);
-        auto [compute, unused] = store_->slice(static_cast<int>(slot), StoreBuffer::kCompute);
-        compute.narrow(0, first, master.numel()).copy_(master);
-      }
+      auto it = state.find(plan.slots()[slot].param.name + kStepKey);
+      if (it != state.end()) steps_[slot] = it->second.item<int64_t>();
+    }
+    // The compute copy follows the masters it is rounded from (this rank's range of them).
+    for (size_t g = 0; g < plan.groups().size(); ++g) {
+      const ParamStore::Group& group = store_->groups()[g];
+      if (!group.master.defined()) continue;
+      const bool part = plan.groups()[g].buffer(StoreBuffer::kMaster).extent == Extent::kPartition;
+      const int64_t begin = part ? plan.partition(static_cast<int>(g)).first : 0;
+      group.compute.narrow(0, begin, group.master.numel()).copy_(group.master);
     }
   }
 

@@ -5,6 +5,7 @@
 #include <numeric>
 #include <sstream>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "memrt/error.h"
 
@@ -78,12 +79,13 @@ StorePlan::StorePlan(const std::vector<ParamInfo>& params, const StoreOptions& o
                 "' (Adam, AdamW, SGD)");
   }
   int decay = -1, no_decay = -1;
+  std::unordered_set<std::string> seen;
   for (const ParamInfo& p : params) {
     ParamSlot slot;
     slot.param = p;
     slot.numel = 1;
     for (int64_t d : p.shape) slot.numel *= d;
-    if (find(p.name) >= 0) throw Error("parameter store: parameter '" + p.name + "' is listed twice");
+    if (!seen.insert(p.name).second) throw Error("parameter store: parameter '" + p.name + "' is listed twice");
     if (p.trainable) {
       if (p.dtype != at::kFloat && !is_16bit(p.dtype)) {
         throw Error("parameter store: trainable parameter '" + p.name + "' is " +
@@ -282,8 +284,10 @@ ParamStore::ParamStore(StorePlan plan, const std::vector<std::pair<std::string, 
   plan_.check();
   std::unordered_map<std::string, const at::Tensor*> by_name;
   for (const auto& [name, t] : params) by_name[name] = &t;
+  std::unordered_set<std::string> planned;
+  for (const ParamSlot& s : plan_.slots()) planned.insert(s.param.name);
   for (const auto& [name, t] : params) {
-    if (plan_.find(name) < 0)
+    if (!planned.count(name))
       throw Error("parameter store: the model has parameter '" + name + "', which the plan lacks");
   }
   params_.reserve(plan_.slots().size());
