@@ -254,6 +254,21 @@ TEST(Optimizer, SixteenBitParametersStepFp32Masters) {
   EXPECT_EQ(bf16.scalar_type(), at::kBFloat16);
   EXPECT_TRUE(at::equal(bf16, f32.to(at::kBFloat16)));  // the fp32 step, rounded once
 
+  // Loading a master rewrites its 16-bit copy: a fresh optimizer over zeros takes the stepped
+  // one's state and then holds its weights.
+  ParamGroup stepped;
+  stepped.names = {"w"};
+  stepped.params = {p0.to(at::kBFloat16).set_requires_grad(true)};
+  auto first = make_optimizer(adam_cfg("AdamW"), {stepped});
+  first->param_groups()[0].params[0].mutable_grad() = grad.to(at::kBFloat16);
+  first->step({1e-2});
+  ParamGroup fresh;
+  fresh.names = {"w"};
+  fresh.params = {at::zeros({64}, at::kBFloat16).set_requires_grad(true)};
+  auto second = make_optimizer(adam_cfg("AdamW"), {fresh});
+  second->load_state_dict(first->state_dict());
+  EXPECT_TRUE(at::equal(second->param_groups()[0].params[0], first->param_groups()[0].params[0]));
+
   ParamGroup g;
   g.names = {"w"};
   g.params = {p0.to(at::kDouble).set_requires_grad(true)};
@@ -425,4 +440,32 @@ TEST(GradClip, SummaryFlagsNonFiniteGradients) {
       EXPECT_FALSE(s.finite) << c10::toString(dt) << " " << bad;
     }
   }
+}
+
+// The SDK's default pass 1, for an optimizer a plugin brings: every .grad of its groups, squared
+// and summed in double; an inf in any gradient makes the summary non-finite.
+TEST(GradClip, DefaultSummaryOfAPluginsOptimizerReadsItsGroups) {
+  class Minimal final : public Optimizer {
+   public:
+    std::string name() const override { return "minimal"; }
+    void step(const StepScalars&) override {}
+    std::vector<ParamGroup>& param_groups() override { return groups; }
+    const std::vector<ParamGroup>& param_groups() const override { return groups; }
+    TensorMap state_dict() const override { return {}; }
+    void load_state_dict(const TensorMap&) override {}
+    int64_t state_bytes() const override { return 0; }
+    std::vector<ParamGroup> groups;
+  } opt;
+  ParamGroup g;
+  g.names = {"a", "b", "c"};
+  g.params = {at::zeros({3}).set_requires_grad(true), at::zeros({2}).set_requires_grad(true),
+              at::zeros({4}).set_requires_grad(true)};  // "c" gets no gradient
+  g.params[0].mutable_grad() = at::full({3}, 2.f);
+  g.params[1].mutable_grad() = at::full({2}, -3.f).to(at::kBFloat16);
+  opt.groups = {g};
+  GradSummary s = opt.grad_summary();
+  EXPECT_EQ(s.sum_squares, 3 * 4.0 + 2 * 9.0);
+  EXPECT_TRUE(s.finite);
+  opt.groups[0].params[1].mutable_grad()[1] = std::numeric_limits<float>::infinity();
+  EXPECT_FALSE(opt.grad_summary().finite);
 }
