@@ -30,7 +30,7 @@ import statistics
 import sys
 
 import bench_checkpoint
-from bench_common import cpu, launcher
+from bench_common import cpu, fmt, launcher
 
 GLIBC = {"MEMRT_HOST_ALLOCATOR": "glibc"}
 
@@ -97,21 +97,20 @@ def main():
     med = {k: {f: statistics.median(r[f] for r in v) for f in v[0]} for k, v in runs.items()}
 
     model, flags = cpu()
-    mb = lambda v: f"{v / 1e6:.1f}"
     print(f"machine: {model} ({flags}), {os.cpu_count()} cores, threads {a.threads}; "
           f"{a.steps} steps, step time = median of steps > {a.warmup}; medians of {a.repeats} "
-          f"alternating runs; MB = 10^6 bytes")
+          f"alternating runs; bytes exact, MB = 10^6 bytes")
     for n in notes:
         print(n)
     print()
-    print("| workload | tensor storage | step time (s) | allocator peak (MB) | idle RSS (MB) | "
-          "peak RSS (MB) | growth (MB) | growth / allocator peak | step time vs glibc |")
+    print("| workload | tensor storage | step time (s) | allocator peak | idle RSS | "
+          "peak RSS | growth | growth / allocator peak | step time vs glibc |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for w in workloads:
         for p in pols:
             m, base = med[w, p], med[w, "glibc"]
-            print(f"| {w} | {p} | {m['step_s']:.4f} | {mb(m['peak'])} | {mb(m['idle'])} | "
-                  f"{mb(m['rss'])} | {mb(m['growth'])} | {m['growth'] / m['peak']:.3f} | "
+            print(f"| {w} | {p} | {m['step_s']:.4f} | {fmt(m['peak'])} | {fmt(m['idle'])} | "
+                  f"{fmt(m['rss'])} | {fmt(m['growth'])} | {m['growth'] / m['peak']:.3f} | "
                   f"{m['step_s'] / base['step_s']:.3f} |")
     print()
     for w in workloads:
