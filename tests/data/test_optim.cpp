@@ -117,10 +117,12 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
   ::testing::Test::RecordProperty(what + "_max_err_over_max_abs", std::to_string(worst));
 }
 
-std::vector<float> state_flat(const Optimizer& opt, const std::string& state) {
-  TensorMap sd = opt.state_dict();
+// Optimizer state `state` of every parameter, as the store holds it.
+std::vector<float> state_flat(const ParamStore& store, const std::string& state) {
+  const auto& names = store.plan().state_names();
+  const int k = static_cast<int>(std::find(names.begin(), names.end(), state) - names.begin());
   std::vector<at::Tensor> ts;
-  for (const auto& n : kNames) ts.push_back(sd.at(n + "." + state));
+  for (const auto& n : kNames) ts.push_back(store.slice(static_cast<int>(store.plan().find(n)), StoreBuffer::kState, k).first);
   return flat(ts);
 }
 
@@ -130,12 +132,13 @@ void check_against_reference(const OptimizerConfig& cfg, const std::string& kind
   Problem pr = make_problem();
   TempDir dir;
   write_problem(dir, pr);
-  auto opt = make_optimizer(cfg, groups_for(pr, weight_decay));
+  auto store = make_param_store(cfg, groups_for(pr, weight_decay));
+  auto opt = make_optimizer(cfg, store);
   run_steps(*opt, pr);
   ASSERT_TRUE(run_reference("reference_optim.py", dir.str() + " " + kind + " " + sizes_arg() + " " +
                                                       std::to_string(kSteps) + " " + hyper));
   expect_close(flat(opt->param_groups()[0].params), read_raw<float>(dir.file("out_params.f32")), "params");
-  for (const auto& s : states) expect_close(state_flat(*opt, s), read_raw<float>(dir.file("out_" + s + ".f32")), s);
+  for (const auto& s : states) expect_close(state_flat(*store, s), read_raw<float>(dir.file("out_" + s + ".f32")), s);
   TensorMap sd = opt->state_dict();
   EXPECT_EQ(sd.at("a.weight.step").item<int64_t>(), kSteps);
   EXPECT_EQ(sd.at("c.weight.step").item<int64_t>(), kSteps - 1) << "a step without gradient must not count";
@@ -241,12 +244,12 @@ TEST(Optimizer, SixteenBitParametersStepFp32Masters) {
     ParamGroup g;
     g.names = {"w"};
     g.params = {p0.to(dt).clone().set_requires_grad(true)};
-    auto opt = make_optimizer(adam_cfg("AdamW"), {g});
+    auto store = make_param_store(adam_cfg("AdamW"), {g});
+    auto opt = make_optimizer(adam_cfg("AdamW"), store);
     opt->param_groups()[0].params[0].mutable_grad() = grad.to(dt);
     opt->step({1e-2});
-    const TensorMap state = opt->state_dict();
-    EXPECT_EQ(state.at("w.exp_avg").scalar_type(), at::kFloat);
-    EXPECT_EQ(state.count(exact_weight_key("w")), dt == at::kFloat ? 0u : 1u);
+    EXPECT_EQ(store->groups()[0].state[0].scalar_type(), at::kFloat);
+    EXPECT_EQ(store->groups()[0].master.defined(), dt != at::kFloat);
     return opt->param_groups()[0].params[0].detach().clone();
   };
   at::Tensor f32 = run(at::kFloat);
@@ -254,80 +257,37 @@ TEST(Optimizer, SixteenBitParametersStepFp32Masters) {
   EXPECT_EQ(bf16.scalar_type(), at::kBFloat16);
   EXPECT_TRUE(at::equal(bf16, f32.to(at::kBFloat16)));  // the fp32 step, rounded once
 
-  // Loading a master rewrites its 16-bit copy: a fresh optimizer over zeros takes the stepped
-  // one's state and then holds its weights.
-  ParamGroup stepped;
-  stepped.names = {"w"};
-  stepped.params = {p0.to(at::kBFloat16).set_requires_grad(true)};
-  auto first = make_optimizer(adam_cfg("AdamW"), {stepped});
-  first->param_groups()[0].params[0].mutable_grad() = grad.to(at::kBFloat16);
-  first->step({1e-2});
-  ParamGroup fresh;
-  fresh.names = {"w"};
-  fresh.params = {at::zeros({64}, at::kBFloat16).set_requires_grad(true)};
-  auto second = make_optimizer(adam_cfg("AdamW"), {fresh});
-  second->load_state_dict(first->state_dict());
-  EXPECT_TRUE(at::equal(second->param_groups()[0].params[0], first->param_groups()[0].params[0]));
-
   ParamGroup g;
   g.names = {"w"};
   g.params = {p0.to(at::kDouble).set_requires_grad(true)};
   expect_error<Error>([&] { make_optimizer(adam_cfg("AdamW"), {g}); }, {"'w'", "Double", "fp32, bf16 and fp16"});
 }
 
-TEST(Optimizer, StateDictRoundTripContinuesIdentically) {
-  Problem pr = make_problem();
-  auto straight = make_optimizer(adam_cfg("AdamW"), groups_for(pr, 0.1));
-  run_steps(*straight, pr);
-
-  auto first = make_optimizer(adam_cfg("AdamW"), groups_for(pr, 0.1));
-  run_steps(*first, pr, 3);
-  TensorMap sd = first->state_dict();
-  EXPECT_EQ(sd.size(), 3 * kNames.size());
-  // A new optimizer on the parameters as they are after 3 steps, with the saved state.
-  std::vector<ParamGroup> groups = groups_for(pr, 0.1);
-  for (size_t i = 0; i < kNames.size(); ++i)
-    groups[0].params[i] = first->param_groups()[0].params[i].detach().clone().set_requires_grad(true);
-  auto resumed = make_optimizer(adam_cfg("AdamW"), groups);
-  resumed->load_state_dict(sd);
-  for (int s = 3; s < kSteps; ++s) {
-    auto& params = resumed->param_groups()[0].params;
-    for (size_t i = 0; i < params.size(); ++i) {
-      const at::Tensor& g = pr.grads[static_cast<size_t>(s)][i];
-      params[i].mutable_grad() = g.defined() ? g.clone() : at::Tensor();
-    }
-    resumed->step({kLrs[static_cast<size_t>(s)]});
-  }
-  for (size_t i = 0; i < kNames.size(); ++i)
-    EXPECT_TRUE(at::equal(resumed->param_groups()[0].params[i], straight->param_groups()[0].params[i])) << kNames[i];
-}
-
-TEST(Optimizer, LoadStateDictIsStrict) {
+// The optimizer's own state is each parameter's update count (the moments and masters are the
+// store's, which checkpoints save: tests/store/test_store_checkpoint.cpp); loading is strict.
+TEST(Optimizer, StateDictHoldsUpdateCountsAndLoadsThemStrictly) {
   Problem pr = make_problem();
   auto opt = make_optimizer(adam_cfg("AdamW"), groups_for(pr, 0.0));
+  EXPECT_TRUE(opt->state_dict().empty()) << "no updates yet";
+  run_steps(*opt, pr, 3);
   TensorMap good = opt->state_dict();
+  ASSERT_EQ(good.size(), kNames.size());
+  EXPECT_EQ(good.at("a.weight.step").item<int64_t>(), 3);
+  EXPECT_EQ(good.at("c.weight.step").item<int64_t>(), 2) << "no gradient in step 3";
 
-  TensorMap extra = good;
-  extra["d.weight.exp_avg"] = at::zeros({1});
-  expect_error<Error>([&] { opt->load_state_dict(extra); }, {"d.weight.exp_avg", "unexpected"});
+  auto fresh = make_optimizer(adam_cfg("AdamW"), groups_for(pr, 0.0));
+  fresh->load_state_dict(good);
+  EXPECT_EQ(fresh->state_dict().at("c.weight.step").item<int64_t>(), 2);
 
-  TensorMap missing = good;
-  missing.erase("b.bias.exp_avg_sq");
-  expect_error<Error>([&] { opt->load_state_dict(missing); }, {"b.bias.exp_avg_sq", "missing"});
-
-  TensorMap no_step = good;
-  no_step.erase("c.weight.step");
-  expect_error<Error>([&] { opt->load_state_dict(no_step); }, {"c.weight.step", "missing"});
-
-  TensorMap bad_shape = good;
-  bad_shape["a.weight.exp_avg"] = at::zeros({5, 7});
-  expect_error<Error>([&] { opt->load_state_dict(bad_shape); }, {"a.weight.exp_avg", "(5, 7)", "expected (7, 5)"});
-
-  // SGD without momentum keeps no momentum buffer: loading one is an error.
-  OptimizerConfig sgd;
-  sgd.type = "SGD";
-  auto plain = make_optimizer(sgd, groups_for(pr, 0.0));
-  expect_error<Error>([&] { plain->load_state_dict(good); }, {"exp_avg", "unexpected"});
+  TensorMap moments = good;
+  moments["a.weight.exp_avg"] = at::zeros({7, 5});
+  expect_error<Error>([&] { opt->load_state_dict(moments); }, {"a.weight.exp_avg", "unexpected"});
+  TensorMap unknown = good;
+  unknown["d.weight.step"] = at::scalar_tensor(1, at::kLong);
+  expect_error<Error>([&] { opt->load_state_dict(unknown); }, {"d.weight.step", "unexpected"});
+  TensorMap not_scalar = good;
+  not_scalar["a.weight.step"] = at::zeros({2}, at::kLong);
+  expect_error<Error>([&] { opt->load_state_dict(not_scalar); }, {"a.weight.step", "int64 scalar"});
 }
 
 TEST(Optimizer, StateBytesExact) {

@@ -59,9 +59,11 @@ class Optimizer {
   virtual std::vector<ParamGroup>& param_groups() = 0;
   virtual const std::vector<ParamGroup>& param_groups() const = 0;
 
-  // Checkpoint state, keyed "<param name>.<state name>" plus scalars such as "<name>.step".
+  // Checkpoint state beyond the parameter store's buffers (which the engine saves with the store),
+  // keyed "<param name>.<state name>", e.g. "<name>.step". Keys are per parameter: resumed on
+  // another number of ranks, every rank is given the union of all saved ranks' entries.
   virtual TensorMap state_dict() const = 0;
-  // Restores state_dict(); an unknown or missing key or a wrong shape is an error naming it.
+  // Restores state_dict(); an unknown key or a wrong shape is an error naming it.
   virtual void load_state_dict(const TensorMap& state) = 0;
   // Bytes of optimizer state currently held (memory accounting).
   virtual int64_t state_bytes() const = 0;

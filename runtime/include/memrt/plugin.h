@@ -224,21 +224,6 @@ struct ErrorContext {
 // Extra fields for the log line and metrics.jsonl (e.g. "loss_scale", "skipped_steps").
 using Metrics = std::map<std::string, double>;
 
-// ---- exact weights in checkpoint state ---------------------------------------------------------
-// The convention by which a checkpoint says where a parameter's exact value is, without the host
-// naming any plugin. Whoever holds the exact (full-precision) value of a whole model parameter —
-// the host's optimizer for the parameter store's fp32 masters, or a plugin in its state_dict() —
-// stores it under exact_weight_key(name), `name` the parameter's Hugging Face name, in the
-// parameter's shape (any floating dtype). `launcher export` looks at the optimizer's and every
-// plugin's state in every rank's file and writes such an entry in preference to model.safetensors
-// (which holds the compute copy, possibly rounded); two owners storing one parameter's exact
-// weight is an error naming both. Keys beginning with kExactWeightPrefix are reserved for this
-// use. Whoever holds only a slice of a parameter (a partition) stores no exact weight for it.
-inline constexpr char kExactWeightPrefix[] = "exact_weight/";
-inline std::string exact_weight_key(const std::string& param_name) {
-  return kExactWeightPrefix + param_name;
-}
-
 // ---- the plugin -----------------------------------------------------------------------------------
 // Priority bands of the built-in plugins; third-party plugins default to kObserver and may pick any
 // value. Lower runs first in before-phases. Model transforms apply in this order: quantize base
@@ -293,8 +278,10 @@ class Plugin {
   virtual void add_metrics(Metrics& /*metrics*/) {}
 
   // Checkpoint state, versioned: a plugin bumps state_version() when the layout changes and
-  // refuses (with a clear error) versions it cannot read. Exact values of model parameters go
-  // under exact_weight_key(name) (above), so that export finds them.
+  // refuses (with a clear error) versions it cannot read. Parameters' values and optimizer state
+  // belong in the parameter store, which checkpoints save and export reads; a plugin's state is
+  // what it adds (a loss scaler's counters), replicated across ranks: a run resumed on another
+  // number of ranks gives every rank rank 0's.
   virtual int state_version() const { return 1; }
   virtual TensorMap state_dict() const { return {}; }
   virtual void load_state_dict(const TensorMap& /*state*/, int /*version*/) {}
@@ -316,7 +303,7 @@ class Plugin {
 // The one exported symbol. Plain C layout; fields are only ever appended (struct_size tells the
 // host which ones exist). Minor versions only append virtual functions to Plugin; the host calls
 // them only on plugins built with that minor or later. ABI 2.0: the parameter store (plan_store,
-// Optimizer::step(StepScalars), StepContext::grad_scale). The host refuses a plugin whose ABI
+// Optimizer::step(StepScalars), StepContext::grad_scale; checkpoints save the store). The host refuses a plugin whose ABI
 // major differs, whose ABI minor is newer than the host's, or whose LibTorch version, C++ ABI flag or CUDA flag differ from its own
 // — plugins pass at::Tensor and nn::Module across the boundary, the same contract as PyTorch C++
 // extensions.

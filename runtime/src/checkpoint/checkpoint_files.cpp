@@ -130,6 +130,13 @@ Manifest read_manifest(const std::string& dir) {
                               " is newer than this memrt reads (" +
                               std::to_string(kCheckpointFormatVersion) + "); use a newer memrt");
   }
+  if (m.version < kCheckpointFormatVersion) {
+    throw FileError(path, "checkpoint format version " + std::to_string(m.version) +
+                              " predates the parameter store's layout, which this memrt reads "
+                              "(version " + std::to_string(kCheckpointFormatVersion) +
+                              "): export it with the memrt that wrote it (launcher export) and "
+                              "start a new run from the exported weights (model_name_or_path)");
+  }
   if (!d.HasMember("tag") || !d["tag"].IsString()) throw bad("no \"tag\"");
   if (!d.HasMember("step") || !d["step"].IsInt64()) throw bad("no integer \"step\"");
   if (!d.HasMember("world_size") || !d["world_size"].IsInt()) throw bad("no integer \"world_size\"");

@@ -9,7 +9,8 @@
 
 namespace memrt {
 
-constexpr int kCheckpointFormatVersion = 1;
+// 2: the parameter store's shards and store.json (1: dense model.safetensors; not read).
+constexpr int kCheckpointFormatVersion = 2;
 
 // "global_step<step>"
 std::string checkpoint_tag(int64_t step);

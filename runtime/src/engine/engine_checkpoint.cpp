@@ -6,7 +6,6 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <set>
 #include <sstream>
 
 #include <ATen/ATen.h>
@@ -15,6 +14,7 @@
 
 #include "checkpoint/checkpoint_files.h"
 #include "checkpoint/sha256.h"
+#include "checkpoint/store_checkpoint.h"
 #include "dist/process_group.h"
 #include "engine/engine.h"
 #include "io/safetensors.h"
@@ -40,6 +40,28 @@ std::string rank_file(int rank) {
   std::snprintf(name, sizeof name, "rank%05d.safetensors", rank);
   return name;
 }
+
+// A checkpoint's rank files, each verified against the manifest and opened on first use: a rank
+// re-partitioning a checkpoint of another world size reads several.
+class RankFiles {
+ public:
+  RankFiles(std::string dir, const Manifest& m) : dir_(std::move(dir)), manifest_(m) {}
+  const SafetensorsFile& operator()(int rank) {
+    auto it = files_.find(rank);
+    if (it != files_.end()) return it->second;
+    if (rank < 0 || rank >= manifest_.world_size)
+      throw FileError((fs::path(dir_) / "manifest.json").string(),
+                      "has no rank " + std::to_string(rank) + " (world size " +
+                          std::to_string(manifest_.world_size) + ")");
+    verify_checkpoint_file(dir_, manifest_, rank_file(rank));
+    return files_.emplace(rank, SafetensorsFile::open((fs::path(dir_) / rank_file(rank)).string())).first->second;
+  }
+
+ private:
+  std::string dir_;
+  const Manifest& manifest_;
+  std::map<int, SafetensorsFile> files_;
+};
 
 bool same_shape(const ModelShape& a, const ModelShape& b) {
   return a.arch == b.arch && a.n_layer == b.n_layer && a.n_head == b.n_head &&
@@ -71,8 +93,9 @@ std::string Engine::save_checkpoint() {
   }
   dist_->barrier();
 
-  // This rank's state: optimizer, plugins, RNG; counters and versions in the metadata.
-  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  // This rank's state: its share of the store, the optimizer's own state, plugins, RNG; counters
+  // and versions in the metadata.
+  std::vector<std::pair<std::string, at::Tensor>> tensors = store_shard_tensors(*store_);
   for (const auto& [key, t] : optimizer_->state_dict()) tensors.emplace_back("optimizer/" + key, t);
   std::ostringstream versions;
   versions << "{";
@@ -108,7 +131,8 @@ std::string Engine::save_checkpoint() {
       all_gather_strings(*dist_, mine + " " + std::to_string(bytes) + " " + sha);
 
   if (main) {
-    save_hf_checkpoint(*model_, tmp.string());  // config.json, model.safetensors
+    write_file_atomic((tmp / "config.json").string(), hf_config_json(run_.shape));
+    write_file_atomic((tmp / kStoreLayoutFile).string(), store_layout_json(*store_));
     Manifest m;
     m.tag = tag;
     m.step = step_;
@@ -121,7 +145,7 @@ std::string Engine::save_checkpoint() {
       m.files[name] = e;
     }
     add_to_manifest(m, tmp.string(), "config.json");
-    add_to_manifest(m, tmp.string(), "model.safetensors");
+    add_to_manifest(m, tmp.string(), kStoreLayoutFile);
     write_manifest(tmp.string(), m);
     fsync_path(tmp.string());
     // Only now does the checkpoint appear, whole; an older one of the same tag goes after.
@@ -142,32 +166,23 @@ std::string Engine::save_checkpoint() {
 
 void Engine::load_checkpoint(const std::string& dir) {
   const Manifest m = read_manifest(dir);
-  if (m.world_size != run_.world_size) {
-    throw FileError((fs::path(dir) / "manifest.json").string(),
-                    "was saved by " + std::to_string(m.world_size) + " rank(s); this run has " +
-                        std::to_string(run_.world_size) +
-                        ": resume with --num_procs " + std::to_string(m.world_size));
-  }
-  const std::string mine = rank_file(run_.rank);
-  for (const char* name : {"config.json", "model.safetensors"}) verify_checkpoint_file(dir, m, name);
-  verify_checkpoint_file(dir, m, mine);
-  const ModelShape saved = read_hf_config(dir);
-  if (!same_shape(saved, run_.shape)) {
+  for (const char* name : {"config.json", kStoreLayoutFile}) verify_checkpoint_file(dir, m, name);
+  const ModelShape saved_shape = read_hf_config(dir);
+  if (!same_shape(saved_shape, run_.shape)) {
     throw FileError((fs::path(dir) / "config.json").string(),
                     "describes another model than this run's (arch, sizes or tied embeddings "
                     "differ): resume with the train.yaml the checkpoint was made with");
   }
 
-  at::NoGradGuard no_grad;
-  // The model's weights.
-  HfWeights weights = HfWeights::open(dir);
-  const std::vector<ParamSpec> specs = parameter_specs(run_.shape);
-  weights.check(run_.shape, specs);
-  auto params = model_->named_parameters(/*recurse=*/true);
-  for (const ParamSpec& spec : specs) params[spec.name].copy_(weights.tensor(spec));
+  // The store: every rank takes what it holds now from whichever saved shards have it, so the
+  // checkpoint may come from any number of ranks.
+  RankFiles files(dir, m);
+  load_store(*store_, SavedStore(dir, std::ref(files)));
 
-  // This rank's state.
-  const SafetensorsFile state = SafetensorsFile::open((fs::path(dir) / mine).string());
+  // The rest of the state is this rank's own; on another world size, rank 0's (plugins, RNG,
+  // counters: replicated) and every saved rank's optimizer entries (per parameter).
+  const bool same_world = m.world_size == run_.world_size;
+  const SafetensorsFile& state = files(same_world ? run_.rank : 0);
   const auto& meta = state.metadata();
   auto number = [&](const char* key) -> int64_t {
     auto it = meta.find(key);
@@ -184,13 +199,16 @@ void Engine::load_checkpoint(const std::string& dir) {
   TensorMap optimizer_state;
   std::map<std::string, TensorMap> plugin_states;
   for (const std::string& name : state.names()) {
-    at::Tensor t = state.tensor(name).clone();
-    if (name.rfind("optimizer/", 0) == 0) {
-      optimizer_state[name.substr(10)] = t;
-    } else if (name.rfind("plugin/", 0) == 0) {
+    if (name.rfind("plugin/", 0) == 0) {
       const size_t slash = name.find('/', 7);
-      plugin_states[name.substr(7, slash - 7)][name.substr(slash + 1)] = t;
+      plugin_states[name.substr(7, slash - 7)][name.substr(slash + 1)] = state.tensor(name).clone();
     }
+  }
+  for (int r = 0; r < m.world_size; ++r) {
+    if (same_world && r != run_.rank) continue;
+    const SafetensorsFile& f = files(r);
+    for (const std::string& name : f.names())
+      if (name.rfind("optimizer/", 0) == 0) optimizer_state.emplace(name.substr(10), f.tensor(name).clone());
   }
   for (const LoadedPlugin& p : plugins_.plugins()) {
     if (!versions.HasMember(p.name.c_str())) {
@@ -239,7 +257,10 @@ void Engine::load_checkpoint(const std::string& dir) {
     }
     in.close();
     write_file_atomic(metrics_path_, kept);
-    log_ << "resumed from " << dir << " at step " << step_ << "\n";
+    log_ << "resumed from " << dir << " at step " << step_;
+    if (!same_world)
+      log_ << " (saved by " << m.world_size << " rank(s), re-partitioned onto " << run_.world_size << ")";
+    log_ << "\n";
   }
 }
 
@@ -248,80 +269,35 @@ std::string export_checkpoint(const std::string& checkpoint, const std::string& 
                               ? checkpoint
                               : checkpoint_dir(checkpoint, "");
   const Manifest m = read_manifest(dir);
-  for (const char* name : {"config.json", "model.safetensors"}) verify_checkpoint_file(dir, m, name);
-  BuildOptions build;
-  build.weights_dir = dir;
-  std::shared_ptr<CausalLM> model = build_model(read_hf_config(dir), build);  // fp32
-  auto params = model->named_parameters(/*recurse=*/true);
+  for (const char* name : {"config.json", kStoreLayoutFile}) verify_checkpoint_file(dir, m, name);
+  std::shared_ptr<CausalLM> model = build_model(read_hf_config(dir), BuildOptions{});  // fp32
 
-  // Exact weights (plugin.h, exact_weight_key): whichever plugin stores one, in whichever rank's
-  // file, replaces the model file's (possibly rounded) copy. Ranks holding the same plugin's
-  // replicated state agree; the lowest rank's copy is written.
-  struct Claim {
-    std::string plugin, file;
-  };
-  std::map<std::string, Claim> claims;  // parameter -> who stored its exact weight first
-  std::set<std::string> claimants;
+  // Each parameter whole, from the store's shards of every rank: its exact weight (the fp32
+  // master where the run kept one).
+  RankFiles files(dir, m);
+  const SavedStore saved(dir, std::ref(files));
   at::NoGradGuard no_grad;
-  for (int r = 0; r < m.world_size; ++r) {
-    const std::string mine = rank_file(r);
-    verify_checkpoint_file(dir, m, mine);
-    const SafetensorsFile state = SafetensorsFile::open((fs::path(dir) / mine).string());
-    for (const std::string& name : state.names()) {
-      // optimizer/<key> (the parameter store's masters) or plugin/<plugin>/<key>, as
-      // save_checkpoint writes them.
-      std::string plugin, key;
-      if (name.rfind("optimizer/", 0) == 0) {
-        plugin = "optimizer";
-        key = name.substr(10);
-      } else if (name.rfind("plugin/", 0) == 0) {
-        const size_t slash = name.find('/', 7);
-        if (slash == std::string::npos) continue;
-        plugin = name.substr(7, slash - 7);
-        key = name.substr(slash + 1);
-      } else {
-        continue;
-      }
-      if (key.rfind(kExactWeightPrefix, 0) != 0) continue;
-      const std::string param = key.substr(sizeof(kExactWeightPrefix) - 1);
-      auto claimed = claims.find(param);
-      if (claimed != claims.end()) {
-        if (claimed->second.plugin == plugin) continue;  // the same plugin on another rank
-        throw FileError(state.path(), "plugins '" + claimed->second.plugin + "' (in " +
-                                          claimed->second.file + ") and '" + plugin +
-                                          "' both store the exact weight of parameter '" + param +
-                                          "' (memrt::exact_weight_key): at most one plugin may; "
-                                          "export cannot tell which is right. Fix the plugins or "
-                                          "drop one of them from the ds_config of the run");
-      }
-      if (!params.contains(param)) {
-        throw FileError(state.path(), "tensor '" + name + "' is the exact weight of '" + param +
-                                          "' stored by plugin '" + plugin +
-                                          "', a parameter the model in config.json lacks");
-      }
-      const at::Tensor t = state.tensor(name);
-      at::Tensor& p = params[param];
-      if (!t.is_floating_point() || t.sizes() != p.sizes()) {
-        throw FileError(state.path(), "tensor '" + name + "' (the exact weight of '" + param +
-                                          "' stored by plugin '" + plugin + "') is " +
-                                          std::string(c10::toString(t.scalar_type())) + " " +
-                                          c10::str(t.sizes()) + "; expected a floating tensor of the "
-                                          "parameter's shape " + c10::str(p.sizes()));
-      }
-      p.copy_(t);
-      claims[param] = {plugin, state.path()};
-      claimants.insert(plugin);
+  int64_t tensors = 0;
+  for (auto& item : model->named_parameters(/*recurse=*/true)) {
+    const std::string& name = item.key();
+    if (!saved.contains(name) || saved.shape(name) != item.value().sizes().vec()) {
+      throw FileError(saved.path(), "has no parameter '" + name + "' of the shape the model in config.json "
+                                    "gives it: the run changed the model's modules (e.g. adapters), "
+                                    "which export does not merge");
     }
+    saved.read(name, "weight", 0, item.value());
+    ++tensors;
+  }
+  if (tensors != static_cast<int64_t>(saved.param_names().size())) {
+    throw FileError(saved.path(), "lists " + std::to_string(saved.param_names().size()) +
+                                      " parameters; the model in config.json has " +
+                                      std::to_string(tensors) +
+                                      ": the run changed the model's modules, which export does not merge");
   }
   save_hf_checkpoint(*model, out_dir);
-  std::string from;
-  for (const std::string& p : claimants) from += (from.empty() ? "" : ", ") + p;
   return "exported " + dir + " to " + out_dir + ": config.json, model.safetensors (fp32, " +
-         std::to_string(count_parameters(*model)) + " parameters" +
-         (claims.empty() ? std::string()
-                         : "; " + std::to_string(claims.size()) +
-                               " tensor(s) from the exact weights in rank state (" + from + ")") +
-         ")";
+         std::to_string(count_parameters(*model)) + " parameters in " + std::to_string(tensors) +
+         " tensors, from the exact weights saved by " + std::to_string(m.world_size) + " rank(s))";
 }
 
 }  // namespace memrt

@@ -82,63 +82,34 @@ class StoreOptimizer : public Optimizer {
     return out;
   }
 
+  // The store's buffers (masters, moments) are saved by the engine with the store; the optimizer's
+  // own state is each parameter's update count, for the parameters this rank has stepped.
   TensorMap state_dict() const override {
     TensorMap out;
     const StorePlan& plan = store_->plan();
-    for (const StoreGroup& g : plan.groups())
-      for (int slot : g.slots) {
-        const std::string& name = plan.slots()[static_cast<size_t>(slot)].param.name;
-        if (!plan.state_names().empty() && held(slot, StoreBuffer::kState).numel() == 0) continue;  // another rank's
-        for (size_t k = 0; k < plan.state_names().size(); ++k)
-          out[name + "." + plan.state_names()[k]] = held(slot, StoreBuffer::kState, static_cast<int>(k));
-        if (g.buffer(StoreBuffer::kMaster).present) {
-          // A whole master is the parameter's exact weight (export writes it); a part of one (a
-          // partition's share) is state only.
-          const at::Tensor master = held(slot, StoreBuffer::kMaster);
-          const bool whole = master.numel() == plan.slots()[static_cast<size_t>(slot)].numel;
-          out[whole ? exact_weight_key(name) : name + ".master"] = master;
-        }
-        out[name + kStepKey] = at::scalar_tensor(steps_[static_cast<size_t>(slot)], at::kLong);
-      }
+    for (size_t slot = 0; slot < plan.slots().size(); ++slot)
+      if (steps_[slot] > 0) out[plan.slots()[slot].param.name + kStepKey] = at::scalar_tensor(steps_[slot], at::kLong);
     return out;
   }
 
+  // Accepts the counts of any trainable parameter (a checkpoint of another world size gives every
+  // saved rank's); a parameter without one has received no update.
   void load_state_dict(const TensorMap& state) override {
-    const TensorMap want = state_dict();
-    for (const auto& [key, t] : state) {
-      if (!want.count(key))
-        throw Error(name() + ": unexpected optimizer state '" + key +
-                    "' (no parameter of that name, or a state this optimizer does not keep); "
-                    "was the checkpoint written with another optimizer, model or precision?");
-    }
-    for (const auto& [key, t] : want) {
-      auto it = state.find(key);
-      if (it == state.end())
-        throw Error(name() + ": optimizer state '" + key + "' is missing from the checkpoint");
-      if (it->second.sizes() != t.sizes())
-        throw Error(name() + ": optimizer state '" + key + "' has shape " + describe(it->second) +
-                    ", expected " + describe(t));
-    }
-    at::NoGradGuard no_grad;
-    for (const auto& [key, view] : want) {  // the entries are views of the store
-      if (key.size() < kStepKeyLength || key.compare(key.size() - kStepKeyLength, kStepKeyLength, kStepKey) != 0) {
-        at::Tensor target = view;
-        target.copy_(state.at(key));
-      }
-    }
     const StorePlan& plan = store_->plan();
-    for (size_t slot = 0; slot < plan.slots().size(); ++slot) {
-      auto it = state.find(plan.slots()[slot].param.name + kStepKey);
-      if (it != state.end()) steps_[slot] = it->second.item<int64_t>();
+    std::vector<int64_t> steps(plan.slots().size(), 0);
+    for (const auto& [key, t] : state) {
+      const bool is_step = key.size() > kStepKeyLength &&
+                           key.compare(key.size() - kStepKeyLength, kStepKeyLength, kStepKey) == 0;
+      const int64_t slot = is_step ? plan.find(key.substr(0, key.size() - kStepKeyLength)) : -1;
+      if (slot < 0 || plan.slots()[static_cast<size_t>(slot)].group < 0)
+        throw Error(name() + ": unexpected optimizer state '" + key +
+                    "' (not \"<trainable parameter>.step\"); was the checkpoint written with "
+                    "another optimizer or model?");
+      if (t.dim() != 0 || t.scalar_type() != at::kLong || t.item<int64_t>() < 0)
+        throw Error(name() + ": optimizer state '" + key + "' is not a non-negative int64 scalar");
+      steps[static_cast<size_t>(slot)] = t.item<int64_t>();
     }
-    // The compute copy follows the masters it is rounded from (this rank's range of them).
-    for (size_t g = 0; g < plan.groups().size(); ++g) {
-      const ParamStore::Group& group = store_->groups()[g];
-      if (!group.master.defined()) continue;
-      const bool part = plan.groups()[g].buffer(StoreBuffer::kMaster).extent == Extent::kPartition;
-      const int64_t begin = part ? plan.partition(static_cast<int>(g)).first : 0;
-      group.compute.narrow(0, begin, group.master.numel()).copy_(group.master);
-    }
+    steps_ = std::move(steps);
   }
 
   int64_t state_bytes() const override {
@@ -192,13 +163,6 @@ class StoreOptimizer : public Optimizer {
     if (grad.device() != p.device())
       throw Error("optimizer: gradient of '" + s.param.name + "' is on " + grad.device().str() +
                   ", the parameter on " + p.device().str());
-  }
-
-  // Slot's part of buffer b as this rank holds it, in the parameter's shape when whole.
-  at::Tensor held(int slot, StoreBuffer b, int state = 0) const {
-    auto [view, first] = store_->slice(slot, b, state);
-    const ParamSlot& s = store_->plan().slots()[static_cast<size_t>(slot)];
-    return view.numel() == s.numel ? view.view(s.param.shape) : view;
   }
 
   OptimizerConfig cfg_;
@@ -349,7 +313,7 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, std::share
   return std::make_unique<AdamOptimizer>(cfg, std::move(store));
 }
 
-std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, std::vector<ParamGroup> groups) {
+std::shared_ptr<ParamStore> make_param_store(const OptimizerConfig& cfg, std::vector<ParamGroup> groups) {
   StoreOptions options = store_options(cfg);
   std::vector<ParamInfo> infos;
   std::vector<std::pair<std::string, at::Tensor>> params;
@@ -381,7 +345,11 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, std::vecto
   StorePlan plan(infos, options);
   if (sixteen) plan.set_master_weights(true);
   const at::Device device = params.empty() ? at::Device(at::kCPU) : params.front().second.device();
-  return make_optimizer(cfg, std::make_shared<ParamStore>(std::move(plan), params, device));
+  return std::make_shared<ParamStore>(std::move(plan), params, device);
+}
+
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, std::vector<ParamGroup> groups) {
+  return make_optimizer(cfg, make_param_store(cfg, std::move(groups)));
 }
 
 }  // namespace memrt

@@ -6,11 +6,9 @@
 // rank's partition) is stepped: the gradient, multiplied by StepScalars::grad_factor, updates the
 // fp32 master (or the fp32 compute copy), whose value is then written to the compute copy. A
 // parameter whose gradient is undefined at step() is skipped and keeps its update count.
-// State (the store's, fp32): Adam "<name>.exp_avg", "<name>.exp_avg_sq"; SGD
-// "<name>.momentum_buffer" (only when momentum != 0); the master "exact_weight/<name>"
-// (memrt::exact_weight_key) when there is one; "<name>.step" (0-d int64: updates received).
-// A partitioned store's state_dict holds this rank's part of each parameter it has a part of
-// (1-D where it is not the whole), a partial master under "<name>.master".
+// Their state lives in the store (Adam's exp_avg and exp_avg_sq, SGD's momentum_buffer, the
+// masters), which checkpoints save as the store; state_dict() holds only "<name>.step" (0-d
+// int64: updates received) for each parameter this rank has stepped.
 #pragma once
 
 #include <memory>
@@ -32,10 +30,13 @@ StoreOptions store_options(const OptimizerConfig& cfg);
 // group's weight decay is the store's.
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, std::shared_ptr<ParamStore> store);
 
-// The same over a store planned from `groups` alone (tests, tools): the parameters become views
-// of its buffers; 16-bit ones get fp32 masters. A group with weight_decay > 0 is the decay group
-// (all such groups must agree), others decay nothing. Throws Error for mismatched names and
-// params or a name used twice.
+// A store planned from `groups` alone (tests, tools): the parameters become views of its
+// buffers; 16-bit ones get fp32 masters. A group with weight_decay > 0 is the decay group (all
+// such groups must agree), others decay nothing. Throws Error for mismatched names and params or
+// a name used twice.
+std::shared_ptr<ParamStore> make_param_store(const OptimizerConfig& cfg, std::vector<ParamGroup> groups);
+
+// make_optimizer(cfg, make_param_store(cfg, groups)).
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, std::vector<ParamGroup> groups);
 
 }  // namespace memrt

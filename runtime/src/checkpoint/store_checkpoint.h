@@ -1,0 +1,92 @@
+// The parameter store's part of a training-state checkpoint (docs/checkpoints.md, "The store"):
+// saved as shards of flat buffers with a layout file, loadable on any number of ranks.
+//
+// What is saved of each group: "weight" — the parameters' exact values, i.e. the fp32 master when
+// the group has one, else the compute buffer — and each optimizer state buffer (exp_avg, ...).
+// Whatever a buffer's extent in the run (full or partition), the checkpoint splits it evenly: of
+// N saving ranks, rank r writes elements [r * padded / N, (r + 1) * padded / N) of every saved
+// buffer as "store/<group>/<buffer>", so replicated buffers are written once in all and every
+// rank writes an equal share. Frozen parameters are written whole by rank 0 as
+// "store/frozen/<name>". Rank 0 writes store.json, the layout:
+//
+//   {"format": "memrt-store", "version": 1, "world_size": N, "state": ["exp_avg", "exp_avg_sq"],
+//    "groups": [{"name": "decay", "numel": 3255808, "padded": 3255808,
+//                "buffers": {"weight": "F32", "exp_avg": "F32", "exp_avg_sq": "F32"},
+//                "params": [{"name": "transformer.wte.weight", "shape": [256, 256],
+//                            "offset": 0}, ...]}, ...],
+//    "frozen": [{"name": ..., "shape": [...], "dtype": "BF16"}]}
+//
+// Loading matches parameters by name, so another world size, alignment, group composition or
+// precision re-partitions on load: each rank copies the elements it holds from whichever shards
+// have them (memory-mapped, read by range).
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "io/safetensors.h"
+#include "memrt/param_store.h"
+
+namespace memrt {
+
+inline constexpr char kStoreLayoutFile[] = "store.json";
+
+// store.json for the store (as rank 0 writes it; the same on every rank).
+std::string store_layout_json(const ParamStore& store);
+
+// This rank's tensors of the checkpoint: its share of every saved buffer, and on rank 0 the
+// frozen parameters. Views of the store: write them before it changes.
+std::vector<std::pair<std::string, at::Tensor>> store_shard_tensors(const ParamStore& store);
+
+// A saved store: its layout, and any parameter's elements read from the rank files' shards.
+class SavedStore {
+ public:
+  // Reads `dir`/store.json; rank_file(r) gives rank r's opened (and verified) file on demand.
+  // FileError naming store.json on malformed content.
+  SavedStore(const std::string& dir, std::function<const SafetensorsFile&(int rank)> rank_file);
+
+  const std::string& path() const { return path_; }  // store.json
+  int world_size() const { return world_size_; }
+  const std::vector<std::string>& state_names() const { return state_names_; }
+  // Parameters by name: trainable ones (in a group) and frozen ones.
+  bool contains(const std::string& param) const { return params_.count(param) != 0; }
+  std::vector<std::string> param_names() const;
+  bool trainable(const std::string& param) const;
+  const std::vector<int64_t>& shape(const std::string& param) const;
+  // Copies elements [first, first + dst.numel()) of `param`'s flat `buffer` ("weight", or a
+  // state name of a trainable parameter) into `dst` (contiguous, any floating dtype and device:
+  // converted as copy_ does). FileError naming the rank file and tensor when a shard is missing
+  // or has the wrong size.
+  void read(const std::string& param, const std::string& buffer, int64_t first, at::Tensor dst) const;
+
+ private:
+  struct Param {
+    std::vector<int64_t> shape;
+    int64_t numel = 0;
+    int group = -1;  // -1: frozen
+    int64_t offset = 0;
+  };
+  struct Group {
+    std::string name;
+    int64_t padded = 0;
+  };
+  std::string path_;  // store.json
+  std::function<const SafetensorsFile&(int)> rank_file_;
+  int world_size_ = 1;
+  std::vector<std::string> state_names_;
+  std::vector<Group> groups_;
+  std::map<std::string, Param> params_;
+};
+
+// Fills `store` from `saved`: the compute buffers in full and this rank's masters and state,
+// parameters matched by name. Another world size, alignment or group layout loads; a parameter
+// missing on either side, another shape or another optimizer state is a FileError naming
+// store.json and saying what to do. Returns the number of parameters loaded.
+int64_t load_store(ParamStore& store, const SavedStore& saved);
+
+}  // namespace memrt

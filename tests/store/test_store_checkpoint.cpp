@@ -1,0 +1,297 @@
+// The parameter store's checkpoint (checkpoint/store_checkpoint.h): shards written by 2 ranks load
+// element for element into stores of other world sizes, alignments, extents and precisions; a
+// layout that does not fit is an error naming store.json or the rank file and what differs.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "../data/test_util.h"
+#include "checkpoint/store_checkpoint.h"
+#include "io/safetensors.h"
+#include "memrt/error.h"
+#include "memrt/param_store.h"
+#include "optim/optimizers.h"
+
+using namespace memrt;
+
+namespace {
+
+// Sizes chosen so parameters straddle partitions at every world size below.
+std::vector<ParamInfo> infos() {
+  return {{"a.weight", {7, 5}, at::kFloat, true, true},
+          {"a.bias", {5}, at::kFloat, true, false},
+          {"b.weight", {13}, at::kFloat, true, true},
+          {"frozen.weight", {4, 4}, at::kFloat, false, true},
+          {"c.weight", {7}, at::kFloat, true, true}};
+}
+
+StoreOptions options(int rank, int world, const char* optimizer = "AdamW", double momentum = 0.0) {
+  StoreOptions o;
+  o.optimizer = optimizer;
+  o.momentum = momentum;
+  o.weight_decay = 0.1;
+  o.rank = rank;
+  o.world_size = world;
+  return o;
+}
+
+// What the saved run held, per parameter: the exact weight and Adam's two moments.
+struct Truth {
+  std::map<std::string, at::Tensor> weight, exp_avg, exp_avg_sq;
+};
+
+Truth truth() {
+  at::manual_seed(1);
+  Truth t;
+  for (const ParamInfo& p : infos()) {
+    t.weight[p.name] = at::randn(p.shape);
+    t.exp_avg[p.name] = at::randn(p.shape);
+    t.exp_avg_sq[p.name] = at::rand(p.shape);
+  }
+  return t;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+struct Layout {
+  at::ScalarType compute = at::kFloat;
+  Extent master = Extent::kFull, state = Extent::kFull;
+  int64_t alignment = 16;
+};
+
+ParamStore make_store(const Layout& l, const std::map<std::string, at::Tensor>& values, const StoreOptions& o) {
+  StorePlan plan(infos(), o);
+  plan.set_compute_dtype(l.compute);
+  if (l.compute != at::kFloat) {
+    plan.set_master_weights(true);
+    plan.set_extent(StoreBuffer::kMaster, l.master);
+  }
+  plan.set_extent(StoreBuffer::kState, l.state);
+  plan.require_alignment(l.alignment);
+  std::vector<std::pair<std::string, at::Tensor>> params;
+  for (const ParamInfo& p : infos()) params.emplace_back(p.name, values.at(p.name).clone().set_requires_grad(p.trainable));
+  return ParamStore(std::move(plan), params, at::kCPU);
+}
+
+ParamStore make_store(int rank, int world, const Layout& l, const std::map<std::string, at::Tensor>& values) {
+  return make_store(l, values, options(rank, world));
+}
+
+// Writes the checkpoint of a 2-rank bf16 store with partitioned masters and state (ZeRO-1) whose
+// masters and moments are `t`.
+void save_two_ranks(const Truth& t, const memrt::test::TempDir& dir) {
+  const Layout saved{at::kBFloat16, Extent::kPartition, Extent::kPartition, 16};
+  for (int r = 0; r < 2; ++r) {
+    ParamStore s = make_store(r, 2, saved, t.weight);
+    for (int slot = 0; slot < static_cast<int>(s.plan().slots().size()); ++slot) {
+      const ParamSlot& ps = s.plan().slots()[static_cast<size_t>(slot)];
+      if (ps.group < 0) continue;
+      const std::map<std::string, at::Tensor>* state[] = {&t.exp_avg, &t.exp_avg_sq};
+      for (int k = 0; k < 2; ++k) {
+        auto [view, first] = s.slice(slot, StoreBuffer::kState, k);
+        view.copy_(state[k]->at(ps.param.name).reshape({-1}).narrow(0, first, view.numel()));
+      }
+    }
+    write_safetensors(dir.file(r == 0 ? "rank0.safetensors" : "rank1.safetensors"), store_shard_tensors(s));
+    const std::string layout = store_layout_json(s);
+    if (r == 0) {
+      std::ofstream(dir.file(kStoreLayoutFile)) << layout;
+    } else {
+      EXPECT_EQ(layout, slurp(dir.file(kStoreLayoutFile))) << "ranks disagree on the layout";
+    }
+  }
+}
+
+struct Files {
+  explicit Files(const memrt::test::TempDir& dir) : dir_(dir) {}
+  const SafetensorsFile& operator()(int r) {
+    auto it = open_.find(r);
+    if (it == open_.end())
+      it = open_.emplace(r, SafetensorsFile::open(dir_.file(r == 0 ? "rank0.safetensors" : "rank1.safetensors"))).first;
+    return it->second;
+  }
+  const memrt::test::TempDir& dir_;
+  std::map<int, SafetensorsFile> open_;
+};
+
+template <class Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(StoreCheckpoint, TwoRanksLoadOnAnyWorldSizeAlignmentAndPrecisionElementForElement) {
+  const Truth t = truth();
+  memrt::test::TempDir dir;
+  save_two_ranks(t, dir);
+
+  struct Target {
+    const char* name;
+    int world;
+    Layout layout;
+  };
+  const Target targets[] = {
+      {"1 rank, fp32, no masters", 1, {at::kFloat, Extent::kFull, Extent::kFull, 16}},
+      {"3 ranks, bf16, partitioned, 256-element alignment", 3, {at::kBFloat16, Extent::kPartition, Extent::kPartition, 256}},
+      {"4 ranks, fp16, full masters, partitioned state", 4, {at::kHalf, Extent::kFull, Extent::kPartition, 16}},
+  };
+  at::manual_seed(2);
+  std::map<std::string, at::Tensor> other;  // what the new run starts from, to be overwritten
+  for (const ParamInfo& p : infos()) other[p.name] = at::randn(p.shape);
+
+  for (const Target& target : targets) {
+    for (int r = 0; r < target.world; ++r) {
+      SCOPED_TRACE(std::string(target.name) + ", rank " + std::to_string(r));
+      ParamStore s = make_store(r, target.world, target.layout, other);
+      Files files(dir);
+      const SavedStore saved(dir.str(), std::ref(files));
+      EXPECT_EQ(saved.world_size(), 2);
+      EXPECT_EQ(load_store(s, saved), 5);
+      for (int slot = 0; slot < static_cast<int>(s.plan().slots().size()); ++slot) {
+        const ParamSlot& ps = s.plan().slots()[static_cast<size_t>(slot)];
+        const std::string& name = ps.param.name;
+        SCOPED_TRACE(name);
+        const at::Tensor w = t.weight.at(name).reshape({-1});
+        if (ps.group < 0) {  // frozen: saved in the old run's compute dtype, bf16
+          EXPECT_TRUE(at::equal(s.param(slot).reshape({-1}),
+                                w.to(at::kBFloat16).to(target.layout.compute)));
+          continue;
+        }
+        // The compute copy whole, rounded from the exact weight.
+        EXPECT_TRUE(at::equal(s.param(slot).reshape({-1}), w.to(target.layout.compute)));
+        if (target.layout.compute != at::kFloat) {
+          auto [view, first] = s.slice(slot, StoreBuffer::kMaster);
+          EXPECT_TRUE(at::equal(view, w.narrow(0, first, view.numel())));
+        }
+        const at::Tensor moments[] = {t.exp_avg.at(name).reshape({-1}), t.exp_avg_sq.at(name).reshape({-1})};
+        for (int k = 0; k < 2; ++k) {
+          auto [view, first] = s.slice(slot, StoreBuffer::kState, k);
+          EXPECT_TRUE(at::equal(view, moments[k].narrow(0, first, view.numel()))) << "state " << k;
+        }
+      }
+    }
+  }
+}
+
+TEST(StoreCheckpoint, ALayoutThatDoesNotFitIsRefusedNamingWhatDiffers) {
+  const Truth t = truth();
+  memrt::test::TempDir dir;
+  save_two_ranks(t, dir);
+  const Layout fp32{at::kFloat, Extent::kFull, Extent::kFull, 16};
+  auto load = [&](ParamStore& s) {
+    Files files(dir);
+    return error_of([&] { load_store(s, SavedStore(dir.str(), std::ref(files))); });
+  };
+
+  ParamStore sgd = make_store(fp32, t.weight, options(0, 1, "SGD", 0.9));
+  const std::string e1 = load(sgd);
+  EXPECT_NE(e1.find(kStoreLayoutFile), std::string::npos) << e1;
+  EXPECT_NE(e1.find("optimizer state is {exp_avg, exp_avg_sq}, this run's optimizer keeps {momentum_buffer}"),
+            std::string::npos) << e1;
+
+  // A rank file that lacks a shard store.json promises.
+  {
+    const auto f = SafetensorsFile::open(dir.file("rank1.safetensors"));
+    std::vector<std::pair<std::string, at::Tensor>> kept;
+    for (const std::string& n : f.names())
+      if (n != "store/decay/exp_avg_sq") kept.emplace_back(n, f.tensor(n).clone());
+    write_safetensors(dir.file("rank1.safetensors"), kept);
+  }
+  ParamStore whole = make_store(0, 1, fp32, t.weight);
+  const std::string e2 = load(whole);
+  EXPECT_NE(e2.find("rank1.safetensors: lacks tensor 'store/decay/exp_avg_sq'"), std::string::npos) << e2;
+}
+
+TEST(StoreCheckpoint, AParameterOnOneSideOnlyIsRefusedNamingIt) {
+  const Truth t = truth();
+  memrt::test::TempDir dir;
+  save_two_ranks(t, dir);
+  std::vector<ParamInfo> more = infos();
+  more.push_back({"lora.weight", {3}, at::kFloat, true, true});
+  std::vector<std::pair<std::string, at::Tensor>> params;
+  for (const ParamInfo& p : more) params.emplace_back(p.name, at::zeros(p.shape).set_requires_grad(true));
+  ParamStore s(StorePlan(more, options(0, 1)), params, at::kCPU);
+  Files files(dir);
+  const std::string e = error_of([&] { load_store(s, SavedStore(dir.str(), std::ref(files))); });
+  EXPECT_NE(e.find("the checkpoint has no parameter 'lora.weight', which this run's model has"), std::string::npos) << e;
+}
+
+// The optimizer over a store resumes bit for bit from the store's checkpoint and its own state
+// (update counts): bf16 with fp32 masters, 3 steps, save, load into a fresh store and optimizer
+// started from other weights, 3 more steps: equal to 6 straight ones.
+TEST(StoreCheckpoint, TheStepContinuesBitForBitAfterALoad) {
+  OptimizerConfig cfg;
+  cfg.type = "AdamW";
+  const std::vector<ParamInfo> ps = infos();
+  at::manual_seed(3);
+  std::vector<std::vector<at::Tensor>> grads(6);  // [step][trainable parameter]
+  for (auto& step : grads)
+    for (const ParamInfo& p : ps)
+      if (p.trainable) step.push_back(at::randn(p.shape).to(at::kBFloat16));
+  // One group per decay setting, the trainable parameters in model order.
+  auto make = [&](int seed) {
+    at::manual_seed(seed);
+    std::vector<ParamGroup> groups(2);
+    groups[0].weight_decay = 0.1;
+    for (const ParamInfo& p : ps) {
+      if (!p.trainable) continue;
+      ParamGroup& g = groups[p.decay ? 0 : 1];
+      g.names.push_back(p.name);
+      g.params.push_back(at::randn(p.shape).to(at::kBFloat16).set_requires_grad(true));
+    }
+    auto store = make_param_store(cfg, groups);
+    return std::make_pair(store, make_optimizer(cfg, store));
+  };
+  auto steps = [&](Optimizer& opt, int from, int to) {
+    for (int s = from; s < to; ++s) {
+      size_t k = 0;
+      for (const ParamInfo& p : ps) {
+        if (!p.trainable) continue;
+        ParamGroup& g = opt.param_groups()[p.decay ? 0 : 1];
+        const auto it = std::find(g.names.begin(), g.names.end(), p.name);
+        g.params[static_cast<size_t>(it - g.names.begin())].mutable_grad() = grads[static_cast<size_t>(s)][k++];
+      }
+      opt.step({1e-2});
+    }
+  };
+  auto [straight_store, straight] = make(1);
+  steps(*straight, 0, 6);
+
+  auto [first_store, first] = make(1);
+  steps(*first, 0, 3);
+  memrt::test::TempDir dir;
+  write_safetensors(dir.file("rank0.safetensors"), store_shard_tensors(*first_store));
+  std::ofstream(dir.file(kStoreLayoutFile)) << store_layout_json(*first_store);
+  const TensorMap counts = first->state_dict();
+
+  auto [resumed_store, resumed] = make(2);
+  Files files(dir);
+  load_store(*resumed_store, SavedStore(dir.str(), std::ref(files)));
+  resumed->load_state_dict(counts);
+  steps(*resumed, 3, 6);
+  for (size_t g = 0; g < 2; ++g) {
+    for (size_t i = 0; i < straight->param_groups()[g].params.size(); ++i) {
+      SCOPED_TRACE(straight->param_groups()[g].names[i]);
+      EXPECT_TRUE(at::equal(resumed->param_groups()[g].params[i], straight->param_groups()[g].params[i]));
+    }
+    EXPECT_TRUE(at::equal(resumed_store->groups()[g].master, straight_store->groups()[g].master));
+    for (size_t k = 0; k < 2; ++k)
+      EXPECT_TRUE(at::equal(resumed_store->groups()[g].state[k], straight_store->groups()[g].state[k]));
+  }
+}
