@@ -388,31 +388,35 @@ TEST(Checkpoints, ExportLoadsInTransformersWithTheSameLogits) {
   }
 }
 
-// A checkpoint of 2 ranks resumes on 1 and on 4 (re-partitioned on load: ZeRO-2's partitioned
-// masters, moments and gradients, fp32, 4 micro-batches of 2 per step whatever the world size)
-// and continues the straight 2-rank run's loss curve within 1e-5 relative.
+// A checkpoint of 2 ranks of ZeRO-2 resumes on 1 rank of stage 0 and on 4 ranks of stage 1
+// (re-partitioned on load: masters, moments and gradients partitioned otherwise or not at all;
+// fp32, 4 micro-batches of 2 per step whatever the world size) and continues the straight 2-rank
+// run's loss curve within 1e-5 relative.
 TEST(Checkpoints, ResumesOnAnotherNumberOfRanks) {
   TempDir dir("resume_world");
   const std::string yaml = dir.write("train.yaml", std::string(kTinyModel) + "max_steps: 12\nsave_steps: 6\n");
-  const std::string ds = dir.write("ds.json", R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2,
-      "gradient_clipping": 1.0, "zero_optimization": {"stage": 2, "reduce_bucket_size": 3000}})");
-  auto launch = [&](int ranks, const fs::path& out, const std::string& extra) {
+  auto ds_stage = [&](int stage) {
+    return dir.write("ds" + std::to_string(stage) + ".json",
+                     R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_clipping": 1.0,
+                         "zero_optimization": {"stage": )" + std::to_string(stage) + R"(, "reduce_bucket_size": 3000}})");
+  };
+  auto launch = [&](int ranks, int stage, const fs::path& out, const std::string& extra) {
     return run(kLauncher + " --num_procs " + std::to_string(ranks) + " --master_port " +
-               std::to_string(free_port()) + " --deepspeed " + ds + " " + yaml +
+               std::to_string(free_port()) + " --deepspeed " + ds_stage(stage) + " " + yaml +
                " --output_dir=" + out.string() + extra);
   };
   const fs::path straight = dir.path() / "straight";
-  RunResult a = launch(2, straight, "");
+  RunResult a = launch(2, 2, straight, "");
   ASSERT_EQ(a.exit_code, 0) << a.out;
   const std::vector<double> want = metric_values(straight, "loss");
   ASSERT_EQ(want.size(), 12u);
-  for (int ranks : {1, 4}) {
-    SCOPED_TRACE(std::to_string(ranks) + " rank(s)");
+  for (const auto& [ranks, stage] : {std::pair{1, 0}, std::pair{4, 1}}) {
+    SCOPED_TRACE(std::to_string(ranks) + " rank(s), stage " + std::to_string(stage));
     const fs::path out = dir.path() / ("on" + std::to_string(ranks));
     fs::create_directories(out);
     fs::copy(straight / "global_step6", out / "global_step6", fs::copy_options::recursive);
     std::ofstream(out / "latest") << "global_step6\n";
-    RunResult r = launch(ranks, out, " --resume");
+    RunResult r = launch(ranks, stage, out, " --resume");
     ASSERT_EQ(r.exit_code, 0) << r.out;
     EXPECT_NE(r.out.find("at step 6 (saved by 2 rank(s), re-partitioned onto " + std::to_string(ranks) + ")"),
               std::string::npos) << r.out;

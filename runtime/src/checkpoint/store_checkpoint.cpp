@@ -41,12 +41,6 @@ std::vector<std::pair<std::string, at::Tensor>> saved_buffers(const ParamStore& 
   return out;
 }
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 }  // namespace
 
 std::string store_layout_json(const ParamStore& store) {
@@ -55,9 +49,14 @@ std::string store_layout_json(const ParamStore& store) {
   rapidjson::PrettyWriter<rapidjson::StringBuffer> w(sb);
   w.SetIndent(' ', 2);
   w.SetFormatOptions(rapidjson::kFormatSingleLineArray);
-  auto shape = [&](const std::vector<int64_t>& dims) {
+  // Opens a parameter's object with its name and shape; the caller adds the rest and closes it.
+  auto begin_param = [&](const ParamInfo& p) {
+    w.StartObject();
+    w.Key("name");
+    w.String(p.name.c_str());
+    w.Key("shape");
     w.StartArray();
-    for (int64_t d : dims) w.Int64(d);
+    for (int64_t d : p.shape) w.Int64(d);
     w.EndArray();
   };
   w.StartObject();
@@ -93,11 +92,7 @@ std::string store_layout_json(const ParamStore& store) {
     w.StartArray();
     for (int slot : group.slots) {
       const ParamSlot& s = plan.slots()[static_cast<size_t>(slot)];
-      w.StartObject();
-      w.Key("name");
-      w.String(s.param.name.c_str());
-      w.Key("shape");
-      shape(s.param.shape);
+      begin_param(s.param);
       w.Key("offset");
       w.Int64(s.offset);
       w.EndObject();
@@ -111,11 +106,7 @@ std::string store_layout_json(const ParamStore& store) {
   for (size_t i = 0; i < plan.slots().size(); ++i) {
     const ParamSlot& s = plan.slots()[i];
     if (s.group >= 0) continue;
-    w.StartObject();
-    w.Key("name");
-    w.String(s.param.name.c_str());
-    w.Key("shape");
-    shape(s.param.shape);
+    begin_param(s.param);
     w.Key("dtype");
     w.String(dtype_name(store.param(static_cast<int>(i)).scalar_type()).c_str());
     w.EndObject();
@@ -292,8 +283,8 @@ int64_t load_store(ParamStore& store, const SavedStore& saved) {
       throw FileError(saved.path(), fix("the checkpoint has no parameter '" + s.param.name + "', which this run's model has"));
     if (saved.shape(s.param.name) != s.param.shape)
       throw FileError(saved.path(), fix("parameter '" + s.param.name + "' has shape " +
-                                      shape_text(saved.shape(s.param.name)) + " in the checkpoint, " +
-                                      shape_text(s.param.shape) + " in this run"));
+                                      c10::str(at::IntArrayRef(saved.shape(s.param.name))) + " in the checkpoint, " +
+                                      c10::str(at::IntArrayRef(s.param.shape)) + " in this run"));
     if (s.group < 0) {
       saved.read(s.param.name, kWeight, 0, store.param(slot));
       continue;

@@ -7,10 +7,10 @@
 // N saving ranks, rank r writes elements [r * padded / N, (r + 1) * padded / N) of every saved
 // buffer as "store/<group>/<buffer>", so replicated buffers are written once in all and every
 // rank writes an equal share. Frozen parameters are written whole by rank 0 as
-// "store/frozen/<name>". Rank 0 writes store.json, the layout:
+// "store/frozen/<name>". Rank 0 writes store.json, the layout (abridged; the main job's):
 //
 //   {"format": "memrt-store", "version": 1, "world_size": N, "state": ["exp_avg", "exp_avg_sq"],
-//    "groups": [{"name": "decay", "numel": 3255808, "padded": 3255808,
+//    "groups": [{"name": "decay", "numel": 3257856, "padded": 3257856,
 //                "buffers": {"weight": "F32", "exp_avg": "F32", "exp_avg_sq": "F32"},
 //                "params": [{"name": "transformer.wte.weight", "shape": [256, 256],
 //                            "offset": 0}, ...]}, ...],
