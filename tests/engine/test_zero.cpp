@@ -101,21 +101,38 @@ TEST(Zero, Fp32StagesRanksAndOffloadFollowStageZero) {
   }
 }
 
-// 16-bit: stages 1 and 2 on N ranks (with and without offload) stay within the spread stage 0 itself
-// shows between 1 and N ranks in that precision (the all-reduce's order of additions differs).
+// 16-bit: where a stage adds the ranks' gradients in the same order as stage 0's all-reduce, its
+// curve is stage 0's on the same ranks bit for bit — stage 1 (the same all-reduce), and stage 2 on
+// 2 ranks (a reduce-scatter of two values is the same sum, and the mean of it by 1/2 is exact). On
+// 4 ranks stage 2's reduce-scatter adds four 16-bit values in another order, a rounding-level
+// perturbation like the one that separates stage 0 on 1, 2 and 4 ranks. How far such a
+// perturbation carries after 20 steps varies several-fold from draw to draw (bf16 stage 0 from 1
+// rank: 0.84e-4 on 4 ranks and 1.5e-4 on 2 on an AMD EPYC, 4.0e-4 and 3.1e-4 on an Intel Xeon),
+// so that case is held to 4x the largest spread stage 0 shows in that precision.
 TEST(Zero, SixteenBitStagesOneAndTwoStayWithinStageZerosSpread) {
   TempDir dir("zero_16bit");
   for (const char* precision : {"bf16", "fp16"}) {
     const std::vector<double> one = losses(train(dir, {precision, 0, false, 1}));
     ASSERT_EQ(one.size(), 20u) << precision;
+    std::map<int, std::vector<double>> zero0;
+    double spread = 1e-6;
     for (int ranks : {2, 4}) {
-      const std::vector<double> zero0 = losses(train(dir, {precision, 0, false, ranks}));
-      const double spread = std::max(worst_relative(zero0, one), 1e-6);
+      zero0[ranks] = losses(train(dir, {precision, 0, false, ranks}));
+      spread = std::max(spread, worst_relative(zero0[ranks], one));
+    }
+    for (int ranks : {2, 4}) {
       for (int stage : {1, 2}) {
         for (bool offload : {false, true}) {
           const Job r{precision, stage, offload, ranks};
-          const double d = worst_relative(losses(train(dir, r)), one);
-          EXPECT_LE(d, 1.5 * spread) << r.name() << " (stage 0's spread on " << ranks << " ranks: " << spread << ")";
+          const std::vector<double> curve = losses(train(dir, r));
+          const double d = worst_relative(curve, one);
+          std::cout << r.name() << ": " << d << " from 1 rank (stage 0 on " << ranks
+                    << " ranks: " << worst_relative(zero0[ranks], one) << ")\n";
+          if (stage == 1 || ranks == 2) {
+            EXPECT_EQ(curve, zero0[ranks]) << r.name() << ": the same sums as stage 0's";
+          } else {
+            EXPECT_LE(d, 4 * spread) << r.name() << " (stage 0's largest spread in " << precision << ": " << spread << ")";
+          }
         }
       }
     }
