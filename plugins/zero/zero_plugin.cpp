@@ -17,6 +17,8 @@
 
 #include <memrt/plugin.h>
 
+#include "zero_config.h"
+
 namespace {
 
 using memrt::Extent;
@@ -34,86 +36,32 @@ class ZeroPlugin final : public memrt::Plugin {
     const memrt::ConfigNode* zero = top.child("zero_optimization");
     top.finish();
     if (!zero) return;
-    memrt::ConfigReader r(*zero, diag);
-    stage_ = r.get<int64_t>("stage", 0);
-    allgather_bucket_ = r.get<int64_t>("allgather_bucket_size", allgather_bucket_);
-    reduce_bucket_ = r.get<int64_t>("reduce_bucket_size", reduce_bucket_);
-    if (reduce_bucket_ <= 0) {
-      throw zero->error("reduce_bucket_size must be > 0 elements (got " +
-                        std::to_string(reduce_bucket_) + ")");
-    }
-    if (allgather_bucket_ <= 0) {
-      throw zero->error("allgather_bucket_size must be > 0 elements (got " +
-                        std::to_string(allgather_bucket_) + ")");
-    }
-    if (const memrt::ConfigNode* off = r.child("offload_optimizer")) {
-      memrt::ConfigReader o(*off, diag);
-      offload_ = o.get<std::string>("device", "none") == "cpu";
-      const bool pin = o.get<bool>("pin_memory", false);
-      if (const auto ratio = o.optional<double>("ratio"); ratio && *ratio != 1.0) {
-        throw off->error("ratio " + std::to_string(*ratio) + " offloads part of the optimizer "
-                         "(DeepSpeed's SuperOffload); memrt offloads all of it: remove ratio or set 1");
-      }
-      o.finish();
-      if (offload_ && pin && run.device.is_cpu()) {
-        diag.warnings.push_back(off->path() + ".pin_memory: no effect on a CPU device (host memory "
-                                "is already where the step runs)");
-      }
-    }
-    // DeepSpeed's other keys (deepspeed/runtime/zero/config.py; the config loader checked their
-    // types). Stage 2 here always reduce-scatters (reduce_scatter), into one flat partition per
-    // group (contiguous_gradients), on the backward thread as buckets fill (overlap_comm needs a
-    // second stream Gloo on a CPU does not have); stage 3's keys wait for stage 3.
-    for (const char* k :
-         {"contiguous_gradients", "overlap_comm", "reduce_scatter",
-          "use_multi_rank_bucket_allreduce", "allgather_partitions", "round_robin_gradients",
-          "load_from_fp32_weights", "elastic_checkpoint", "ignore_unused_parameters",
-          "sub_group_size", "stage3_prefetch_bucket_size", "prefetch_bucket_size",
-          "stage3_param_persistence_threshold", "param_persistence_threshold",
-          "stage3_model_persistence_threshold", "model_persistence_threshold",
-          "stage3_max_live_parameters", "max_live_parameters", "stage3_max_reuse_distance",
-          "max_reuse_distance", "stage3_gather_16bit_weights_on_model_save",
-          "gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
-          "stage3_module_granularity_threshold", "module_granularity_threshold",
-          "stage3_use_all_reduce_for_fetch_params", "stage3_allgather_sequential", "offload_param",
-          "memory_efficient_linear", "override_module_apply", "log_trace_cache_warnings",
-          "enable_sanity_checks", "cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory"})
-      r.child(k);
-    r.finish();
-    if (stage_ < 0 || stage_ > 3) {
-      throw zero->error("stage must be 0, 1, 2 or 3 (got " + std::to_string(stage_) + ")");
-    }
-    if (stage_ > 2) {
-      throw zero->error("ZeRO stage " + std::to_string(stage_) +
-                        " is not implemented yet in this memrt version (plugins/zero: stages 0 to "
-                        "2); use \"stage\": 2 (gradients, optimizer state and masters "
-                        "partitioned)");
-    }
+    opt_ = memrt::zero::read_options(*zero, diag, run.device.is_cpu());
   }
 
   void plan_store(memrt::StorePlanContext& ctx) override {
-    if (stage_ < 1) return;
+    if (opt_.stage < 1) return;
     ctx.plan.set_extent(StoreBuffer::kMaster, Extent::kPartition);
     ctx.plan.set_extent(StoreBuffer::kState, Extent::kPartition);
-    if (stage_ >= 2) ctx.plan.set_extent(StoreBuffer::kGrad, Extent::kPartition);
-    if (offload_) {
+    if (opt_.stage >= 2) ctx.plan.set_extent(StoreBuffer::kGrad, Extent::kPartition);
+    if (opt_.offload_optimizer) {
       ctx.plan.set_placement(StoreBuffer::kMaster, Placement::kHost);
       ctx.plan.set_placement(StoreBuffer::kState, Placement::kHost);
-      if (stage_ >= 2) ctx.plan.set_placement(StoreBuffer::kGrad, Placement::kHost);
+      if (opt_.stage >= 2) ctx.plan.set_placement(StoreBuffer::kGrad, Placement::kHost);
     }
   }
 
-  bool reduces_gradients() const override { return stage_ >= 2; }
+  bool reduces_gradients() const override { return opt_.stage >= 2; }
 
   // Stage 2 estimate: no replicated gradients (the store's cells add the partition); in flight,
   // at most the bucket being filled, its rank-major staging and the reduce-scatter's output.
   void estimate_memory(memrt::memory::MemoryEstimate& e) const override {
-    if (stage_ < 2) return;
+    if (opt_.stage < 2) return;
     const int64_t b = static_cast<int64_t>(c10::elementSize(e.compute_dtype));
     int64_t trainable = 0;
     for (const auto& p : e.params) trainable += p.trainable ? p.numel : 0;
     const int64_t n = e.run->world_size;
-    const int64_t bucket = std::min(reduce_bucket_, trainable);
+    const int64_t bucket = std::min(opt_.reduce_bucket_size, trainable);
     for (Placement pl : {Placement::kDevice, Placement::kHost}) {
       e.table.at(Category::kGradients, pl) = 0;
       e.table.at(Category::kCommBuffers, pl) = 0;
@@ -128,10 +76,10 @@ class ZeroPlugin final : public memrt::Plugin {
   // allgather_bucket_size elements (rank-major in a staging buffer, comm_buffers, alive only
   // here), then copy them in place.
   void after_optimizer_step(memrt::StepContext& ctx) override {
-    if (stage_ >= 2) {  // the next step accumulates from zero
+    if (opt_.stage >= 2) {  // the next step accumulates from zero
       for (const auto& g : store_->groups()) g.grad.zero_();
     }
-    if (stage_ < 1 || ctx.skipped || ctx.run.world_size == 1) return;
+    if (opt_.stage < 1 || ctx.skipped || ctx.run.world_size == 1) return;
     const memrt::ParamStore& store = *store_;
     const int n = ctx.run.world_size;
     at::NoGradGuard no_grad;
@@ -140,7 +88,7 @@ class ZeroPlugin final : public memrt::Plugin {
       const at::Tensor& compute = store.groups()[g].compute;
       const auto [lo, hi] = store.plan().partition(static_cast<int>(g));
       const int64_t part = hi - lo;
-      const int64_t chunk = std::max<int64_t>(1, std::min(part, allgather_bucket_ / n));
+      const int64_t chunk = std::max<int64_t>(1, std::min(part, opt_.allgather_bucket_size / n));
       at::Tensor staging = at::empty({n * chunk}, compute.options());
       for (int64_t c0 = 0; c0 < part; c0 += chunk) {
         const int64_t len = std::min(chunk, part - c0);
@@ -158,11 +106,11 @@ class ZeroPlugin final : public memrt::Plugin {
   void build_optimizer(memrt::OptimizerContext& ctx) override {
     store_ = &ctx.store;
     comm_ = &ctx.comm;
-    if (stage_ >= 2) plan_buckets(ctx.run);
+    if (opt_.stage >= 2) plan_buckets(ctx.run);
   }
 
   void after_backward(memrt::MicroStepContext& /*ctx*/) override {
-    if (stage_ < 2) return;
+    if (opt_.stage < 2) return;
     // Parameters that got no gradient this micro-step leave their bucket unfinished: reduce what
     // it holds (their part is zeros), so every rank has reduced every bucket once.
     for (Bucket& bucket : buckets_)
@@ -218,7 +166,7 @@ class ZeroPlugin final : public memrt::Plugin {
         if (current.slots.empty()) current.end = s.offset + s.numel;
         current.begin = s.offset;
         current.slots.push_back(*it);
-        if (current.end - current.begin >= reduce_bucket_) close();
+        if (current.end - current.begin >= opt_.reduce_bucket_size) close();
       }
       close();
     }
@@ -277,10 +225,7 @@ class ZeroPlugin final : public memrt::Plugin {
     }
   }
 
-  int64_t stage_ = 0;
-  bool offload_ = false;
-  int64_t allgather_bucket_ = 500'000'000;  // DeepSpeed's default, in elements
-  int64_t reduce_bucket_ = 500'000'000;     // likewise
+  memrt::zero::Options opt_;
   const memrt::ParamStore* store_ = nullptr;
   memrt::Communicator* comm_ = nullptr;
   std::vector<Bucket> buckets_;

@@ -337,23 +337,21 @@ TEST(Plugins, PrecisionPresentWhenDisabled) {
   EXPECT_EQ(c.compute_dtype, "fp32");
 }
 
-TEST(Plugins, LegacyZeroBooleanAndCpuOffload) {
+// The loader routes zero_optimization to plugins/zero (tests/plugins/test_zero_config.cpp checks
+// its keys there) after the legacy boolean form and the stage, which RunInfo carries.
+TEST(Plugins, ZeroSectionIsRoutedWithItsStage) {
   const TrainConfig c = load(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": true})", "");
   EXPECT_EQ(c.zero_stage, 1);
   EXPECT_TRUE(has_warning(c, "deprecated"));
-  const TrainConfig d = load(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2, "cpu_offload": true}})", "");
-  EXPECT_EQ(plugin(d, "zero")->options.at_path("zero_optimization.offload_optimizer.device")->as_string(), "cpu");
-}
-
-TEST(Plugins, ZeroAliasesAreNormalised) {
-  const TrainConfig c = load(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3,
-    "prefetch_bucket_size": 5e7, "gather_16bit_weights_on_model_save": true, "sub_group_size": 1e9,
-    "offload_optimizer": {"device": "cpu", "pin_memory": true}}})", "");
-  const ConfigNode& z = *plugin(c, "zero")->options.find("zero_optimization");
-  EXPECT_EQ(z.find("stage3_prefetch_bucket_size")->as_int(), 50000000);
-  EXPECT_TRUE(z.find("stage3_gather_16bit_weights_on_model_save")->as_bool());
-  EXPECT_EQ(z.find("sub_group_size")->as_int(), 1000000000);
-  EXPECT_TRUE(z.at_path("offload_optimizer.pin_memory")->as_bool());
+  EXPECT_EQ(plugin(c, "zero")->options.at_path("zero_optimization.stage")->as_int(), 1);
+  const std::string ds = R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2, "cpu_offload": true,
+    "max_live_parameters": 1e9}})";
+  const TrainConfig d = load(ds, "");
+  EXPECT_EQ(d.zero_stage, 2);
+  const ConfigNode& z = *plugin(d, "zero")->options.find("zero_optimization");
+  EXPECT_EQ(z.to_json(0), parse_json_text(ds, "ds.json").find("zero_optimization")->to_json(0));  // as written
+  EXPECT_EQ(load(R"({"train_micro_batch_size_per_gpu": 1})", "").zero_stage, 0);
+  EXPECT_EQ(plugin(load(R"({"train_micro_batch_size_per_gpu": 1})", ""), "zero"), nullptr);
 }
 
 TEST(Plugins, CheckpointFromSectionOrTrainYaml) {

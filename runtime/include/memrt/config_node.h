@@ -111,6 +111,8 @@ std::string nearest_key(std::string_view key, const std::vector<std::string>& ca
 // Warnings raised while reading configs, printed once by the host at start.
 struct ConfigDiagnostics {
   std::vector<std::string> warnings;
+  // One warning line about `n`: "<file>: '<key path>' <text>".
+  void note(const ConfigNode& n, std::string_view text);
 };
 
 // Reads one object strictly. Every key present must be read (get/optional/required/child),

@@ -163,15 +163,15 @@ SavedStore::SavedStore(const std::string& dir, std::function<const SafetensorsFi
   auto read_shape = [&](const rapidjson::Value& v, const std::string& name) {
     if (!v.HasMember("shape") || !v["shape"].IsArray()) throw bad("parameter '" + name + "' has no \"shape\"");
     std::vector<int64_t> shape;
-    for (const auto& d : v["shape"].GetArray()) {
-      if (!d.IsInt64() || d.GetInt64() < 0) throw bad("parameter '" + name + "' has a bad \"shape\"");
-      shape.push_back(d.GetInt64());
+    for (const auto& dim : v["shape"].GetArray()) {
+      if (!dim.IsInt64() || dim.GetInt64() < 0) throw bad("parameter '" + name + "' has a bad \"shape\"");
+      shape.push_back(dim.GetInt64());
     }
     return shape;
   };
   auto add = [&](const std::string& name, Param p) {
     p.numel = 1;
-    for (int64_t d : p.shape) p.numel *= d;
+    for (int64_t dim : p.shape) p.numel *= dim;
     if (!params_.emplace(name, std::move(p)).second) throw bad("parameter '" + name + "' listed twice");
   };
   if (!d.HasMember("groups") || !d["groups"].IsArray()) throw bad("no \"groups\" array");

@@ -626,10 +626,14 @@ ConfigError ConfigReader::missing(std::string_view key) const {
   return ConfigError(node_->file(), child_path(key), "is required but missing");
 }
 
+void ConfigDiagnostics::note(const ConfigNode& n, std::string_view text) {
+  warnings.push_back((n.file().empty() ? std::string("config") : n.file()) + ": '" + n.path() + "' " +
+                     std::string(text));
+}
+
 void ConfigReader::ignore(std::string_view key, std::string_view why) {
   if (const ConfigNode* n = take(key); n && !n->is_null()) {  // `key:` (null) sets nothing
-    diag_->warnings.push_back((n->file().empty() ? std::string("config") : n->file()) + ": '" +
-                              n->path() + "' is accepted but ignored: " + std::string(why));
+    diag_->note(*n, "is accepted but ignored: " + std::string(why));
   }
 }
 

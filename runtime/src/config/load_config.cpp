@@ -1017,143 +1017,34 @@ void Loader::resolve_precision(const ConfigNode* fp16, const ConfigNode* bf16, c
 
 int64_t Loader::model_width() const { return cfg.model.shape.d_model; }
 
+// zero_optimization belongs to plugins/zero, which reads and checks its keys (configure). Here:
+// the legacy boolean form, the stage (RunInfo::zero_stage, which the precision plugin reads too)
+// and the "auto" bucket sizes, which come from the model's width in train.yaml.
 void Loader::resolve_zero(const ConfigNode* zero) {
   if (!zero || zero->is_null()) return;
-  ConfigNode section = ConfigNode::object(zero->file(), zero->path());
+  ConfigNode out = ConfigNode::object(zero->file(), zero->path());
   if (zero->is_bool()) {  // legacy: true -> stage 1, false -> stage 0
-    section.set("stage", ConfigNode::number(zero->as_bool() ? 1 : 0, zero->file(), join_key_path(zero->path(), "stage")));
+    out.set("stage", ConfigNode::number(zero->as_bool() ? 1 : 0, zero->file(), join_key_path(zero->path(), "stage")));
     diag.warnings.push_back(where(*zero) + " is a boolean (deprecated DeepSpeed form): read as {\"stage\": " +
                             std::string(zero->as_bool() ? "1" : "0") + "}; write a section with \"stage\" instead");
-    zero = &section;
+  } else {
+    check_type(*zero, Ty::Obj);
+    out = *zero;
   }
-  ConfigReader r(*zero, diag);
-  ConfigNode out = ConfigNode::object(zero->file(), zero->path());
-  const ConfigNode* stage_node = pass(r, out, "stage", Ty::Int);
-  const int64_t stage = stage_node ? stage_node->as_int() : 0;
-  if (stage < 0 || stage > 3) throw stage_node->error("must be 0, 1, 2 or 3 (maximum supported ZeRO stage is 3)");
-  cfg.zero_stage = static_cast<int>(stage);
-
-  pass(r, out, "contiguous_gradients", Ty::Bool);
-  pass(r, out, "overlap_comm", Ty::Bool);
-  pass(r, out, "reduce_scatter", Ty::Bool);
-  pass(r, out, "allgather_partitions", Ty::Bool);
-  pass(r, out, "allgather_bucket_size", Ty::Int);
-  pass(r, out, "round_robin_gradients", Ty::Bool);
-  pass(r, out, "load_from_fp32_weights", Ty::Bool);
-  pass(r, out, "ignore_unused_parameters", Ty::Bool);
-  pass(r, out, "use_multi_rank_bucket_allreduce", Ty::Bool);
-  pass(r, out, "sub_group_size", Ty::Int);
-  pass(r, out, "stage3_max_live_parameters", Ty::Int);
-  pass(r, out, "max_live_parameters", Ty::Int, "stage3_max_live_parameters");
-  pass(r, out, "stage3_max_reuse_distance", Ty::Int);
-  pass(r, out, "max_reuse_distance", Ty::Int, "stage3_max_reuse_distance");
-  pass(r, out, "stage3_model_persistence_threshold", Ty::Int);
-  pass(r, out, "model_persistence_threshold", Ty::Int, "stage3_model_persistence_threshold");
-  pass(r, out, "stage3_gather_16bit_weights_on_model_save", Ty::Bool);
-  pass(r, out, "gather_16bit_weights_on_model_save", Ty::Bool, "stage3_gather_16bit_weights_on_model_save");
-  pass(r, out, "stage3_gather_fp16_weights_on_model_save", Ty::Bool, "stage3_gather_16bit_weights_on_model_save");
-  // Bucket sizes: "auto" -> from the model width h (Hugging Face: h*h, 0.9*h*h, 10*h).
+  if (const ConfigNode* stage = out.find("stage"); stage && !stage->is_null()) {
+    cfg.zero_stage = static_cast<int>(stage->as_int());
+  }
+  // "auto" -> from the model width h, as Hugging Face fills them: h*h, 0.9*h*h, 10*h.
   const double h = static_cast<double>(model_width());
-  const auto bucket = [&](const char* key, const char* alias, double auto_value) {
-    for (const char* k : {key, alias}) {
-      if (!k) continue;
-      const ConfigNode* n = r.child(k);
-      if (!n || n->is_null()) continue;
-      if (out.contains(key)) throw n->error("gives '" + std::string(key) + "' a second time (alias): keep one");
-      if (n->is_auto()) {
-        out.set(key, ConfigNode::number(std::floor(auto_value), n->file(), n->path()));
-      } else {
-        check_type(*n, Ty::Int);
-        out.set(key, *n);
-      }
-    }
-  };
-  bucket("reduce_bucket_size", nullptr, h * h);
-  bucket("stage3_prefetch_bucket_size", "prefetch_bucket_size", 0.9 * h * h);
-  bucket("stage3_param_persistence_threshold", "param_persistence_threshold", 10 * h);
-
-  // Offload sections (and their legacy booleans).
-  const auto offload = [&](const char* key, const char* legacy, bool is_param) {
-    const ConfigNode* sec = r.child(key);
-    const ConfigNode* old = r.child(legacy);
-    if (old && !old->is_null()) {
-      if (sec && !sec->is_null()) {
-        throw old->error("cannot be given together with its replacement '" + sec->path() + "': keep " + key);
-      }
-      diag.warnings.push_back(where(*old) + " is deprecated: read as \"" + key + "\": {\"device\": \"" +
-                              (old->as_bool() ? "cpu" : "none") + "\"}");
-      ConfigNode o = ConfigNode::object(old->file(), join_key_path(zero->path(), key));
-      o.set("device", ConfigNode::string(old->as_bool() ? "cpu" : "none", old->file(), old->path()));
-      out.set(key, o);
-      return;
-    }
-    if (!sec || sec->is_null()) return;
-    ConfigReader o(*sec, diag);
-    ConfigNode oo = ConfigNode::object(sec->file(), sec->path());
-    const ConfigNode* device = pass(o, oo, "device", Ty::Str);
-    const std::string dev = device ? device->as_string() : "none";
-    if (dev == "nvme") {
-      throw device->error("is \"nvme\", which memrt does not support: offload to \"cpu\" (or \"none\")");
-    }
-    if (dev != "cpu" && dev != "none") throw device->error("is \"" + dev + "\"; expected \"cpu\" or \"none\"");
-    pass(o, oo, "pin_memory", Ty::Bool);
-    if (!is_param) {
-      pass(o, oo, "ratio", Ty::Num);
-      reject_if_true(o, "super_offload", "SuperOffload (Grace-Hopper); use device \"cpu\"");
-      o.ignore("cpuadam_cores_perc", "memrt's CPU optimizer uses the threads LibTorch is given");
-      for (const char* k : {"buffer_count", "pipeline_read", "pipeline_write", "fast_init"}) {
-        o.ignore(k, "an NVMe swapping setting; memrt offloads to CPU memory only");
-      }
-    } else {
-      for (const char* k : {"buffer_count", "buffer_size", "max_in_cpu"}) {
-        o.ignore(k, "an NVMe swapping setting; memrt offloads to CPU memory only");
-      }
-    }
-    if (const ConfigNode* np = o.child("nvme_path"); np && !np->is_null()) {
-      diag.warnings.push_back(where(*np) + " is accepted but ignored: device is \"" + dev + "\", not NVMe");
-    }
-    o.finish();
-    if (dev == "cpu" && stage == 0) {
-      throw device->error("is \"cpu\" but '" + (stage_node ? stage_node->path() : std::string("zero_optimization.stage")) +
-                          "' is 0: offloading needs ZeRO stage 1-3 (" + std::string(is_param ? "3" : "1, 2 or 3") + ")");
-    }
-    if (is_param && dev == "cpu" && stage < 3) {
-      throw device->error("is \"cpu\" but '" + (stage_node ? stage_node->path() : std::string("zero_optimization.stage")) +
-                          "' is " + std::to_string(stage) + ": parameter offload needs stage 3 (DeepSpeed silently "
-                          "ignores it below 3; memrt refuses instead)");
-    }
-    out.set(key, oo);
-  };
-  offload("offload_optimizer", "cpu_offload", false);
-  offload("offload_param", "cpu_offload_param", true);
-
-  for (const char* k : {"elastic_checkpoint", "log_trace_cache_warnings", "enable_sanity_checks",
-                        "memory_efficient_linear", "override_module_apply", "pipeline_loading_checkpoint",
-                        "stage3_module_granularity_threshold", "stage3_use_all_reduce_for_fetch_params",
-                        "stage3_allgather_sequential", "cpu_offload_use_pin_memory",
-                        "save_muon_momentum_buffer_in_memory"}) {
-    r.ignore(k, "a DeepSpeed implementation detail with no counterpart in memrt");
-  }
-  reject_if_true(r, "legacy_stage1", "legacy stage 1 was removed from DeepSpeed too; use \"stage\": 1");
-  reject_if_true(r, "zero_quantized_weights", "ZeRO++ quantized weights; memrt gathers full-precision weights");
-  reject_if_true(r, "zero_quantized_gradients", "ZeRO++ quantized gradients; memrt reduces full-precision gradients");
-  reject_if_true(r, "zero_quantized_nontrainable_weights", "use train.yaml load_in_4bit for frozen 4-bit base weights");
-  reject_if_true(r, "mics_hierarchical_params_gather", "MiCS; memrt partitions over all data-parallel ranks");
-  if (const ConfigNode* n = r.child("zero_hpz_partition_size"); n && !n->is_null() && n->as_int() > 1) {
-    throw n->error("is not supported by memrt (ZeRO++ hierarchical partitioning): remove it or set 1");
-  }
-  if (const ConfigNode* n = r.child("mics_shard_size"); n && !n->is_null() && n->as_int() > 0) {
-    throw n->error("is not supported by memrt (MiCS): partitions span all data-parallel ranks; remove it or set -1");
-  }
-  for (const char* k : {"zeropp_loco_param", "zenflow", "leaf_module"}) {
-    if (const ConfigNode* n = r.child(k); n && !n->is_null()) {
-      throw n->error("is not supported by memrt: use plain ZeRO stages 1-3 with optional CPU offload");
+  for (const auto& [key, value] : {std::pair{"reduce_bucket_size", h * h},
+                                   {"stage3_prefetch_bucket_size", 0.9 * h * h},
+                                   {"prefetch_bucket_size", 0.9 * h * h},
+                                   {"stage3_param_persistence_threshold", 10 * h},
+                                   {"param_persistence_threshold", 10 * h}}) {
+    if (const ConfigNode* n = out.find(key); n && n->is_auto()) {
+      out.set(key, ConfigNode::number(std::floor(value), n->file(), n->path()));
     }
   }
-  if (const ConfigNode* n = r.child("aio")) {
-    throw n->error("is misplaced: 'aio' is a top-level ds_config section (and memrt needs no NVMe I/O settings)");
-  }
-  r.finish();
   ConfigNode options = ConfigNode::object(zero->file(), "");
   options.set("zero_optimization", out);
   add_plugin("zero", "zero_optimization", {ds_file + ": zero_optimization"}, options);

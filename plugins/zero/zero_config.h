@@ -1,0 +1,27 @@
+// The zero_optimization section as plugins/zero reads it. Every key DeepSpeed knows
+// (deepspeed/runtime/zero/config.py and offload_config.py) is honoured, accepted with a note
+// where it cannot matter on this backend, or refused naming the key and what to use instead;
+// anything else is an unknown key with the nearest valid one. The config loader only routes the
+// section here, after two things that need more than the section: the legacy boolean form
+// (`"zero_optimization": true` becomes {"stage": 1}) and "auto" bucket sizes, which come from the
+// model's width in train.yaml (docs/configuration.md).
+#pragma once
+
+#include <cstdint>
+
+#include <memrt/config_node.h>
+
+namespace memrt::zero {
+
+struct Options {
+  int stage = 0;
+  bool offload_optimizer = false;                // offload_optimizer.device "cpu" (or cpu_offload)
+  int64_t reduce_bucket_size = 500'000'000;      // elements; DeepSpeed's default
+  int64_t allgather_bucket_size = 500'000'000;   // likewise
+};
+
+// Reads the section (an object). Throws ConfigError naming the file and key; notes go to
+// diag.warnings. `device_is_cpu`: the run's device is the host (pin_memory cannot matter).
+Options read_options(const ConfigNode& section, ConfigDiagnostics& diag, bool device_is_cpu);
+
+}  // namespace memrt::zero

@@ -1,0 +1,172 @@
+// plugins/zero owns the zero_optimization section (plugins/zero/zero_config.h): the config loader
+// routes it (legacy boolean form, stage, "auto" bucket sizes) and the plugin's configure checks
+// every key. These tests take the path a run takes — load_train_config, the built-in plugins
+// loaded from their libraries, configure — and check that a bad section fails there with the
+// file, the key and what to do; that the legacy and alias forms mean what DeepSpeed means (seen
+// in the memory plan the plugin then lays out); and which keys leave a note.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "../config/load_helper.h"
+#include "config/load_config.h"
+#include "engine/engine.h"
+#include "plugin/plugin_host.h"
+
+namespace memrt {
+namespace {
+
+using memory::Category;
+using memory::Placement;
+using test::sources;
+
+const std::string kTop = R"({"train_micro_batch_size_per_gpu": 4, "zero_optimization": )";
+const std::string kYaml = "model: {arch: gpt2, n_layer: 2, n_head: 2, d_model: 64, d_ff: 256, vocab_size: 256, "
+                          "n_ctx: 32}\nblock_size: 32\n";
+
+struct Configured {
+  TrainConfig cfg;
+  PluginHost plugins;
+  ConfigDiagnostics diag;
+};
+
+// The ds_config `{"train_micro_batch_size_per_gpu": 4, "zero_optimization": <zero>}` as a run
+// of `world_size` ranks would take it.
+Configured configure(const std::string& zero, int world_size = 2) {
+  Configured c;
+  c.cfg = load_train_config(sources(kTop + zero + "}", kYaml, {}, world_size));
+  c.plugins = PluginHost::load(c.cfg.plugins);
+  c.plugins.configure(make_run_info(c.cfg, 0, world_size, 0), c.diag);
+  return c;
+}
+
+bool has_note(const ConfigDiagnostics& d, const std::string& part) {
+  for (const auto& w : d.warnings)
+    if (w.find(part) != std::string::npos) return true;
+  return false;
+}
+
+struct BadZero {
+  const char* name;
+  std::string zero;
+  std::vector<std::string> expected;  // parts of the message ("DS" = the ds_config's path)
+};
+
+void PrintTo(const BadZero& b, std::ostream* os) { *os << b.zero; }
+
+std::vector<BadZero> bad_sections() {
+  return {
+      {"typo", R"({"stage": 2, "overlap_com": true})", {"DS", "'zero_optimization.overlap_com'", "did you mean 'overlap_comm'?"}},
+      {"typo_in_offload", R"({"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memmory": true}})",
+       {"DS", "'zero_optimization.offload_optimizer.pin_memmory'", "did you mean 'pin_memory'?"}},
+      {"wrong_type", R"({"stage": 2, "overlap_comm": "yes"})", {"DS", "'zero_optimization.overlap_comm'", "boolean"}},
+      {"stage_4", R"({"stage": 4})", {"DS", "'zero_optimization.stage'", "0, 1, 2 or 3"}},
+      {"stage_3_not_yet", R"({"stage": 3})", {"DS", "'zero_optimization.stage'", "stage 3 is not implemented", "\"stage\": 2"}},
+      {"bucket_not_positive", R"({"stage": 2, "reduce_bucket_size": 0})", {"DS", "'zero_optimization.reduce_bucket_size'", "> 0"}},
+      {"param_offload_below_stage3", R"({"stage": 2, "offload_param": {"device": "cpu"}})",
+       {"DS", "'zero_optimization.offload_param.device'", "'zero_optimization.stage' is 2", "stage 3"}},
+      {"offload_at_stage_0", R"({"stage": 0, "offload_optimizer": {"device": "cpu"}})",
+       {"DS", "'zero_optimization.offload_optimizer.device'", "'zero_optimization.stage' is 0", "1, 2 or 3"}},
+      {"legacy_and_new_offload", R"({"stage": 2, "cpu_offload": true, "offload_optimizer": {"device": "cpu"}})",
+       {"DS", "'zero_optimization.cpu_offload'", "replacement", "offload_optimizer"}},
+      {"nvme_offload", R"({"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme"}})",
+       {"DS", "'zero_optimization.offload_optimizer.device'", "\"nvme\"", "\"cpu\""}},
+      {"nvme_param_offload_at_stage_3", R"({"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/nvme"}})",
+       {"DS", "'zero_optimization.offload_param.device'", "\"nvme\""}},  // the keys before the stage
+      {"unknown_device", R"({"stage": 2, "offload_optimizer": {"device": "gpu"}})",
+       {"DS", "'zero_optimization.offload_optimizer.device'", "expected \"cpu\" or \"none\""}},
+      {"partial_offload", R"({"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.3}})",
+       {"DS", "'zero_optimization.offload_optimizer.ratio'", "SuperOffload", "set 1"}},
+      {"alias_twice", R"({"stage": 2, "stage3_max_live_parameters": 1e9, "max_live_parameters": 1e9})",
+       {"DS", "'zero_optimization.max_live_parameters'", "'zero_optimization.stage3_max_live_parameters'", "keep one"}},
+      {"zero_plus_plus", R"({"stage": 2, "zero_quantized_gradients": true})",
+       {"DS", "'zero_optimization.zero_quantized_gradients'", "ZeRO++"}},
+      {"hierarchical_partitions", R"({"stage": 2, "zero_hpz_partition_size": 2})",
+       {"DS", "'zero_optimization.zero_hpz_partition_size'", "set 1"}},
+      {"zenflow", R"({"stage": 2, "zenflow": {"topk_ratio": 0.1}})", {"DS", "'zero_optimization.zenflow'", "plain ZeRO"}},
+      {"aio_misplaced", R"({"stage": 2, "aio": {}})", {"DS", "'zero_optimization.aio'", "top-level"}},
+  };
+}
+
+class BadZeroSections : public ::testing::TestWithParam<BadZero> {};
+
+TEST_P(BadZeroSections, FailAtConfigureNamingFileAndKey) {
+  const BadZero& b = GetParam();
+  const ConfigSources src = sources(kTop + b.zero + "}", kYaml, {}, 2);
+  std::vector<std::string> parts;
+  for (const auto& p : b.expected) parts.push_back(p == "DS" ? src.ds_config_path : p);
+  // The loader routes the section without judging it; the plugin's configure does.
+  const TrainConfig cfg = load_train_config(src);
+  PluginHost plugins = PluginHost::load(cfg.plugins);
+  ConfigDiagnostics diag;
+  const std::string msg =
+      test::expect_config_error([&] { plugins.configure(make_run_info(cfg, 0, 2, 0), diag); }, parts);
+  std::cout << "  " << msg << "\n";
+}
+
+INSTANTIATE_TEST_SUITE_P(Zero, BadZeroSections, ::testing::ValuesIn(bad_sections()),
+                         [](const ::testing::TestParamInfo<BadZero>& p) { return std::string(p.param.name); });
+
+// Where the optimizer state is placed in the plan the configured plugins lay out for rank 0.
+int64_t state_bytes(Configured& c, Placement where) {
+  const EstimateReport r = estimate_memory(c.cfg, make_run_info(c.cfg, 0, 2, 0), c.plugins);
+  return r.table.at(Category::kOptimizerState, where);
+}
+
+TEST(ZeroConfig, OffloadSectionAndLegacyBooleanPlaceTheStateOnTheHost) {
+  Configured plain = configure(R"({"stage": 2})");
+  EXPECT_GT(state_bytes(plain, Placement::kDevice), 0);
+  EXPECT_EQ(state_bytes(plain, Placement::kHost), 0);
+  for (const char* zero : {R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})",
+                           R"({"stage": 2, "cpu_offload": true})"}) {
+    SCOPED_TRACE(zero);
+    Configured off = configure(zero);
+    EXPECT_EQ(state_bytes(off, Placement::kDevice), 0);
+    EXPECT_EQ(state_bytes(off, Placement::kHost), state_bytes(plain, Placement::kDevice));
+  }
+  Configured legacy_off = configure(R"({"stage": 2, "cpu_offload": false})");
+  EXPECT_EQ(state_bytes(legacy_off, Placement::kHost), 0);
+  EXPECT_TRUE(has_note(legacy_off.diag, "'zero_optimization.cpu_offload' is deprecated"));
+}
+
+TEST(ZeroConfig, LegacyBooleanSectionIsStageOne) {
+  Configured on = configure("true");
+  EXPECT_EQ(on.cfg.zero_stage, 1);
+  EXPECT_TRUE(test::has_warning(on.cfg, "deprecated DeepSpeed form"));
+  Configured stage1 = configure(R"({"stage": 1})");
+  Configured stage0 = configure(R"({"stage": 0})");
+  // Stage 1 halves each rank's optimizer state on 2 ranks (up to the padding).
+  EXPECT_EQ(state_bytes(on, Placement::kDevice), state_bytes(stage1, Placement::kDevice));
+  EXPECT_LT(2 * state_bytes(on, Placement::kDevice), state_bytes(stage0, Placement::kDevice) + 64);
+  EXPECT_EQ(configure("false").cfg.zero_stage, 0);
+}
+
+TEST(ZeroConfig, AutoBucketsAndAliasesAreAccepted) {
+  // "auto" bucket sizes are filled from the model's width before the plugin reads them; the
+  // stage-3 keys and their aliases are type-checked and accepted below stage 3, as DeepSpeed does.
+  Configured c = configure(R"({"stage": 2, "reduce_bucket_size": "auto", "prefetch_bucket_size": "auto",
+      "param_persistence_threshold": "auto", "max_live_parameters": 1e9, "gather_16bit_weights_on_model_save": true,
+      "stage3_gather_fp16_weights_on_model_save": null, "sub_group_size": 1e9, "overlap_comm": true,
+      "contiguous_gradients": true, "round_robin_gradients": false})");
+  const ConfigNode& z = *test::plugin(c.cfg, "zero")->options.find("zero_optimization");
+  EXPECT_EQ(z.find("reduce_bucket_size")->as_int(), 64 * 64);
+  EXPECT_EQ(z.find("prefetch_bucket_size")->as_int(), 3686);  // floor(0.9 * 64 * 64)
+  EXPECT_EQ(z.find("param_persistence_threshold")->as_int(), 640);
+}
+
+TEST(ZeroConfig, NotesForWhatCannotMatterHere) {
+  Configured c = configure(R"({"stage": 2, "elastic_checkpoint": true, "overlap_comm": true,
+      "offload_optimizer": {"device": "cpu", "pin_memory": true, "buffer_count": 4, "nvme_path": "/x"}})");
+  EXPECT_TRUE(has_note(c.diag, "'zero_optimization.elastic_checkpoint' is accepted but ignored"));
+  EXPECT_TRUE(has_note(c.diag, "'zero_optimization.overlap_comm' has no effect here"));
+  EXPECT_TRUE(has_note(c.diag, "'zero_optimization.offload_optimizer.pin_memory' has no effect on a CPU device"));
+  EXPECT_TRUE(has_note(c.diag, "'zero_optimization.offload_optimizer.buffer_count' is accepted but ignored"));
+  EXPECT_TRUE(has_note(c.diag, "'zero_optimization.offload_optimizer.nvme_path' is accepted but ignored"));
+  Configured quiet = configure(R"({"stage": 2, "overlap_comm": false, "contiguous_gradients": true,
+      "offload_optimizer": {"device": "cpu", "pin_memory": false}})");
+  EXPECT_TRUE(quiet.diag.warnings.empty()) << quiet.diag.warnings.front();
+}
+
+}  // namespace
+}  // namespace memrt
