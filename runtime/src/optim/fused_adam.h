@@ -3,7 +3,8 @@
 // is one read-modify-write per element — the gradient unscaled and clipped by one factor,
 // adam_update() (optimizer_math.h) on the fp32 master, and the 16-bit compute copy written back.
 // Both passes run every element through the same scalar code, compiled for AVX-512, AVX2 and
-// baseline x86-64 (picked at load time), so every variant gives the scalar reference's bits.
+// baseline x86-64 (picked at load time); with a master, pass 2 has hand-written AVX-512F kernels
+// of the same operations too. Every variant gives the scalar reference's bits.
 #pragma once
 
 #include <cstdint>
@@ -47,10 +48,17 @@ struct GradStats {
 // result depends on n and the values only, not on the ISA or the number of threads.
 GradStats grad_stats_cpu(const void* grad, at::ScalarType type, int64_t n);
 
+// Which loops pass 2 runs: the fastest this processor has (with a master, hand-written AVX-512F
+// kernels where it has AVX-512), or the portable ones (the compiler's vectorisation for AVX-512,
+// AVX2 and baseline x86-64) — both give the same bits; tests hold each to the scalar reference.
+enum class CpuKernels { kBest, kPortable };
+bool cpu_has_avx512f();
+
 // Pass 2: for each element, g = grad * grad_factor (1 / (loss scale * clip coefficient)), then
 // adam_update(p, g, m, v, s) on the master (or the fp32 compute copy), then the compute copy
 // written back. Throws memrt::Error for a combination the step does not take.
-void fused_adam_cpu(const AdamRange& range, const AdamScalars& s, float grad_factor);
+void fused_adam_cpu(const AdamRange& range, const AdamScalars& s, float grad_factor,
+                    CpuKernels kernels = CpuKernels::kBest);
 
 // Pass 2 on a CUDA device (builds with MEMRT_BUILD_CUDA only): one thread per element, the same
 // adam_update() and conversions (optimizer_math.h), on `stream` (a cudaStream_t).
