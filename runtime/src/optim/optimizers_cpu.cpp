@@ -103,8 +103,8 @@ MEMRT_FUSED_ADAM_CHUNK(fused_fp16_fp32_grad, c10::Half, float, true)
 #if MEMRT_AVX512_KERNELS
 // ---- the mixed-precision step in AVX-512F --------------------------------------------------------
 // GCC vectorises the 16-bit loops above at most 8 lanes wide, each conversion several
-// instructions: on an AMD EPYC Zen 4 they took about twice the fp32 loop's time per element in cache and
-// no longer hide under the memory traffic. These take 16 lanes, widen and narrow fp16 with the
+// instructions: on an AMD EPYC Zen 4 they took about twice the fp32 loop's time per element in
+// cache, and no longer hid under the memory traffic. These take 16 lanes, widen and narrow fp16 with the
 // processor's IEEE conversions and bf16 with the scalar code's integer rounding, and do
 // adam_update()'s operations in its order without FMA: the scalar reference's bits, as the
 // portable loops give (tests/data/test_fused_adam.cpp holds both to it).
