@@ -32,6 +32,8 @@ void accept_int(ConfigReader& r, std::initializer_list<const char*> names) {
 }
 
 // Known, and memrt does what `false` (or absence) means: `true` is an error saying what to use.
+// (The config loader has the same helper for its sections; one ConfigReader::reject_if_true in
+// the SDK would serve both.)
 void reject_if_true(ConfigReader& r, const char* key, const std::string& instead) {
   const ConfigNode* n = r.child(key);
   if (n && !n->is_null() && n->as_bool()) throw n->error("is not supported by memrt: " + instead);
@@ -43,8 +45,9 @@ std::string stage_key(const ConfigNode* stage) {
 
 // offload_optimizer / offload_param, or their legacy booleans (cpu_offload, cpu_offload_param).
 // Returns whether the device is "cpu".
+// `device_is_cpu`: the run's device is the host, where pin_memory cannot matter.
 bool read_offload(ConfigReader& r, const char* key, const char* legacy, bool is_param, int stage,
-                  const ConfigNode* stage_node, ConfigDiagnostics& diag) {
+                  const ConfigNode* stage_node, bool device_is_cpu, ConfigDiagnostics& diag) {
   const ConfigNode* section = r.child(key);
   const ConfigNode* old = r.child(legacy);
   if (section && section->is_null()) section = nullptr;
@@ -65,7 +68,10 @@ bool read_offload(ConfigReader& r, const char* key, const char* legacy, bool is_
       throw device->error("is \"nvme\", which memrt does not support: offload to \"cpu\" (or \"none\")");
     }
     if (dev != "cpu" && dev != "none") throw device->error("is \"" + dev + "\"; expected \"cpu\" or \"none\"");
-    if (const ConfigNode* pin = o.child("pin_memory"); pin && !pin->is_null()) pin->as_bool();
+    if (const ConfigNode* pin = o.child("pin_memory"); pin && !pin->is_null() && pin->as_bool() && dev == "cpu" &&
+                                                         device_is_cpu) {
+      diag.note(*pin, "has no effect on a CPU device (host memory is already where the step runs)");
+    }
     if (!is_param) {
       if (const ConfigNode* ratio = o.child("ratio"); ratio && !ratio->is_null() && ratio->as_double() != 1.0) {
         throw ratio->error("is " + ratio->to_json(0) + ": it offloads part of the optimizer (DeepSpeed's "
@@ -115,20 +121,18 @@ Options read_options(const ConfigNode& section, ConfigDiagnostics& diag, bool de
       if (*into <= 0) throw n->error("must be > 0 elements (got " + std::to_string(*into) + ")");
     }
   }
-  out.offload_optimizer = read_offload(r, "offload_optimizer", "cpu_offload", false, out.stage, stage, diag);
-  read_offload(r, "offload_param", "cpu_offload_param", true, out.stage, stage, diag);
-  if (const ConfigNode* pin = section.at_path("offload_optimizer.pin_memory");
-      pin && out.offload_optimizer && device_is_cpu && pin->as_bool()) {
-    diag.note(*pin, "has no effect on a CPU device (host memory is already where the step runs)");
-  }
+  out.offload_optimizer =
+      read_offload(r, "offload_optimizer", "cpu_offload", false, out.stage, stage, device_is_cpu, diag);
+  read_offload(r, "offload_param", "cpu_offload_param", true, out.stage, stage, device_is_cpu, diag);
 
   // DeepSpeed settings whose result memrt gives by construction, whatever their value: stage 2
   // always reduce-scatters (reduce_scatter) into one flat partition per group
   // (contiguous_gradients) and all-gathers the updated partitions (allgather_partitions);
   // unused parameters simply hand over no gradient. The rest are read by stage 3.
   if (const ConfigNode* n = r.child("overlap_comm"); n && !n->is_null() && n->as_bool() && out.stage >= 1) {
-    diag.note(*n, "has no effect here: each gradient bucket is reduced on the backward thread as it "
-                  "fills, not overlapped on a second stream");
+    diag.note(*n, out.stage >= 2 ? "has no effect here: each gradient bucket is reduced on the backward thread "
+                                   "as it fills, not overlapped on a second stream"
+                                 : "has no effect here: stage 1 all-reduces the gradients after backward");
   }
   accept_bool(r, {"contiguous_gradients"});
   accept_bool(r, {"reduce_scatter"});
