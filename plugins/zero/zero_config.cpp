@@ -31,14 +31,6 @@ void accept_int(ConfigReader& r, std::initializer_list<const char*> names) {
   if (const ConfigNode* n = aliased(r, names)) n->as_int();
 }
 
-// Known, and memrt does what `false` (or absence) means: `true` is an error saying what to use.
-// (The config loader has the same helper for its sections; one ConfigReader::reject_if_true in
-// the SDK would serve both.)
-void reject_if_true(ConfigReader& r, const char* key, const std::string& instead) {
-  const ConfigNode* n = r.child(key);
-  if (n && !n->is_null() && n->as_bool()) throw n->error("is not supported by memrt: " + instead);
-}
-
 std::string stage_key(const ConfigNode* stage) {
   return stage ? stage->path() : std::string("zero_optimization.stage");
 }
@@ -77,7 +69,7 @@ bool read_offload(ConfigReader& r, const char* key, const char* legacy, bool is_
         throw ratio->error("is " + ratio->to_json(0) + ": it offloads part of the optimizer (DeepSpeed's "
                            "SuperOffload); memrt offloads all of it: remove ratio or set 1");
       }
-      reject_if_true(o, "super_offload", "SuperOffload (Grace-Hopper); use device \"cpu\"");
+      o.reject_if_true("super_offload", "SuperOffload (Grace-Hopper); use device \"cpu\"");
       o.ignore("cpuadam_cores_perc", "memrt's CPU optimizer uses the threads LibTorch is given");
       for (const char* k : {"buffer_count", "pipeline_read", "pipeline_write", "fast_init"})
         o.ignore(k, "an NVMe swapping setting; memrt offloads to CPU memory only");
@@ -158,11 +150,11 @@ Options read_options(const ConfigNode& section, ConfigDiagnostics& diag, bool de
                         "save_muon_momentum_buffer_in_memory"}) {
     r.ignore(k, "a DeepSpeed implementation detail with no counterpart in memrt");
   }
-  reject_if_true(r, "legacy_stage1", "legacy stage 1 was removed from DeepSpeed too; use \"stage\": 1");
-  reject_if_true(r, "zero_quantized_weights", "ZeRO++ quantized weights; memrt gathers full-precision weights");
-  reject_if_true(r, "zero_quantized_gradients", "ZeRO++ quantized gradients; memrt reduces full-precision gradients");
-  reject_if_true(r, "zero_quantized_nontrainable_weights", "use train.yaml load_in_4bit for frozen 4-bit base weights");
-  reject_if_true(r, "mics_hierarchical_params_gather", "MiCS; memrt partitions over all data-parallel ranks");
+  r.reject_if_true("legacy_stage1", "legacy stage 1 was removed from DeepSpeed too; use \"stage\": 1");
+  r.reject_if_true("zero_quantized_weights", "ZeRO++ quantized weights; memrt gathers full-precision weights");
+  r.reject_if_true("zero_quantized_gradients", "ZeRO++ quantized gradients; memrt reduces full-precision gradients");
+  r.reject_if_true("zero_quantized_nontrainable_weights", "use train.yaml load_in_4bit for frozen 4-bit base weights");
+  r.reject_if_true("mics_hierarchical_params_gather", "MiCS; memrt partitions over all data-parallel ranks");
   if (const ConfigNode* n = r.child("zero_hpz_partition_size"); n && !n->is_null() && n->as_int() > 1) {
     throw n->error("is not supported by memrt (ZeRO++ hierarchical partitioning): remove it or set 1");
   }

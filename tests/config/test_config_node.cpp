@@ -234,6 +234,18 @@ TEST(Reader, IgnoreWarnsOnceRejectThrows) {
                       {"ds.json", "'nvme_path'", "not supported", "use offload device \"cpu\""});
 }
 
+TEST(Reader, RejectIfTrueAcceptsWhatMemrtDoesAndNamesTheKeyOtherwise) {
+  ConfigDiagnostics diag;
+  const ConfigNode n = parse_json_text(
+      R"({"off": false, "unset": null, "chosen": "auto", "on": true, "typo": "yes"})", "ds.json");
+  ConfigReader r(n, diag);
+  for (const char* key : {"off", "unset", "chosen", "absent"}) r.reject_if_true(key, "use X");
+  expect_config_error([&] { r.reject_if_true("on", "use X"); }, {"ds.json", "'on'", "not supported", "use X"});
+  expect_config_error([&] { r.reject_if_true("typo", "use X"); }, {"ds.json", "'typo'", "expected a boolean"});
+  r.finish();  // every key was read
+  EXPECT_TRUE(diag.warnings.empty());
+}
+
 TEST(Reader, FinishNamesTheUnknownKeyAndTheNearest) {
   ConfigDiagnostics diag;
   const ConfigNode n = parse_json_text(R"({"opt": {"factr": 2}})", "ds.json");

@@ -146,6 +146,9 @@ class ConfigReader {
   void ignore(std::string_view key, std::string_view why);
   // Known but its meaning cannot be honoured: an error naming the key and what to use instead.
   void reject(std::string_view key, std::string_view instead);
+  // Known, and memrt does what `false` means: absent, null, "auto" or false are fine; true is an
+  // error naming the key and what to use instead.
+  void reject_if_true(std::string_view key, std::string_view instead);
   // Keys read (or declared) so far, for "did you mean".
   const std::vector<std::string>& known_keys() const noexcept { return known_; }
   // Unknown keys left over: a ConfigError naming the first, with the nearest known key.

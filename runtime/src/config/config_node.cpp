@@ -643,6 +643,13 @@ void ConfigReader::reject(std::string_view key, std::string_view instead) {
   }
 }
 
+void ConfigReader::reject_if_true(std::string_view key, std::string_view instead) {
+  const ConfigNode* n = take(key);
+  if (n && !n->is_null() && !n->is_auto() && n->as_bool()) {
+    throw n->error("is not supported by memrt: " + std::string(instead));
+  }
+}
+
 void ConfigReader::finish() {
   for (const auto& [key, value] : node_->members()) {
     if (std::find(seen_.begin(), seen_.end(), key) != seen_.end()) continue;

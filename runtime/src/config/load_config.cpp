@@ -73,13 +73,6 @@ const ConfigNode* pass(ConfigReader& r, ConfigNode& out, const char* key, Ty t, 
   return n;
 }
 
-// Known-but-not-honoured keys whose default is what memrt does: `false` (or absent) is fine,
-// `true` is an error.
-void reject_if_true(ConfigReader& r, const char* key, const std::string& instead) {
-  const ConfigNode* n = r.child(key);
-  if (n && !n->is_null() && !n->is_auto() && n->as_bool()) throw n->error("is not supported by memrt: " + instead);
-}
-
 // A section with an "enabled" flag: disabled -> one warning; enabled -> error.
 void reject_if_enabled(ConfigReader& r, ConfigDiagnostics& diag, const char* key, const std::string& instead) {
   const ConfigNode* n = r.child(key);
@@ -691,7 +684,7 @@ void Loader::resolve_optimizer(const ConfigNode* opt) {
       o.momentum = p.get<double>("momentum", 0.0);
       o.dampening = p.get<double>("dampening", 0.0);
       o.nesterov = p.get<bool>("nesterov", false);
-      reject_if_true(p, "maximize", "memrt minimises the loss");
+      p.reject_if_true("maximize", "memrt minimises the loss");
     } else {
       o.eps = resolve_value(p, "eps", "adam_epsilon", 1e-8, 1e-8);
       const ConfigNode* betas = p.child("betas");
@@ -713,7 +706,7 @@ void Loader::resolve_optimizer(const ConfigNode* opt) {
       o.adam_w_mode = p.get<bool>("adam_w_mode", true) || o.type == "AdamW";
       p.get<bool>("torch_adam", false);               // implementation choice only: same math
       p.get<bool>("fp32_optimizer_states", true);     // memrt's states are fp32 unless 8-bit
-      reject_if_true(p, "amsgrad", "AMSGrad; use Adam or AdamW");
+      p.reject_if_true("amsgrad", "AMSGrad; use Adam or AdamW");
       p.reject("max_grad_norm", "'max_grad_norm' is not supported as an optimizer parameter, please switch to "
                                 "using the deepspeed parameter 'gradient_clipping' (top level of the ds_config)");
     }
@@ -951,12 +944,12 @@ void Loader::resolve_precision(const ConfigNode* fp16, const ConfigNode* bf16, c
       pass(r, out, "consecutive_hysteresis", Ty::Bool);
       pass(r, out, "min_loss_scale", Ty::Num);
       r.ignore("auto_cast", "memrt's model inputs are token ids; the precision plugin casts the model itself");
-      reject_if_true(r, "fp16_master_weights_and_grads", "memrt keeps fp32 master weights; to save memory use ZeRO or 8-bit optimizer states");
+      r.reject_if_true("fp16_master_weights_and_grads", "memrt keeps fp32 master weights; to save memory use ZeRO or 8-bit optimizer states");
     } else {
       pass(r, out, "check_grad_overflow", Ty::Bool);
       r.ignore("immediate_grad_update", "memrt accumulates gradients in the precision plugin's own way");
-      reject_if_true(r, "bf16_master_weights_and_grads", "memrt keeps fp32 master weights; to save memory use ZeRO or 8-bit optimizer states (optim: adamw_8bit)");
-      reject_if_true(r, "bf16_optimizer_states", "memrt keeps fp32 optimizer states; use optim: adamw_8bit for smaller states");
+      r.reject_if_true("bf16_master_weights_and_grads", "memrt keeps fp32 master weights; to save memory use ZeRO or 8-bit optimizer states (optim: adamw_8bit)");
+      r.reject_if_true("bf16_optimizer_states", "memrt keeps fp32 optimizer states; use optim: adamw_8bit for smaller states");
     }
     r.finish();
     options.set(name, out);
