@@ -1,12 +1,14 @@
 // memrt/ops.h: which path 16-bit matrix products take on which processor, and that the
 // fp32-arithmetic path computes what LibTorch computes (float64 references), keeps the bytes
-// LibTorch's own 16-bit kernels keep, and runs on every machine (these tests call it directly).
+// LibTorch's own 16-bit kernels keep, and runs on every machine (these tests call it directly);
+// the fused GELU against float64, its scalar function and LibTorch's gelu.
 #include <gtest/gtest.h>
 
 #include <torch/autograd.h>
 
 #include "memory/tracking_allocator.h"
 #include "memrt/ops.h"
+#include "ops/activation_math.h"
 #include "ops/cpu_math.h"
 
 namespace memrt::ops {
@@ -212,6 +214,110 @@ TEST(Fp32ArithmeticPath, ForwardKeepsWhatLibTorchsOwnKernelKeeps) {
   auto [fp32_bytes, y_fp32] = kept(true);
   EXPECT_EQ(fp32_bytes, native_bytes);
   EXPECT_LT(rel_err(y_fp32, y_native), kFp16Tol);
+}
+
+// ---- fused GELU (tanh) -------------------------------------------------------------------------
+
+// The function in float64: x sigmoid(2u) = 0.5 x (1 + tanh u), u = sqrt(2/pi) (x + 0.044715 x^3).
+double gelu64(double x) {
+  const double u = std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x);
+  return x / (1.0 + std::exp(-2.0 * u));
+}
+double gelu64_grad(double x) {
+  const double k = std::sqrt(2.0 / M_PI), t = std::tanh(k * (x + 0.044715 * x * x * x));
+  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * x * x);
+}
+
+// Inputs on a fine grid over [-12, 12] and the edges: zeros, tiny, huge.
+at::Tensor gelu_inputs() {
+  at::Tensor grid = at::arange(-12.0, 12.0, 1.0 / 1024, at::kDouble).to(at::kFloat);
+  at::Tensor edges = at::tensor({0.0f, -0.0f, 1e-30f, -1e-30f, 1e-6f, -1e-6f, 30.0f, -30.0f, 1e6f, -1e6f,
+                                 1e30f, -1e30f});
+  return at::cat({grid, edges});
+}
+
+TEST(FusedGelu, MatchesFloat64WithinTheConditioningOfItsArgument) {
+  at::Tensor x = gelu_inputs().requires_grad_(true);
+  at::Tensor y = gelu_tanh(x);
+  at::Tensor dy = at::ones_like(y);
+  y.backward(dy);
+  const float* xs = x.data_ptr<float>();
+  const float* ys = y.data_ptr<float>();
+  const float* gs = x.grad().data_ptr<float>();
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const double xd = xs[i], want = gelu64(xd);
+    // e^(-z) turns the float rounding of its argument z into |z| times that much relative error:
+    // a few float ulps times (1 + |z|); results under 1e-37 in size come out as zeros.
+    const double z = std::min(88.0, std::fabs(2.0 * std::sqrt(2.0 / M_PI) * (xd + 0.044715 * xd * xd * xd)));
+    EXPECT_LE(std::fabs(ys[i] - want), 4.8e-7 * (1.0 + z) * std::fabs(want) + 1e-37) << "gelu(" << xd << ")";
+    // The derivative lies in [-0.17, 1.13]: absolute error.
+    const double want_grad = std::fabs(xd) > 20 ? (xd > 0 ? 1.0 : 0.0) : gelu64_grad(xd);
+    EXPECT_LE(std::fabs(gs[i] - want_grad), 1e-6) << "gelu'(" << xd << ")";
+  }
+  // NaN stays NaN both ways.
+  at::Tensor nan = at::full({16}, std::nanf(""), at::kFloat).requires_grad_(true);
+  at::Tensor ynan = gelu_tanh(nan);
+  ynan.sum().backward();
+  EXPECT_TRUE(ynan.isnan().all().item<bool>());
+  EXPECT_TRUE(nan.grad().isnan().all().item<bool>());
+}
+
+TEST(FusedGelu, KernelIsTheScalarFunctionBitForBit) {
+  // Every SIMD variant computes GeluTanh's operations in order, without FMA contraction (this
+  // file is built with -ffp-contract=off too): the loop's bits are the scalar function's.
+  at::manual_seed(11);
+  at::Tensor x = at::cat({at::randn({100003}) * 4, gelu_inputs()}).requires_grad_(true);
+  at::Tensor dy = at::randn({x.numel()});
+  at::Tensor y = gelu_tanh(x);
+  y.backward(dy);
+  const float* xs = x.data_ptr<float>();
+  const float* ys = y.data_ptr<float>();
+  const float* gs = x.grad().data_ptr<float>();
+  const float* dys = dy.data_ptr<float>();
+  int64_t differ = 0;
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const float f = GeluTanh::forward(xs[i]), b = GeluTanh::backward(xs[i], dys[i]);
+    differ += std::memcmp(&f, ys + i, 4) != 0 || std::memcmp(&b, gs + i, 4) != 0;
+  }
+  EXPECT_EQ(differ, 0);
+}
+
+TEST(FusedGelu, AgreesWithLibTorchsGelu) {
+  // LibTorch computes 0.5 x (1 + tanh u) in float, whose 1 + tanh cancels for negative x: the
+  // two agree to a few float ulps of |x| (and exactly in what they return for other tensors).
+  at::manual_seed(5);
+  at::Tensor values = at::randn({4, 64, 257}) * 3;
+  at::Tensor x = values.clone().requires_grad_(true), xt = values.clone().requires_grad_(true);
+  at::Tensor dy = at::randn(values.sizes());
+  at::Tensor y = gelu_tanh(x), yt = at::gelu(xt, "tanh");
+  y.backward(dy);
+  yt.backward(dy);
+  const at::Tensor scale = 1 + values.abs();
+  EXPECT_LT(((y - yt).abs() / scale).max().item<double>(), 1e-6);
+  EXPECT_LT(((x.grad() - xt.grad()).abs() / (1 + dy.abs())).max().item<double>(), 1e-5);
+  // Non-contiguous fp32, bf16 and fp16 take LibTorch's gelu: the same bits.
+  at::Tensor strided = values.transpose(1, 2);
+  EXPECT_TRUE(at::equal(gelu_tanh(strided), at::gelu(strided, "tanh")));
+  for (at::ScalarType t : {at::kBFloat16, at::kHalf}) {
+    EXPECT_TRUE(at::equal(gelu_tanh(values.to(t)), at::gelu(values.to(t), "tanh"))) << t;
+  }
+}
+
+TEST(FusedGelu, KeepsWhatLibTorchsGeluKeeps) {
+  memory::install_tracking_allocator();
+  at::Tensor w = (at::randn({1024, 256}) * 0.05).requires_grad_(true);
+  at::Tensor x = at::randn({8, 128, 256});
+  auto kept = [&](bool fused) {
+    const int64_t before = live_bytes();
+    at::Tensor h = at::linear(x, w);  // GPT-2's c_fc: gelu's input is also what autograd keeps
+    at::Tensor y = fused ? gelu_tanh(h) : at::gelu(h, "tanh");
+    h = at::Tensor();
+    return std::pair<int64_t, at::Tensor>(live_bytes() - before, y);
+  };
+  auto [libtorch_bytes, y1] = kept(false);
+  auto [fused_bytes, y2] = kept(true);
+  EXPECT_EQ(fused_bytes, libtorch_bytes);
+  EXPECT_GT(fused_bytes, 0);
 }
 
 }  // namespace

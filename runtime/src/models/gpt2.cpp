@@ -31,7 +31,7 @@ class Gpt2Block : public DecoderBlock {
   at::Tensor forward(const at::Tensor& x) override {  // (B, T, C) -> (B, T, C)
     const bool train = is_training();
     at::Tensor h = x + train_dropout(attention(ln_1_(x)), resid_pdrop_, train);
-    at::Tensor m = mlp_proj_->forward(at::gelu(c_fc_->forward(ln_2_(h)), "tanh"));  // (B, T, C)
+    at::Tensor m = mlp_proj_->forward(ops::gelu_tanh(c_fc_->forward(ln_2_(h))));  // (B, T, C)
     return h + train_dropout(m, resid_pdrop_, train);
   }
 

@@ -10,6 +10,7 @@
 #include <torch/autograd.h>
 
 #include "memrt/ops.h"
+#include "ops/activations_cpu.h"
 #include "ops/cpu_math.h"
 
 namespace memrt::ops {
@@ -152,6 +153,24 @@ struct Fp32FlashAttention : torch::autograd::Function<Fp32FlashAttention> {
   }
 };
 
+// ---- GELU (tanh), fused: one pass each way over contiguous fp32 ------------------------------
+struct FusedGeluTanh : torch::autograd::Function<FusedGeluTanh> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x) {
+    at::Tensor y = at::empty_like(x, at::MemoryFormat::Contiguous);
+    gelu_tanh_forward_cpu(x.data_ptr<float>(), y.data_ptr<float>(), x.numel());
+    ctx->save_for_backward({x});
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor x = ctx->get_saved_variables()[0];
+    const at::Tensor dy = grads[0].to(x.scalar_type()).contiguous();
+    at::Tensor dx = at::empty_like(x, at::MemoryFormat::Contiguous);
+    gelu_tanh_backward_cpu(x.data_ptr<float>(), dy.data_ptr<float>(), dx.data_ptr<float>(), x.numel());
+    return {dx};
+  }
+};
+
 bool fp32_arithmetic(const at::Tensor& t) {
   return matmul_path(t.scalar_type(), t.device()) == MatmulPath::kFp32Arithmetic;
 }
@@ -188,6 +207,13 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
                                             std::nullopt, /*enable_gqa=*/k.size(1) != q.size(1));
   }
   return causal_attention_fp32_arithmetic(q, k, v);
+}
+
+at::Tensor gelu_tanh(const at::Tensor& x) {
+  if (!x.device().is_cpu() || x.scalar_type() != at::kFloat || !x.is_contiguous()) {
+    return at::gelu(x, "tanh");
+  }
+  return FusedGeluTanh::apply(x);
 }
 
 std::string describe_cpu_math() {
