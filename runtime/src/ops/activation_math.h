@@ -7,11 +7,7 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__CUDACC__)
-#define MEMRT_HOST_DEVICE __host__ __device__
-#else
-#define MEMRT_HOST_DEVICE
-#endif
+#include "ops/host_device.h"
 
 namespace memrt {
 
