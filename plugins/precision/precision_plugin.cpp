@@ -62,10 +62,16 @@ class PrecisionPlugin final : public memrt::Plugin {
       memrt::ConfigReader r(*types, diag);
       const std::string compute = dtype_ == at::kFloat ? "fp32" : dtype_name(dtype_);
       if (auto accum = r.optional<std::string>("grad_accum_dtype"); accum && *accum != compute) {
-        throw types->error("grad_accum_dtype \"" + *accum + "\" differs from the " + compute +
-                           " the model trains in: without ZeRO gradients accumulate in the model's "
-                           "dtype (DeepSpeed: \"unsupported mix of model_dtype and "
-                           "grad_accum_dtype\"); remove it or set \"" + compute + "\"");
+        // fp32 accumulation of 16-bit gradients needs a gradient buffer of its own: ZeRO stage 2's
+        // partition. Below it the gradients are autograd's own, in the model's dtype.
+        if (*accum != "fp32" || dtype_ == at::kFloat || run.zero_stage < 2) {
+          throw types->error("grad_accum_dtype \"" + *accum + "\" differs from the " + compute +
+                             " the model trains in: gradients accumulate in the model's dtype, or "
+                             "in fp32 for a 16-bit model under ZeRO stage 2 (zero_optimization."
+                             "stage 2; DeepSpeed: \"unsupported mix of model_dtype and "
+                             "grad_accum_dtype\"); remove it or set \"" + compute + "\"");
+        }
+        accumulate_fp32_ = true;
       }
       r.child("param_dtype");  // the config loader checked it agrees with fp16/bf16
       r.finish();
@@ -78,6 +84,7 @@ class PrecisionPlugin final : public memrt::Plugin {
     if (dtype_ == at::kFloat) return;
     ctx.plan.set_compute_dtype(dtype_);
     ctx.plan.set_master_weights(true);
+    if (accumulate_fp32_) ctx.plan.set_grad_dtype(at::kFloat);
   }
 
   // The store's cells (16-bit weights, fp32 masters) follow from plan_store; this adds what the
@@ -189,6 +196,7 @@ class PrecisionPlugin final : public memrt::Plugin {
   at::ScalarType dtype_ = at::kFloat;  // the compute dtype; kFloat: the plugin is idle
   std::optional<LossScaler> scaler_;   // fp16 only
   bool check_overflow_ = true;         // bf16: skip steps with inf/NaN gradients
+  bool accumulate_fp32_ = false;       // data_types.grad_accum_dtype "fp32" (ZeRO stage 2)
   bool overflow_ = false;
 };
 

@@ -98,6 +98,15 @@ TEST(StorePlan, CheckRefusesLayoutsTheStepCannotRun) {
   StorePlan stage3(infos(), options());
   expect_error<Error>([&] { stage3.set_extent(StoreBuffer::kCompute, Extent::kPartition); }, {"stage 3"});
   expect_error<Error>([&] { StorePlan(infos(at::kDouble), options()); }, {"'a.weight' is Double"});
+  // fp32 gradients for bf16 weights need a gradient buffer of the store's (stage 2's partition):
+  // autograd's own .grad is the compute dtype.
+  StorePlan fp32_grads(infos(), options(0, 2));
+  fp32_grads.set_compute_dtype(at::kBFloat16);
+  fp32_grads.set_master_weights(true);
+  fp32_grads.set_grad_dtype(at::kFloat);
+  expect_error<Error>([&] { fp32_grads.check(); }, {"autograd's", "ZeRO stage 2"});
+  fp32_grads.set_extent(StoreBuffer::kGrad, Extent::kPartition);
+  EXPECT_NO_THROW(fp32_grads.check());
 }
 
 // Stage 1 with mixed-precision Adam on N ranks: masters and both moments partitioned, 12 bytes per

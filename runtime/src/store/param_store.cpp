@@ -232,6 +232,12 @@ void StorePlan::check() const {
                   " gradients for " + dtype_name(c) + " weights; gradients are the compute dtype "
                   "or fp32");
     }
+    if (grad != c && g.buffer(StoreBuffer::kGrad).extent == Extent::kFull) {
+      throw Error(std::string("parameter store: group '") + g.name + "' keeps " + dtype_name(grad) +
+                  " gradients for " + dtype_name(c) + " weights, but its gradients are autograd's "
+                  "own (full extent), which are the compute dtype: another gradient dtype needs "
+                  "a partitioned gradient buffer (ZeRO stage 2)");
+    }
   }
 }
 
