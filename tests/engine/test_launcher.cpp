@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <rapidjson/document.h>
+
 #include "run_helpers.h"
 
 namespace {
@@ -122,6 +124,27 @@ TEST(Launcher, PrintConfigShowsTheResolvedTriple) {
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("\"train_batch_size\": 16"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("\"max_steps\": 7"), std::string::npos) << r.out;
+}
+
+// The JSON's "warnings" hold every warning of the run: the loader's (a key DeepSpeed has and memrt
+// ignores) and those of the plugins' own sections (zero's note on overlap_comm).
+TEST(Launcher, PrintConfigJsonHoldsTheLoadersAndThePluginsWarnings) {
+  TempDir dir("print_config_warnings");
+  const std::string ds = dir.write("ds.json", R"({"train_micro_batch_size_per_gpu": 2, "wall_clock_breakdown": true,
+      "zero_optimization": {"stage": 1, "overlap_comm": true}})");
+  RunResult r = run(kLauncher + " --print-config --deepspeed " + ds + " " + dir.write("train.yaml", kTinyYaml));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  rapidjson::Document d;
+  d.Parse<rapidjson::kParseStopWhenDoneFlag>(r.out.c_str());  // the plugins' lines follow the JSON
+  ASSERT_FALSE(d.HasParseError()) << r.out;
+  ASSERT_TRUE(d.HasMember("warnings") && d["warnings"].IsArray()) << r.out;
+  std::vector<std::string> warnings;
+  for (const auto& w : d["warnings"].GetArray()) warnings.emplace_back(w.GetString());
+  ASSERT_EQ(warnings.size(), 2u) << r.out;
+  EXPECT_NE(warnings[0].find("'wall_clock_breakdown' is accepted but ignored"), std::string::npos) << warnings[0];
+  EXPECT_NE(warnings[1].find("'zero_optimization.overlap_comm'"), std::string::npos) << warnings[1];
+  EXPECT_NE(warnings[1].find("stage 1 all-reduces the gradients after backward"), std::string::npos) << warnings[1];
+  for (const std::string& w : warnings) EXPECT_NE(w.find("ds.json"), std::string::npos) << w;
 }
 
 TEST(Launcher, BadConfigExitsNonZeroNamingFileKeyAndSuggestion) {

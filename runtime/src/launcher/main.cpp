@@ -255,10 +255,9 @@ int run(int argc, char** argv) {
     memrt::ConfigDiagnostics diag;
     plugins.configure(
         memrt::make_run_info(cfg, dist->rank(), dist->world_size(), dist->local_rank()), diag);
-    if (dist->rank() == 0) {
-      std::cout << memrt::resolved_config_json(cfg) << "\n" << plugins.describe();
-      for (const std::string& w : diag.warnings) std::cout << "warning: " << w << "\n";
-      std::cout << std::flush;
+    if (dist->rank() == 0) {  // the JSON's warnings: the loader's, then the plugins' notes
+      cfg.warnings.insert(cfg.warnings.end(), diag.warnings.begin(), diag.warnings.end());
+      std::cout << memrt::resolved_config_json(cfg) << "\n" << plugins.describe() << std::flush;
     }
     return 0;
   }
