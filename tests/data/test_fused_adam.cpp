@@ -74,7 +74,7 @@ bool same_bits(const at::Tensor& a, const at::Tensor& b) {
 }
 
 void expect_kernel_matches_reference(at::ScalarType compute, at::ScalarType grad, CpuKernels kernels) {
-  const std::string what = std::string(kernels == CpuKernels::kBest ? "best" : "portable") + " kernels, compute " +
+  const std::string what = std::string(cpu_kernels_name(kernels)) + " kernels, compute " +
                            c10::toString(compute) + ", gradient " + c10::toString(grad);
   at::manual_seed(11);
   Buffers kernel = make_buffers(compute, grad, kN);
@@ -106,24 +106,34 @@ const std::vector<std::pair<at::ScalarType, at::ScalarType>> kCombinations = {
     {at::kFloat, at::kFloat}, {at::kBFloat16, at::kBFloat16}, {at::kBFloat16, at::kFloat},
     {at::kHalf, at::kHalf}, {at::kHalf, at::kFloat}};
 
-// The portable loops run the widest variant this CPU has (AVX-512, AVX2 or baseline x86-64), the
-// best ones add hand-written AVX-512F kernels for the mixed-precision step where the CPU has
-// AVX-512; each must give the scalar reference's bits, in every dtype combination the step takes.
+// The kernels this processor can run, each held to the scalar reference (and kBest, what the
+// step runs by default).
+std::vector<CpuKernels> runnable_kernels() {
+  std::vector<CpuKernels> out;
+  for (CpuKernels k : {CpuKernels::kBest, CpuKernels::kAvx512, CpuKernels::kAvx2, CpuKernels::kPortable})
+    if (cpu_supports(k)) out.push_back(k);
+  return out;
+}
+
+// The portable loops run the widest variant this CPU has (AVX-512, AVX2 or baseline x86-64); the
+// hand-written AVX-512F and AVX2+F16C kernels of the mixed-precision step run where the CPU has
+// them. Each must give the scalar reference's bits, in every dtype combination the step takes.
 TEST(FusedAdam, EveryKernelMatchesTheScalarReferenceBitForBit) {
 #if defined(__x86_64__)
-  std::printf("portable loops built for AVX-512, AVX2 and x86-64; this CPU runs %s; AVX-512F kernels: %s\n",
+  std::printf("portable loops built for AVX-512, AVX2 and x86-64; this CPU runs %s; hand-written kernels: "
+              "AVX-512F %s, AVX2+F16C %s\n",
               __builtin_cpu_supports("avx512f") ? "AVX-512" : __builtin_cpu_supports("avx2") ? "AVX2" : "x86-64",
-              cpu_has_avx512f() ? "yes" : "no (best = portable here)");
+              cpu_supports(CpuKernels::kAvx512) ? "yes" : "no", cpu_supports(CpuKernels::kAvx2) ? "yes" : "no");
 #endif
-  for (CpuKernels kernels : {CpuKernels::kBest, CpuKernels::kPortable})
+  for (CpuKernels kernels : runnable_kernels())
     for (const auto& [compute, grad] : kCombinations) expect_kernel_matches_reference(compute, grad, kernels);
 }
 
 // The values random data never gives: masters whose 16-bit copies are subnormal, round to the
 // largest finite value or overflow to infinity, fp32 subnormal masters, infinite and NaN masters
-// and gradients, zero and subnormal gradients. The best kernels and the portable loops agree on
-// every bit of every buffer (NaNs included), over steps that mix them with ordinary values, on a
-// range whose 16-bit copy starts off a 32-byte boundary.
+// and gradients, zero and subnormal gradients. Each hand-written kernel and the portable loops
+// agree on every bit of every buffer (NaNs included), over steps that mix them with ordinary
+// values, on a range whose 16-bit copy starts off a 32-byte boundary.
 TEST(FusedAdam, SpecialValuesGiveTheSameBitsInEveryKernel) {
   const uint32_t payload_nan_bits = 0x7fa00000u;  // a signalling NaN with payload bits
   float payload_nan = 0.f;
@@ -131,15 +141,15 @@ TEST(FusedAdam, SpecialValuesGiveTheSameBitsInEveryKernel) {
   const std::vector<float> masters = {payload_nan, 3.0e-6f, -2.5e-7f, 6.0e-8f, 1.0e-39f, -1.0e-39f, 65504.f, 65519.f, 65520.f,
                                       -7.0e4f, 3.3e38f, -3.3e38f, 3.4e38f, -3.4e38f, INFINITY, -INFINITY, NAN, -NAN, 0.f, -0.f, 1.f};
   const std::vector<float> grads = {0.f, -0.f, 1e-7f, -3e-6f, 1e-40f, 7e4f, INFINITY, -INFINITY, NAN, 1.f, -1.f};
-  constexpr int64_t n = 2 * (1 << 15) + 29;  // two parallel chunks, and a tail in the 16-lane kernels
+  constexpr int64_t n = 2 * (1 << 15) + 29;  // two parallel chunks, and a tail in the 16- and 8-lane kernels
   for (const auto& [compute, grad] : kCombinations) {
     if (compute == at::kFloat) continue;  // no master: one kernel
     SCOPED_TRACE(std::string("compute ") + c10::toString(compute) + ", gradient " + c10::toString(grad));
     at::manual_seed(3);
-    Buffers best = make_buffers(compute, grad, n);
-    float* p = best.master.data_ptr<float>();
+    Buffers start = make_buffers(compute, grad, n);
+    float* p = start.master.data_ptr<float>();
     for (int64_t i = 0; i < n; i += 7) p[i] = masters[static_cast<size_t>(i / 7) % masters.size()];
-    at::Tensor g = best.grad.to(at::kFloat);
+    at::Tensor g = start.grad.to(at::kFloat);
     for (int64_t i = 0; i < n; i += 5) g.data_ptr<float>()[i] = grads[static_cast<size_t>(i / 5) % grads.size()];
     // With a zero gradient and no weight decay these stay put: 16-bit subnormals and overflows.
     const std::vector<float> kept = {1.0e-39f, -3.0e-6f, 2.0e-7f, 3.4e38f, -65520.f};
@@ -148,9 +158,11 @@ TEST(FusedAdam, SpecialValuesGiveTheSameBitsInEveryKernel) {
       p[1001 + static_cast<int64_t>(k)] = kept[k];
       g.data_ptr<float>()[n - 20 + static_cast<int64_t>(k)] = g.data_ptr<float>()[1001 + static_cast<int64_t>(k)] = 0.f;
     }
-    best.compute.copy_(best.master);
-    best.grad.copy_(g);
-    Buffers portable{best.master.clone(), best.compute.clone(), best.grad.clone(), best.m.clone(), best.v.clone()};
+    start.compute.copy_(start.master);
+    start.grad.copy_(g);
+    auto clone = [](const Buffers& b) {
+      return Buffers{b.master.clone(), b.compute.clone(), b.grad.clone(), b.m.clone(), b.v.clone()};
+    };
     // From element 3 on: the 16-bit copy does not start at a 32-byte boundary.
     auto from3 = [](AdamRange r) {
       r.master += 3;
@@ -161,17 +173,23 @@ TEST(FusedAdam, SpecialValuesGiveTheSameBitsInEveryKernel) {
       r.n -= 3;
       return r;
     };
-    for (int64_t t = 1; t <= 3; ++t) {
-      const AdamScalars s = scalars(1e-2, 0.0, t);
-      fused_adam_cpu(from3(best.range()), s, 1.f / 64, CpuKernels::kBest);
-      fused_adam_cpu(from3(portable.range()), s, 1.f / 64, CpuKernels::kPortable);
+    auto steps = [&](Buffers& b, CpuKernels kernels) {
+      for (int64_t t = 1; t <= 3; ++t) fused_adam_cpu(from3(b.range()), scalars(1e-2, 0.0, t), 1.f / 64, kernels);
+    };
+    Buffers portable = clone(start);
+    steps(portable, CpuKernels::kPortable);
+    for (CpuKernels kernels : runnable_kernels()) {
+      if (kernels == CpuKernels::kPortable) continue;
+      SCOPED_TRACE(std::string(cpu_kernels_name(kernels)) + " kernels");
+      Buffers b = clone(start);
+      steps(b, kernels);
+      EXPECT_TRUE(same_bits(b.compute, portable.compute)) << "compute copy";
+      EXPECT_TRUE(same_bits(b.master, portable.master)) << "master";
+      EXPECT_TRUE(same_bits(b.m, portable.m)) << "exp_avg";
+      EXPECT_TRUE(same_bits(b.v, portable.v)) << "exp_avg_sq";
     }
-    EXPECT_TRUE(same_bits(best.compute, portable.compute)) << "compute copy";
-    EXPECT_TRUE(same_bits(best.master, portable.master)) << "master";
-    EXPECT_TRUE(same_bits(best.m, portable.m)) << "exp_avg";
-    EXPECT_TRUE(same_bits(best.v, portable.v)) << "exp_avg_sq";
     // The special values made it through: infinities and NaNs in the 16-bit copy, and subnormals.
-    const at::Tensor c = best.compute.to(at::kFloat);
+    const at::Tensor c = portable.compute.to(at::kFloat);
     EXPECT_GT(c.isinf().sum().item<int64_t>(), 0);
     EXPECT_GT(c.isnan().sum().item<int64_t>(), 0);
     EXPECT_GT((c.abs().gt(0) & c.abs().lt(compute == at::kHalf ? 6.1e-5 : 1.18e-38)).sum().item<int64_t>(), 0);
@@ -336,5 +354,17 @@ TEST(FusedAdam, ACombinationWithoutAKernelIsAnErrorNamingIt) {
     FAIL() << "double gradients were read as another type";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("no kernel for Double gradients"), std::string::npos) << e.what();
+  }
+  // Kernels this processor cannot run are refused, not run into an illegal instruction.
+  Buffers mixed = make_buffers(at::kBFloat16, at::kBFloat16, 64);
+  for (CpuKernels k : {CpuKernels::kAvx512, CpuKernels::kAvx2}) {
+    if (cpu_supports(k)) continue;
+    try {
+      fused_adam_cpu(mixed.range(), scalars(1e-3, 0.0, 1), 1.f, k);
+      FAIL() << cpu_kernels_name(k) << " kernels ran on a processor without them";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("cannot run the ") + cpu_kernels_name(k)), std::string::npos)
+          << e.what();
+    }
   }
 }

@@ -3,8 +3,8 @@
 // is one read-modify-write per element — the gradient unscaled and clipped by one factor,
 // adam_update() (optimizer_math.h) on the fp32 master, and the 16-bit compute copy written back.
 // Both passes run every element through the same scalar code, compiled for AVX-512, AVX2 and
-// baseline x86-64 (picked at load time); with a master, pass 2 has hand-written AVX-512F kernels
-// of the same operations too. Every variant gives the scalar reference's bits.
+// baseline x86-64 (picked at load time); with a master, pass 2 has hand-written AVX-512F and
+// AVX2+F16C kernels of the same operations too. Every variant gives the scalar reference's bits.
 #pragma once
 
 #include <cstdint>
@@ -48,15 +48,18 @@ struct GradStats {
 // result depends on n and the values only, not on the ISA or the number of threads.
 GradStats grad_stats_cpu(const void* grad, at::ScalarType type, int64_t n);
 
-// Which loops pass 2 runs: the fastest this processor has (with a master, hand-written AVX-512F
-// kernels where it has AVX-512), or the portable ones (the compiler's vectorisation for AVX-512,
-// AVX2 and baseline x86-64) — both give the same bits; tests hold each to the scalar reference.
-enum class CpuKernels { kBest, kPortable };
-bool cpu_has_avx512f();
+// Which loops pass 2 runs with a master: hand-written AVX-512F or AVX2+F16C kernels, or the
+// portable ones (the compiler's vectorisation for AVX-512, AVX2 and baseline x86-64); kBest picks
+// the widest kernels this processor can run. All give the same bits; tests hold each to the scalar
+// reference. (Without a master pass 2 always runs the portable loop.)
+enum class CpuKernels { kBest, kAvx512, kAvx2, kPortable };
+bool cpu_supports(CpuKernels kernels);  // kBest and kPortable: always
+const char* cpu_kernels_name(CpuKernels kernels);
 
 // Pass 2: for each element, g = grad * grad_factor (1 / (loss scale * clip coefficient)), then
 // adam_update(p, g, m, v, s) on the master (or the fp32 compute copy), then the compute copy
-// written back. Throws memrt::Error for a combination the step does not take.
+// written back. Throws memrt::Error for a combination the step does not take, or kernels this
+// processor cannot run.
 void fused_adam_cpu(const AdamRange& range, const AdamScalars& s, float grad_factor,
                     CpuKernels kernels = CpuKernels::kBest);
 

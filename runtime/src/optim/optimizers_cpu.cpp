@@ -16,7 +16,7 @@
 #include <vector>
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define MEMRT_AVX512_KERNELS 1
+#define MEMRT_X86_KERNELS 1
 #include <immintrin.h>
 #endif
 
@@ -100,54 +100,42 @@ MEMRT_FUSED_ADAM_CHUNK(fused_fp16, c10::Half, c10::Half, true)
 MEMRT_FUSED_ADAM_CHUNK(fused_fp16_fp32_grad, c10::Half, float, true)
 #undef MEMRT_FUSED_ADAM_CHUNK
 
-#if MEMRT_AVX512_KERNELS
-// ---- the mixed-precision step in AVX-512F --------------------------------------------------------
+#if MEMRT_X86_KERNELS
+// ---- the mixed-precision step on hand-written vectors -------------------------------------------
 // GCC vectorises the 16-bit loops above at most 8 lanes wide, each conversion several
 // instructions: on an AMD EPYC Zen 4 they took about twice the fp32 loop's time per element in
-// cache, and no longer hid under the memory traffic. These take 16 lanes, widen and narrow fp16 with the
-// processor's IEEE conversions and bf16 with the scalar code's integer rounding, and do
-// adam_update()'s operations in its order without FMA: the scalar reference's bits, as the
-// portable loops give (tests/data/test_fused_adam.cpp holds both to it).
-#define MEMRT_AVX512 __attribute__((target("avx512f")))
+// cache, and on an AVX2-only AMD EPYC (family 23) the bf16 step took 1.35x and the fp16 step 2.2x
+// the fp32 step's time, no longer hidden under the memory traffic. These kernels (one source,
+// fused_mixed_simd.inc, per instruction set) take a register's width of lanes, widen and narrow
+// fp16 with the processor's IEEE conversions (F16C) and bf16 with the scalar code's integer
+// rounding, and do adam_update()'s operations in its order without FMA: the scalar reference's
+// bits, as the portable loops give (tests/data/test_fused_adam.cpp holds each to it).
+
+namespace avx512 {
+#pragma GCC push_options
+#pragma GCC target("avx512f")
 // GCC 12 warns inside its own AVX-512 headers (their _mm512_undefined_* placeholders, GCC PR
 // 105593, fixed in GCC 13).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
-namespace avx512 {
+using Vec = __m512;
+constexpr int kLanes = 16;
+inline Vec set1(float x) { return _mm512_set1_ps(x); }
+inline Vec load(const float* x) { return _mm512_loadu_ps(x); }
+inline void store(float* x, Vec v) { _mm512_storeu_ps(x, v); }
+inline Vec sqrt_ps(Vec v) { return _mm512_sqrt_ps(v); }
 
-struct Scalars {
-  __m512 beta1, one_minus_beta1, beta2, one_minus_beta2, eps, l2, decay, step_size, bc2_rsqrt, factor;
-};
-
-MEMRT_AVX512 inline Scalars broadcast(const AdamScalars& s, float factor) {
-  return {_mm512_set1_ps(s.beta1), _mm512_set1_ps(1.f - s.beta1), _mm512_set1_ps(s.beta2),
-          _mm512_set1_ps(1.f - s.beta2), _mm512_set1_ps(s.eps), _mm512_set1_ps(s.l2),
-          _mm512_set1_ps(s.decay), _mm512_set1_ps(s.step_size), _mm512_set1_ps(s.bc2_rsqrt),
-          _mm512_set1_ps(factor)};
-}
-
-// adam_update() (optimizer_math.h) on 16 lanes.
-MEMRT_AVX512 inline void adam_update(__m512& p, __m512 g, __m512& m, __m512& v, const Scalars& s) {
-  g = _mm512_add_ps(g, _mm512_mul_ps(s.l2, p));
-  m = _mm512_add_ps(_mm512_mul_ps(s.beta1, m), _mm512_mul_ps(s.one_minus_beta1, g));
-  v = _mm512_add_ps(_mm512_mul_ps(s.beta2, v), _mm512_mul_ps(s.one_minus_beta2, _mm512_mul_ps(g, g)));
-  const __m512 denom = _mm512_add_ps(_mm512_mul_ps(_mm512_sqrt_ps(v), s.bc2_rsqrt), s.eps);
-  p = _mm512_sub_ps(p, _mm512_mul_ps(s.decay, p));
-  p = _mm512_sub_ps(p, _mm512_mul_ps(s.step_size, _mm512_div_ps(m, denom)));
-}
-
-MEMRT_AVX512 inline __m256i load16(const void* x) { return _mm256_loadu_si256(static_cast<const __m256i*>(x)); }
-
-MEMRT_AVX512 inline __m512 widen(const float* x) { return _mm512_loadu_ps(x); }
-MEMRT_AVX512 inline __m512 widen(const c10::BFloat16* x) {
+inline __m256i load16(const void* x) { return _mm256_loadu_si256(static_cast<const __m256i*>(x)); }
+inline Vec widen(const float* x) { return _mm512_loadu_ps(x); }
+inline Vec widen(const c10::BFloat16* x) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(load16(x)), 16));
 }
 // Exact, and a NaN comes out quiet with its payload, as float_from_fp16_bits() gives.
-MEMRT_AVX512 inline __m512 widen(const c10::Half* x) { return _mm512_cvtph_ps(load16(x)); }
+inline Vec widen(const c10::Half* x) { return _mm512_cvtph_ps(load16(x)); }
 
 // bf16_bits_from_float(): round to nearest-even on the bits; a NaN becomes 0x7fc0.
-MEMRT_AVX512 inline __m256i narrow(const c10::BFloat16*, __m512 f) {
+inline __m256i narrow(const c10::BFloat16*, Vec f) {
   const __m512i bits = _mm512_castps_si512(f);
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
   __m512i h = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
@@ -157,39 +145,59 @@ MEMRT_AVX512 inline __m256i narrow(const c10::BFloat16*, __m512 f) {
 // fp16_bits_from_float(): vcvtps2ph rounds to nearest-even as it does, but keeps the top of a
 // NaN's payload, where every NaN becomes sign | 0x7e00: NaN lanes become their sign's quiet NaN
 // (0x7fc00000, which converts to 0x7e00) first.
-MEMRT_AVX512 inline __m256i narrow(const c10::Half*, __m512 f) {
+inline __m256i narrow(const c10::Half*, Vec f) {
   const __m512i quiet = _mm512_or_si512(_mm512_and_si512(_mm512_castps_si512(f), _mm512_set1_epi32(INT32_MIN)),
                                         _mm512_set1_epi32(0x7fc00000));
   f = _mm512_mask_mov_ps(f, _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q), _mm512_castsi512_ps(quiet));
   return _mm512_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
+inline void stream(void* x, __m256i packed) { _mm256_stream_si256(static_cast<__m256i*>(x), packed); }
 
-// Pass 2 with a master, 16 lanes at a time. The compute copy is only written, and an ordinary store
-// first reads each of its lines (30 bytes of traffic per parameter instead of 28): it is written
-// with non-temporal stores from its first 32-byte boundary on. (They leave it out of the cache,
-// which costs the next forward something only for a model small enough to be cheap to read.)
-// The elements before that boundary and the tail go through the scalar element.
-template <typename C, typename G>
-MEMRT_AVX512 void fused_mixed(float* __restrict__ master, C* __restrict__ compute, const G* __restrict__ grad,
-                              float* __restrict__ m, float* __restrict__ v, int64_t n, AdamScalars s, float factor) {
-  const Scalars vs = broadcast(s, factor);
-  int64_t i = 0;
-  for (; i < n && reinterpret_cast<uintptr_t>(compute + i) % 32 != 0; ++i)
-    fused_adam_element<C, G, true>(master, compute, grad, m, v, i, s, factor);
-  for (; i + 16 <= n; i += 16) {
-    __m512 p = _mm512_loadu_ps(master + i), mi = _mm512_loadu_ps(m + i), vi = _mm512_loadu_ps(v + i);
-    adam_update(p, _mm512_mul_ps(widen(grad + i), vs.factor), mi, vi, vs);
-    _mm512_storeu_ps(master + i, p);
-    _mm512_storeu_ps(m + i, mi);
-    _mm512_storeu_ps(v + i, vi);
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(compute + i), narrow(compute + i, p));
-  }
-  _mm_sfence();  // the streamed stores are visible before the step returns
-  for (; i < n; ++i) fused_adam_element<C, G, true>(master, compute, grad, m, v, i, s, factor);
-}
+#include "optim/fused_mixed_simd.inc"
 
-}  // namespace avx512
 #pragma GCC diagnostic pop
+#pragma GCC pop_options
+}  // namespace avx512
+
+namespace avx2 {
+#pragma GCC push_options
+#pragma GCC target("avx2,f16c")
+
+using Vec = __m256;
+constexpr int kLanes = 8;
+inline Vec set1(float x) { return _mm256_set1_ps(x); }
+inline Vec load(const float* x) { return _mm256_loadu_ps(x); }
+inline void store(float* x, Vec v) { _mm256_storeu_ps(x, v); }
+inline Vec sqrt_ps(Vec v) { return _mm256_sqrt_ps(v); }
+
+inline __m128i load16(const void* x) { return _mm_loadu_si128(static_cast<const __m128i*>(x)); }
+inline Vec widen(const float* x) { return _mm256_loadu_ps(x); }
+inline Vec widen(const c10::BFloat16* x) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(load16(x)), 16));
+}
+inline Vec widen(const c10::Half* x) { return _mm256_cvtph_ps(load16(x)); }
+
+// As avx512::narrow. The 32-bit results (all below 2^16) go to 16 bits with an unsigned pack,
+// which works within each 128-bit half: the halves' low quadwords hold the eight values in order.
+inline __m128i narrow(const c10::BFloat16*, Vec f) {
+  const __m256i bits = _mm256_castps_si256(f);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  __m256i h = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+  h = _mm256_blendv_epi8(h, _mm256_set1_epi32(0x7fc0), _mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_UNORD_Q)));
+  return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(h, h), 0x08));
+}
+inline __m128i narrow(const c10::Half*, Vec f) {
+  const __m256 quiet = _mm256_or_ps(_mm256_and_ps(f, _mm256_castsi256_ps(_mm256_set1_epi32(INT32_MIN))),
+                                    _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)));
+  f = _mm256_blendv_ps(f, quiet, _mm256_cmp_ps(f, f, _CMP_UNORD_Q));
+  return _mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+inline void stream(void* x, __m128i packed) { _mm_stream_si128(static_cast<__m128i*>(x), packed); }
+
+#include "optim/fused_mixed_simd.inc"
+
+#pragma GCC pop_options
+}  // namespace avx2
 #endif
 
 // Pass 1 over one block: kLanes independent double sums (lane l takes elements l, l + kLanes,
@@ -224,13 +232,26 @@ MEMRT_GRAD_STATS_CHUNK(stats_fp16, c10::Half)
 
 }  // namespace
 
-bool cpu_has_avx512f() {
-#if MEMRT_AVX512_KERNELS
-  static const bool has = __builtin_cpu_supports("avx512f");
-  return has;
+bool cpu_supports(CpuKernels kernels) {
+#if MEMRT_X86_KERNELS
+  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  if (kernels == CpuKernels::kAvx512) return avx512;
+  if (kernels == CpuKernels::kAvx2) return avx2;
 #else
-  return false;
+  if (kernels == CpuKernels::kAvx512 || kernels == CpuKernels::kAvx2) return false;
 #endif
+  return true;
+}
+
+const char* cpu_kernels_name(CpuKernels kernels) {
+  switch (kernels) {
+    case CpuKernels::kBest: return "best";
+    case CpuKernels::kAvx512: return "AVX-512F";
+    case CpuKernels::kAvx2: return "AVX2+F16C";
+    case CpuKernels::kPortable: return "portable";
+  }
+  return "?";
 }
 
 GradStats grad_stats_cpu(const void* grad, at::ScalarType type, int64_t n) {
@@ -271,12 +292,22 @@ void fused_adam_cpu(const AdamRange& r, const AdamScalars& s, float factor, CpuK
             r.exp_avg_sq + begin, end - begin, s, factor);
     });
   };
-  // The mixed-precision step: the AVX-512 kernel where the processor has it, else the portable loop.
+  // The mixed-precision step: the widest hand-written kernel the processor has (or the one asked
+  // for), else the portable loop.
+  if (kernels == CpuKernels::kBest) {
+    kernels = cpu_supports(CpuKernels::kAvx512) ? CpuKernels::kAvx512
+              : cpu_supports(CpuKernels::kAvx2) ? CpuKernels::kAvx2
+                                                 : CpuKernels::kPortable;
+  } else if (!cpu_supports(kernels)) {
+    throw Error(std::string("fused Adam step: this processor cannot run the ") + cpu_kernels_name(kernels) +
+                " kernels (ask for CpuKernels::kBest, which picks the widest it can)");
+  }
   auto run_mixed = [&](auto portable, auto* compute, const auto* grad) {
-#if MEMRT_AVX512_KERNELS
+#if MEMRT_X86_KERNELS
     using C = std::remove_pointer_t<decltype(compute)>;
     using G = std::remove_const_t<std::remove_pointer_t<decltype(grad)>>;
-    if (kernels == CpuKernels::kBest && cpu_has_avx512f()) return run(avx512::fused_mixed<C, G>, compute, grad);
+    if (kernels == CpuKernels::kAvx512) return run(avx512::fused_mixed<C, G>, compute, grad);
+    if (kernels == CpuKernels::kAvx2) return run(avx2::fused_mixed<C, G>, compute, grad);
 #endif
     run(portable, compute, grad);
   };
