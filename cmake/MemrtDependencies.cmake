@@ -98,6 +98,19 @@ else()
   message(STATUS "memrt: CUDA sources skipped (LibTorch without CUDA, or no nvcc)")
 endif()
 
+# ---- OpenMP for memrt's CPU loops -------------------------------------------------------------
+# at::parallel_for is an inline template: under LibTorch's OpenMP backend its `#pragma omp parallel`
+# is compiled into the calling file, and a file built without OpenMP runs every loop on one thread
+# whatever at::get_num_threads() says. The files with memrt's CPU loops (the ones that include
+# optim/cpu_loops.h, which refuses to compile otherwise) take MEMRT_OPENMP_FLAGS and link
+# memrt_openmp. At run time they share LibTorch's OpenMP runtime: the wheel's libgomp has the
+# system's soname (libgomp.so.1), so the process loads one copy and at::set_num_threads() governs
+# memrt's loops as it does LibTorch's.
+find_package(OpenMP REQUIRED COMPONENTS CXX)
+set(MEMRT_OPENMP_FLAGS ${OpenMP_CXX_FLAGS})
+add_library(memrt_openmp INTERFACE)
+target_link_libraries(memrt_openmp INTERFACE ${OpenMP_CXX_LIBRARIES})
+
 # ---- the rest ---------------------------------------------------------------------------------
 find_package(RapidJSON REQUIRED)
 find_package(yaml-cpp REQUIRED)

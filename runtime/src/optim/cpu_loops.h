@@ -2,7 +2,15 @@
 // run the same way — bench/optimizer_step.cpp's roofline included.
 #pragma once
 
+#include <ATen/Config.h>
+
 #include <cstdint>
+
+// at::parallel_for compiles its `#pragma omp parallel` into the file that calls it: without OpenMP
+// every loop here would run on one thread while at::get_num_threads() reports more.
+#if AT_PARALLEL_OPENMP && !defined(_OPENMP)
+#error "memrt's CPU loops need OpenMP: MEMRT_OPENMP_FLAGS and memrt_openmp (cmake/MemrtDependencies.cmake)"
+#endif
 
 // Each chunk function is compiled for AVX-512, AVX2 and baseline x86-64 and picked at load time
 // (GCC target_clones): one binary runs anywhere with the widest vectors the processor has.
