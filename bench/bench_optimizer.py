@@ -1,7 +1,9 @@
 """The optimizer step against the memory roofline: memrt's fused step (fp32, and mixed precision
 with a bf16 or fp16 compute copy), LibTorch's C++ AdamW and torch.optim.AdamW (foreach on and off), each
 stepping N fp32 parameters, beside the machine's memory bandwidth for Adam's traffic measured in
-the same run (read p, g, m, v and write p, m, v: 28 bytes per parameter).
+the same run (read p, g, m, v and write p, m, v: 28 bytes per parameter). With `--deepspeed`,
+also DeepSpeed's CPU Adam (DeepSpeedCPUAdam, adamw_mode, fp32: the step ZeRO-Offload takes),
+run in bench_deepspeed.py's DeepSpeed venv (created, and its CPU Adam compiled, on first use).
 
 Each implementation runs in its own process (build/bin/bench_optimizer_step, or this file as a
 child for torch.optim), alternated `--repeats` times; params/s is parameters stepped per second
@@ -9,7 +11,7 @@ after 2 untimed steps, over at least `--seconds`; the median over repeats. ratio
 the roofline's params/s. Ends with one JSON line per implementation and size.
 
     scripts/build.sh --target bench_optimizer_step, then:
-    <venv python> bench/bench_optimizer.py [--sizes 10000000,100000000] [--threads 2]
+    <venv python> bench/bench_optimizer.py [--sizes 10000000,100000000] [--threads 2] [--deepspeed]
 """
 import argparse
 import json
@@ -18,10 +20,12 @@ import statistics
 import sys
 import time
 
+import bench_deepspeed
 from bench_common import ROOT, cpu, run
 
 NATIVE = ("roofline", "memrt_fp32", "memrt_mixed", "memrt_mixed_fp16", "libtorch_adamw")
 TORCH = ("torch_adamw_foreach", "torch_adamw_for_loop")
+DEEPSPEED = "deepspeed_cpu_adam"
 
 
 def torch_child(impl, n, seconds):
@@ -29,7 +33,12 @@ def torch_child(impl, n, seconds):
     torch.manual_seed(0)
     p = torch.nn.Parameter(torch.randn(n))
     p.grad = torch.randn(n) * 1e-3
-    opt = torch.optim.AdamW([p], lr=1e-3, weight_decay=0.01, foreach=impl == "torch_adamw_foreach")
+    if impl == DEEPSPEED:
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+        opt = DeepSpeedCPUAdam([p], lr=1e-3, weight_decay=0.01, adamw_mode=True)
+    else:
+        opt = torch.optim.AdamW([p], lr=1e-3, weight_decay=0.01,
+                                foreach=impl == "torch_adamw_foreach")
     opt.step()
     opt.step()
     steps, t0 = 0, time.perf_counter()
@@ -43,11 +52,14 @@ def torch_child(impl, n, seconds):
                       "params_per_s": steps * n / elapsed}))
 
 
-def measure(a, impl, n, env):
+def measure(a, impl, n, env, ds_py):
+    child = [os.path.abspath(__file__), "--child", impl, str(n), str(a.seconds)]
     if impl in NATIVE:
         cmd = [str(ROOT / a.build / "bin/bench_optimizer_step"), impl, str(n), str(a.seconds)]
+    elif impl == DEEPSPEED:
+        cmd, env = [str(ds_py), *child], bench_deepspeed.ds_env(ds_py, env)
     else:
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", impl, str(n), str(a.seconds)]
+        cmd = [sys.executable, *child]
     text, _ = run(cmd, env)
     return json.loads(text.strip().splitlines()[-1])["params_per_s"]
 
@@ -61,15 +73,21 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--deepspeed", action="store_true",
+                    help="also DeepSpeed's CPU Adam, from bench_deepspeed.py's venv")
     a = ap.parse_args()
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
     sizes = [int(s) for s in a.sizes.split(",")]
-    impls = NATIVE + TORCH
+    impls = NATIVE + TORCH + ((DEEPSPEED,) if a.deepspeed else ())
+    ds_py = None
+    if a.deepspeed:
+        ds_py = bench_deepspeed.ds_venv()
+        bench_deepspeed.compile_ops(ds_py, timeout=1800)
     runs = {(i, n): [] for i in impls for n in sizes}
     for _ in range(a.repeats):
         for n in sizes:
             for i in impls:
-                runs[i, n].append(measure(a, i, n, env))
+                runs[i, n].append(measure(a, i, n, env, ds_py))
     med = {k: statistics.median(v) for k, v in runs.items()}
 
     model, flags = cpu()
