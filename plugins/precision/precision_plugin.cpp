@@ -56,20 +56,32 @@ class PrecisionPlugin final : public memrt::Plugin {
       memrt::ConfigReader r(*bf16, diag);
       if (r.get<bool>("enabled", false)) dtype_ = at::kBFloat16;
       check_overflow_ = r.get<bool>("check_grad_overflow", true);
+      // DeepSpeed PR 7700: bf16 weights (and gradients) with no fp32 master, Adam's moments in
+      // bf16 too. DeepSpeed takes them at ZeRO stages 1-3 only (and the first without the second
+      // only with CPU offload); the store takes them at every stage.
+      in_place_ = r.get<bool>("bf16_master_weights_and_grads", false);
+      bf16_states_ = r.get<bool>("bf16_optimizer_states", false);
       r.finish();
+      if (bf16_states_ && !in_place_)
+        throw bf16->error("bf16_optimizer_states requires bf16_master_weights_and_grads to be enabled "
+                          "(as in DeepSpeed): set both, or remove bf16_optimizer_states");
+      if (in_place_ && dtype_ != at::kBFloat16)
+        throw bf16->error("bf16_master_weights_and_grads keeps bf16 weights without fp32 masters: it "
+                          "needs \"enabled\": true");
     }
     if (const memrt::ConfigNode* types = top.child("data_types")) {
       memrt::ConfigReader r(*types, diag);
       const std::string compute = dtype_ == at::kFloat ? "fp32" : dtype_name(dtype_);
       if (auto accum = r.optional<std::string>("grad_accum_dtype"); accum && *accum != compute) {
-        // fp32 accumulation of 16-bit gradients needs a gradient buffer of its own: ZeRO stage 2's
-        // partition. Below it the gradients are autograd's own, in the model's dtype.
-        if (*accum != "fp32" || dtype_ == at::kFloat || run.zero_stage < 2) {
+        // fp32 accumulation of 16-bit gradients: the store keeps a flat fp32 gradient (full, or
+        // ZeRO-2's partition) that each micro-step's 16-bit gradient is added into, as
+        // DeepSpeed's BF16_Optimizer (stages 0-1) and ZeRO-2 do.
+        if (*accum != "fp32" || dtype_ == at::kFloat) {
           throw types->error("grad_accum_dtype \"" + *accum + "\" differs from the " + compute +
                              " the model trains in: gradients accumulate in the model's dtype, or "
-                             "in fp32 for a 16-bit model under ZeRO stage 2 (zero_optimization."
-                             "stage 2; DeepSpeed: \"unsupported mix of model_dtype and "
-                             "grad_accum_dtype\"); remove it or set \"" + compute + "\"");
+                             "in fp32 for a 16-bit model (DeepSpeed: \"unsupported mix of "
+                             "model_dtype and grad_accum_dtype\"); remove it or set \"" + compute +
+                             "\"" + (dtype_ == at::kFloat ? "" : " or \"fp32\""));
         }
         accumulate_fp32_ = true;
       }
@@ -83,7 +95,8 @@ class PrecisionPlugin final : public memrt::Plugin {
   void plan_store(memrt::StorePlanContext& ctx) override {
     if (dtype_ == at::kFloat) return;
     ctx.plan.set_compute_dtype(dtype_);
-    ctx.plan.set_master_weights(true);
+    ctx.plan.set_master_weights(!in_place_);
+    if (bf16_states_) ctx.plan.set_state_dtype(at::kBFloat16);
     if (accumulate_fp32_) ctx.plan.set_grad_dtype(at::kFloat);
   }
 
@@ -96,8 +109,10 @@ class PrecisionPlugin final : public memrt::Plugin {
     int64_t trainable = 0;
     for (const auto& p : e.params) trainable += p.trainable ? p.numel : 0;
     memrt::memory::Table& t = e.table;
-    for (Placement pl : {Placement::kDevice, Placement::kHost})
-      t.at(Category::kCommBuffers, pl) = t.at(Category::kCommBuffers, pl) / 4 * b;
+    if (!accumulate_fp32_) {  // the all-reduce's buckets hold 16-bit gradients (fp32 ones else)
+      for (Placement pl : {Placement::kDevice, Placement::kHost})
+        t.at(Category::kCommBuffers, pl) = t.at(Category::kCommBuffers, pl) / 4 * b;
+    }
 
     // Activations in the compute dtype, at the same backward candidate as the plan before.
     const bool at_loss = e.activations.backward_peak == e.activations.backward_at_loss;
@@ -107,6 +122,16 @@ class PrecisionPlugin final : public memrt::Plugin {
     e.activations.backward_peak =
         at_loss ? e.activations.backward_at_loss : e.activations.backward_in_last_block;
     if (scaler_) e.activations.head += 4;  // the scaled loss backward starts from
+    if (accumulate_fp32_) {
+      // Each 16-bit gradient goes into the store's flat fp32 gradient (its cells come from the
+      // plan) the moment autograd hands it over: none is alive beside it, in backward or at the
+      // step, so the peak is in backward.
+      e.backward_grad_elements = 0;
+      e.peak_in_backward = true;
+      t.at(Category::kGradients) = 0;
+      e.refresh_activations();
+      return;
+    }
     // 16-bit gradients, in backward and in the step (which reads them as they are).
     const int64_t backward_grads = e.backward_grad_elements * b;
     const int64_t step_grads = trainable * b;
@@ -196,7 +221,9 @@ class PrecisionPlugin final : public memrt::Plugin {
   at::ScalarType dtype_ = at::kFloat;  // the compute dtype; kFloat: the plugin is idle
   std::optional<LossScaler> scaler_;   // fp16 only
   bool check_overflow_ = true;         // bf16: skip steps with inf/NaN gradients
-  bool accumulate_fp32_ = false;       // data_types.grad_accum_dtype "fp32" (ZeRO stage 2)
+  bool accumulate_fp32_ = false;       // data_types.grad_accum_dtype "fp32"
+  bool in_place_ = false;              // bf16.bf16_master_weights_and_grads: no fp32 masters
+  bool bf16_states_ = false;           // bf16.bf16_optimizer_states
   bool overflow_ = false;
 };
 

@@ -12,9 +12,6 @@
 #include <string>
 #include <vector>
 
-#include <torch/csrc/autograd/function_hook.h>
-#include <torch/csrc/autograd/variable.h>
-
 #include <memrt/plugin.h>
 
 #include "zero_config.h"
@@ -47,7 +44,13 @@ class ZeroPlugin final : public memrt::Plugin {
     if (opt_.offload_optimizer) {
       ctx.plan.set_placement(StoreBuffer::kMaster, Placement::kHost);
       ctx.plan.set_placement(StoreBuffer::kState, Placement::kHost);
-      if (opt_.stage >= 2) ctx.plan.set_placement(StoreBuffer::kGrad, Placement::kHost);
+      if (opt_.stage >= 2) {
+        // DeepSpeed keeps an offloaded gradient partition in fp32 (stage_1_and_2.py copies each
+        // gradient into the fp32 partition's .grad, as float, unless fp16_master_weights_and_
+        // gradients): the host step reads fp32, whatever the compute dtype.
+        ctx.plan.set_placement(StoreBuffer::kGrad, Placement::kHost);
+        ctx.plan.set_grad_dtype(at::kFloat);
+      }
     }
   }
 
@@ -76,9 +79,6 @@ class ZeroPlugin final : public memrt::Plugin {
   // allgather_bucket_size elements (rank-major in a staging buffer, comm_buffers, alive only
   // here), then copy them in place.
   void after_optimizer_step(memrt::StepContext& ctx) override {
-    if (opt_.stage >= 2) {  // the next step accumulates from zero
-      for (const auto& g : store_->groups()) g.grad.zero_();
-    }
     if (opt_.stage < 1 || ctx.skipped || ctx.run.world_size == 1) return;
     const memrt::ParamStore& store = *store_;
     const int n = ctx.run.world_size;
@@ -87,7 +87,7 @@ class ZeroPlugin final : public memrt::Plugin {
     for (size_t g = 0; g < store.groups().size(); ++g) {
       const at::Tensor& compute = store.groups()[g].compute;
       const auto [lo, hi] = store.plan().partition(static_cast<int>(g));
-      const int64_t part = hi - lo;
+      const int64_t part = hi - lo;  // every rank's partition has this size
       const int64_t chunk = std::max<int64_t>(1, std::min(part, opt_.allgather_bucket_size / n));
       at::Tensor staging = at::empty({n * chunk}, compute.options());
       for (int64_t c0 = 0; c0 < part; c0 += chunk) {
@@ -106,102 +106,99 @@ class ZeroPlugin final : public memrt::Plugin {
   void build_optimizer(memrt::OptimizerContext& ctx) override {
     store_ = &ctx.store;
     comm_ = &ctx.comm;
-    if (opt_.stage >= 2) plan_buckets(ctx.run);
+    if (opt_.stage >= 2) plan_buckets(ctx.run, ctx.grad_hooks);
   }
 
   void after_backward(memrt::MicroStepContext& /*ctx*/) override {
     if (opt_.stage < 2) return;
-    // Parameters that got no gradient this micro-step leave their bucket unfinished: reduce what
-    // it holds (their part is zeros), so every rank has reduced every bucket once.
-    for (Bucket& bucket : buckets_)
-      if (bucket.staging.defined()) flush(bucket);
+    // Buckets still open hold a parameter that got no gradient on this rank this micro-step (its
+    // part is zeros): reduce them now, in the same order as every rank, so that every rank has
+    // reduced every bucket once.
+    while (next_flush_ < buckets_.size()) flush(buckets_[next_flush_++]);
     for (Bucket& bucket : buckets_) bucket.pending = static_cast<int>(bucket.slots.size());
+    next_flush_ = 0;
   }
+
  private:
-  // A contiguous range [begin, end) of one group's elements, reduced together. Buckets are laid
-  // out from the group's end, as backward produces gradients in reverse model order.
+  // A contiguous range of one group's elements, reduced together. Buckets are laid out from the
+  // group's end, as backward produces gradients in reverse model order.
   struct Bucket {
     int group = 0;
-    int64_t begin = 0, end = 0;
-    std::vector<int> slots;  // parameters overlapping it
+    memrt::ElementRange range;
+    std::vector<int> slots;  // parameters overlapping it, last in the model first
     int pending = 0;         // of them, still to hand their gradient over this micro-step
     int64_t width = 0;       // the largest share of one rank: each rank's slot in `staging`
     at::Tensor staging;      // (world_size * width): rank r's share at [r * width, ...)
   };
 
-  // Stage 2: one post-accumulate hook per trainable parameter: its gradient, as soon as autograd
-  // has stored it, goes into its bucket(s) in rank-major order and is dropped.
-  struct HandOver final : torch::autograd::PostAccumulateGradHook {
-    HandOver(ZeroPlugin* self, int slot) : self(self), slot(slot) {}
-    void operator()(const torch::autograd::Variable& param) override { self->hand_over(slot, param); }
-    ZeroPlugin* self;
-    int slot;
-  };
-
-  void plan_buckets(const memrt::RunInfo& run) {
+  // Buckets in the order every rank reduces them: by their first parameter in the model, last
+  // first, which is the order backward completes them. A bucket is reduced once it is complete and
+  // every bucket before it has been, so the collectives line up across ranks even where a
+  // parameter gets no gradient on some rank (its bucket then waits for after_backward).
+  void plan_buckets(const memrt::RunInfo& run, memrt::GradHooks& hooks) {
     const memrt::StorePlan& plan = store_->plan();
     buckets_.clear();
-    bucket_of_.assign(plan.slots().size(), {});
     for (int g = 0; g < static_cast<int>(plan.groups().size()); ++g) {
       const memrt::StoreGroup& group = plan.groups()[static_cast<size_t>(g)];
-      const int64_t part = group.padded / run.world_size;
       Bucket current;
-      current.group = g;
-      current.end = group.numel;
-      current.begin = group.numel;
       auto close = [&] {
         if (current.slots.empty()) return;
-        for (int r = 0; r < run.world_size; ++r) {
-          const int64_t lo = std::max(current.begin, r * part), hi = std::min(current.end, (r + 1) * part);
-          current.width = std::max(current.width, hi - lo);
-        }
-        for (int slot : current.slots) bucket_of_[static_cast<size_t>(slot)].push_back(static_cast<int>(buckets_.size()));
+        for (int r = 0; r < run.world_size; ++r)
+          current.width = std::max(current.width, (current.range & plan.partition(g, r)).size());
         current.pending = static_cast<int>(current.slots.size());
         buckets_.push_back(current);
         current = Bucket();
-        current.group = g;
       };
       for (auto it = group.slots.rbegin(); it != group.slots.rend(); ++it) {
-        const memrt::ParamSlot& s = plan.slots()[static_cast<size_t>(*it)];
-        if (current.slots.empty()) current.end = s.offset + s.numel;
-        current.begin = s.offset;
+        const memrt::ElementRange param = plan.range(*it);
+        if (current.slots.empty()) current = Bucket{g, param, {}, 0, 0, {}};
+        current.range.begin = param.begin;
         current.slots.push_back(*it);
-        if (current.end - current.begin >= opt_.reduce_bucket_size) close();
+        if (current.range.size() >= opt_.reduce_bucket_size) close();
       }
       close();
     }
-    for (size_t slot = 0; slot < plan.slots().size(); ++slot) {
-      if (plan.slots()[slot].group < 0) continue;
-      torch::autograd::impl::set_post_acc_grad_hooks(
-          store_->param(static_cast<int>(slot)), std::make_unique<HandOver>(this, static_cast<int>(slot)));
+    std::stable_sort(buckets_.begin(), buckets_.end(),
+                     [](const Bucket& a, const Bucket& b) { return a.slots.back() > b.slots.back(); });
+    bucket_of_.assign(plan.slots().size(), {});
+    for (size_t b = 0; b < buckets_.size(); ++b)
+      for (int slot : buckets_[b].slots) bucket_of_[static_cast<size_t>(slot)].push_back(static_cast<int>(b));
+    next_flush_ = 0;
+    // Each gradient, as soon as autograd has stored it, goes into its bucket(s) and is dropped.
+    for (int slot = 0; slot < static_cast<int>(plan.slots().size()); ++slot) {
+      if (plan.slots()[static_cast<size_t>(slot)].group < 0) continue;
+      hooks.on_grad_ready(slot, [this, slot](at::Tensor& grad) { hand_over(slot, grad); });
     }
   }
 
-  void hand_over(int slot, const at::Tensor& param) {
-    at::Tensor& grad = const_cast<at::Tensor&>(param).mutable_grad();
-    if (!grad.defined()) return;
-    const memrt::ParamSlot& s = store_->plan().slots()[static_cast<size_t>(slot)];
+  void hand_over(int slot, at::Tensor& grad) {
+    const memrt::StorePlan& plan = store_->plan();
+    const memrt::ElementRange mine = plan.range(slot);
     const at::Tensor flat = grad.reshape({-1});
     at::NoGradGuard no_grad;
     for (int b : bucket_of_[static_cast<size_t>(slot)]) {
       Bucket& bucket = buckets_[static_cast<size_t>(b)];
-      const int64_t part = store_->plan().groups()[static_cast<size_t>(bucket.group)].padded / comm_->world_size();
-      if (!bucket.staging.defined()) {
-        memrt::memory::Scope scope(Category::kCommBuffers);
-        bucket.staging = at::zeros({comm_->world_size() * bucket.width}, grad.options());
-      }
+      stage(bucket);
       // The parameter's elements inside this bucket, each to its owner's share.
-      const int64_t lo = std::max(bucket.begin, s.offset), hi = std::min(bucket.end, s.offset + s.numel);
-      for (int64_t x = lo; x < hi;) {
-        const int64_t r = x / part, stop = std::min(hi, (r + 1) * part);
-        const int64_t share_begin = std::max(bucket.begin, r * part);
-        bucket.staging.narrow(0, r * bucket.width + (x - share_begin), stop - x)
-            .copy_(flat.narrow(0, x - s.offset, stop - x));
-        x = stop;
+      for (int r = 0; r < comm_->world_size(); ++r) {
+        const memrt::ElementRange share = bucket.range & plan.partition(bucket.group, r);
+        const memrt::ElementRange part = share & mine;
+        if (part.empty()) continue;
+        bucket.staging.narrow(0, r * bucket.width + (part.begin - share.begin), part.size())
+            .copy_(flat.narrow(0, part.begin - mine.begin, part.size()));
       }
-      if (--bucket.pending == 0) flush(bucket);
+      --bucket.pending;
     }
     grad = at::Tensor();  // after backward, no rank holds a gradient it does not own
+    while (next_flush_ < buckets_.size() && buckets_[next_flush_].pending == 0) flush(buckets_[next_flush_++]);
+  }
+
+  // The bucket's rank-major staging, zeros until gradients arrive (comm_buffers).
+  void stage(Bucket& bucket) {
+    if (bucket.staging.defined()) return;
+    memrt::memory::Scope scope(Category::kCommBuffers);
+    bucket.staging = at::zeros({comm_->world_size() * bucket.width},
+                               store_->groups()[static_cast<size_t>(bucket.group)].compute.options());
   }
 
   // Reduce-scatter the bucket: each rank adds the mean of every rank's share of it into its flat
@@ -209,8 +206,9 @@ class ZeroPlugin final : public memrt::Plugin {
   void flush(Bucket& bucket) {
     const int n = comm_->world_size();
     const memrt::ParamStore::Group& g = store_->groups()[static_cast<size_t>(bucket.group)];
-    const auto [my_lo, my_hi] = store_->plan().partition(bucket.group);
+    const memrt::ElementRange partition = store_->plan().partition(bucket.group);
     at::NoGradGuard no_grad;
+    stage(bucket);
     at::Tensor mine;
     {
       memrt::memory::Scope scope(Category::kCommBuffers);
@@ -218,17 +216,18 @@ class ZeroPlugin final : public memrt::Plugin {
     }
     comm_->reduce_scatter_sum(mine, bucket.staging);
     bucket.staging = at::Tensor();
-    const int64_t lo = std::max(bucket.begin, my_lo), hi = std::min(bucket.end, my_hi);
-    if (hi > lo) {
-      at::Tensor dst = g.grad.narrow(0, lo - my_lo, hi - lo);
-      dst.add_(mine.narrow(0, 0, hi - lo).to(dst.scalar_type()), 1.0 / n);
+    const memrt::ElementRange share = bucket.range & partition;
+    if (!share.empty()) {
+      at::Tensor dst = g.grad.narrow(0, share.begin - partition.begin, share.size());
+      dst.add_(mine.narrow(0, 0, share.size()).to(dst.options()), 1.0 / n);  // offloaded: to the host
     }
   }
 
   memrt::zero::Options opt_;
-  const memrt::ParamStore* store_ = nullptr;
+  memrt::ParamStore* store_ = nullptr;
   memrt::Communicator* comm_ = nullptr;
-  std::vector<Bucket> buckets_;
+  std::vector<Bucket> buckets_;              // in the order every rank reduces them
+  size_t next_flush_ = 0;                    // buckets_[0, next_flush_) reduced this micro-step
   std::vector<std::vector<int>> bucket_of_;  // per slot: the buckets it overlaps
 };
 

@@ -168,8 +168,8 @@ TEST(FusedAdam, SpecialValuesGiveTheSameBitsInEveryKernel) {
       r.master += 3;
       r.compute = static_cast<char*>(r.compute) + 3 * c10::elementSize(r.compute_type);
       r.grad = static_cast<const char*>(r.grad) + 3 * c10::elementSize(r.grad_type);
-      r.exp_avg += 3;
-      r.exp_avg_sq += 3;
+      r.exp_avg = static_cast<float*>(r.exp_avg) + 3;
+      r.exp_avg_sq = static_cast<float*>(r.exp_avg_sq) + 3;
       r.n -= 3;
       return r;
     };
@@ -196,14 +196,16 @@ TEST(FusedAdam, SpecialValuesGiveTheSameBitsInEveryKernel) {
   }
 }
 
-// Unscaled and unclipped, the fp32 step is the host's Adam loop, bit for bit.
-TEST(FusedAdam, Fp32WithFactorOneIsTheHostAdamLoop) {
+// Unscaled and unclipped, the fp32 step is adam_update() element by element, bit for bit.
+TEST(FusedAdam, Fp32WithFactorOneIsAdamUpdatePerElement) {
   at::manual_seed(5);
   Buffers b = make_buffers(at::kFloat, at::kFloat, kN);
   at::Tensor p = b.compute.clone(), m = b.m.clone(), v = b.v.clone();
   const AdamScalars s = scalars(1e-3, 0.01, 1);
   fused_adam_cpu(b.range(), s, 1.f);
-  adam_update_cpu(p.data_ptr<float>(), b.grad.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), kN, s);
+  const float* g = b.grad.data_ptr<float>();
+  for (int64_t i = 0; i < kN; ++i)
+    adam_update(p.data_ptr<float>()[i], g[i], m.data_ptr<float>()[i], v.data_ptr<float>()[i], s);
   EXPECT_TRUE(same_bits(b.compute, p));
   EXPECT_TRUE(same_bits(b.m, m));
   EXPECT_TRUE(same_bits(b.v, v));
@@ -337,14 +339,14 @@ TEST(FusedAdam, Bf16ConversionsAreCBFloat16sBitForBit) {
 }
 
 TEST(FusedAdam, ACombinationWithoutAKernelIsAnErrorNamingIt) {
-  Buffers b = make_buffers(at::kBFloat16, at::kBFloat16, 64);
+  Buffers b = make_buffers(at::kHalf, at::kHalf, 64);
   AdamRange r = b.range();
-  r.master = nullptr;
+  r.master = nullptr;  // fp16 is updated through masters only (bf16 may go without)
   try {
     fused_adam_cpu(r, scalars(1e-3, 0.0, 1), 1.f);
-    FAIL() << "bf16 without a master was taken";
+    FAIL() << "fp16 without a master was taken";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("compute BFloat16, gradient BFloat16, without an fp32 master"),
+    EXPECT_NE(std::string(e.what()).find("compute Half, gradient Half, without an fp32 master"),
               std::string::npos)
         << e.what();
   }
@@ -367,4 +369,110 @@ TEST(FusedAdam, ACombinationWithoutAKernelIsAnErrorNamingIt) {
           << e.what();
     }
   }
+}
+
+// bf16 moments (bf16_optimizer_states) and bf16 weights without a master
+// (bf16_master_weights_and_grads), against LibTorch's own ops: per step, the moments and the weight
+// widened from bf16, DeepSpeed's update in fp32 with at:: ops, each rounded back to bf16 by
+// LibTorch's conversion. Five steps, within one bf16 unit in the last place of every value (LibTorch's
+// vectorised arithmetic may contract a multiply-add the kernel keeps apart).
+TEST(FusedAdam, Bf16MomentsAndMasterlessBf16WeightsFollowLibTorchsArithmetic) {
+  constexpr int64_t n = 20000;
+  at::manual_seed(21);
+  at::Tensor w = at::randn({n}).to(at::kBFloat16);
+  at::Tensor m = at::zeros({n}, at::kBFloat16), v = at::zeros({n}, at::kBFloat16);
+  at::Tensor rw = w.clone(), rm = m.clone(), rv = v.clone();
+  for (int64_t t = 1; t <= 5; ++t) {
+    const at::Tensor g = (at::randn({n}) * 10).to(at::kBFloat16);
+    const AdamScalars s = scalars(1e-2, 0.1, t);
+    fused_adam_cpu(adam_range(at::Tensor(), w, g, m, v), s, 0.5f);
+    const at::Tensor gf = g.to(at::kFloat) * 0.5f;
+    at::Tensor p = rw.to(at::kFloat);
+    const at::Tensor mm = rm.to(at::kFloat) * s.beta1 + gf * (1.f - s.beta1);
+    const at::Tensor vv = rv.to(at::kFloat) * s.beta2 + (gf * gf) * (1.f - s.beta2);
+    const at::Tensor denom = vv.sqrt() * s.bc2_rsqrt + s.eps;
+    p = p - p * s.decay;
+    p = p - (mm / denom) * s.step_size;
+    rw = p.to(at::kBFloat16);
+    rm = mm.to(at::kBFloat16);
+    rv = vv.to(at::kBFloat16);
+    for (const auto& [got, want, name] : {std::tuple{w, rw, "weight"}, std::tuple{m, rm, "exp_avg"}, std::tuple{v, rv, "exp_avg_sq"}}) {
+      const at::Tensor ulp = (want.to(at::kFloat).abs() * (1.f / 128)).clamp_min(1e-30f);
+      EXPECT_TRUE(((got.to(at::kFloat) - want.to(at::kFloat)).abs() <= ulp).all().item<bool>())
+          << name << " at step " << t;
+    }
+  }
+  // With an fp32 master the moments are the only bf16 values; the master is the kernel's fp32 p.
+  at::manual_seed(22);
+  Buffers b = make_buffers(at::kBFloat16, at::kBFloat16, n);
+  at::Tensor m16 = at::zeros({n}, at::kBFloat16), v16 = at::zeros({n}, at::kBFloat16);
+  Buffers f32 = b;
+  f32.master = b.master.clone(), f32.compute = b.compute.clone();
+  fused_adam_cpu(adam_range(b.master, b.compute, b.grad, m16, v16), scalars(1e-3, 0.0, 1), 1.f / 64);
+  fused_adam_cpu(f32.range(), scalars(1e-3, 0.0, 1), 1.f / 64);
+  // First step from zero moments: m = (1-b1) g and v = (1-b2) g^2 round to bf16, the update uses
+  // the unrounded values, so the masters agree with the fp32-state step exactly.
+  EXPECT_TRUE(same_bits(b.master, f32.master));
+  EXPECT_TRUE(same_bits(m16, f32.m.to(at::kBFloat16)));
+  EXPECT_TRUE(same_bits(v16, f32.v.to(at::kBFloat16)));
+}
+
+// Stochastic rounding (torchao's bf16_stochastic_round): given the 16 random bits of an element,
+// the result is torchao's — truncate towards zero, one ulp away from zero when the random bits are
+// below the dropped ones; over many seeds the mean is the fp32 value (unbiased), where
+// round-to-nearest of a small update to a large weight never moves it; the draws depend only on
+// the seed and the element's index (threads and range splits do not change them).
+TEST(FusedAdam, StochasticRoundingIsTorchaosAndUnbiased) {
+  for (float x : {1.0f, -3.14159f, 1e-3f, -65504.f, 3.3895314e38f}) {
+    uint32_t bits = 0;
+    std::memcpy(&bits, &x, sizeof bits);
+    for (uint32_t r : {0u, 1u, 0x7fffu, 0x8000u, 0xfffeu, 0xffffu, bits & 0xffffu, (bits & 0xffffu) - 1}) {
+      const uint32_t torchao = (r < (bits & 0xffffu)) ? (bits & 0xffff0000u) + 0x10000u : (bits & 0xffff0000u);
+      EXPECT_EQ(bf16_bits_stochastic(x, r), static_cast<uint16_t>(torchao >> 16)) << x << " " << r;
+    }
+  }
+  EXPECT_EQ(bf16_bits_stochastic(std::nanf(""), 0), 0x7fc0u);
+  EXPECT_EQ(bf16_bits_stochastic(INFINITY, 0xffff), 0x7f80u);
+
+  // A weight of 1.0 and an update of 3/8 of its bf16 ulp on 10000 elements: round-to-nearest never
+  // moves it; stochastic rounding moves 3/8 of them by one ulp, so the mean update is 3/8 ulp
+  // (within 1% and three standard deviations of the draw).
+  constexpr int64_t n = 10000;
+  const float ulp = 1.f / 128;  // bf16 spacing at 1.0
+  at::Tensor w = at::ones({n}, at::kBFloat16);
+  at::Tensor g = at::full({n}, -1.f);
+  at::Tensor m = at::zeros({n}), v = at::zeros({n});
+  AdamScalars s;  // lr such that the update is 3/8 ulp: step_size * m / (sqrt(v) + eps) with m/sqrt(v) = 1
+  s.beta1 = 0.f, s.beta2 = 0.f, s.eps = 0.f, s.step_size = 0.375f * ulp;
+  AdamRange r = adam_range(at::Tensor(), w, g, m, v);
+  r.stochastic_round = true;
+  r.seed = 1234;
+  fused_adam_cpu(r, s, 1.f);
+  const double mean = (w.to(at::kDouble) - 1.0).mean().item<double>();
+  EXPECT_NEAR(mean, 0.375 * ulp, 0.01 * 0.375 * ulp + 3 * ulp * std::sqrt(0.375 * 0.625 / n));
+  // The same draws on one thread and in two halves.
+  at::Tensor w1 = at::ones({n}, at::kBFloat16), w2 = at::ones({n}, at::kBFloat16);
+  at::Tensor m1 = at::zeros({n}), v1 = at::zeros({n}), m2 = at::zeros({n}), v2 = at::zeros({n});
+  {
+    const int threads = at::get_num_threads();
+    at::set_num_threads(1);
+    AdamRange a = adam_range(at::Tensor(), w1, g, m1, v1);
+    a.stochastic_round = true, a.seed = 1234;
+    fused_adam_cpu(a, s, 1.f);
+    at::set_num_threads(threads);
+  }
+  for (int64_t half : {0, 1}) {
+    const int64_t lo = half * n / 2, len = n / 2;
+    AdamRange a = adam_range(at::Tensor(), w2.narrow(0, lo, len), g.narrow(0, lo, len), m2.narrow(0, lo, len),
+                             v2.narrow(0, lo, len));
+    a.stochastic_round = true, a.seed = 1234, a.first = lo;
+    fused_adam_cpu(a, s, 1.f);
+  }
+  EXPECT_TRUE(same_bits(w1, w));
+  EXPECT_TRUE(same_bits(w2, w));
+  // Without stochastic rounding the weights do not move at all.
+  at::Tensor w3 = at::ones({n}, at::kBFloat16);
+  at::Tensor m3 = at::zeros({n}), v3 = at::zeros({n});
+  fused_adam_cpu(adam_range(at::Tensor(), w3, g, m3, v3), s, 1.f);
+  EXPECT_EQ(w3.to(at::kFloat).sub(1.f).abs().max().item<float>(), 0.f);
 }

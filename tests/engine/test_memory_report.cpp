@@ -39,6 +39,7 @@ const Pair kMeasured[] = {
     {"ds_zero0_2rank.json", "train.yaml", 2},
     {"ds_bf16.json", "train.yaml", 1},
     {"ds_bf16.json", "train_llama.yaml", 1},
+    {"ds_bf16_pure.json", "train.yaml", 1},  // bf16 weights and moments, no masters
     {"ds_fp16_dp.json", "train.yaml", 1},
     {"ds_fp16.json", "train.yaml", 2},  // ZeRO-1
     {"ds_auto.json", "train_hf.yaml", 1},  // ZeRO-2

@@ -25,16 +25,18 @@ const char* kYaml =
     "model: {arch: gpt2, n_layer: 2, n_head: 2, d_model: 64, d_ff: 256, vocab_size: 256, n_ctx: 32}\n"
     "block_size: 32\nmax_steps: 20\nlogging_steps: 1\nlearning_rate: 3.0e-3\n";
 
-std::vector<double> losses(const fs::path& dir) {
+std::vector<double> metric(const fs::path& dir, const char* key) {
   std::vector<double> out;
   std::ifstream in(dir / "metrics.jsonl");
   for (std::string line; std::getline(in, line);) {
     rapidjson::Document d;
     d.Parse(line.c_str());
-    out.push_back(d["loss"].GetDouble());
+    out.push_back(d[key].GetDouble());
   }
   return out;
 }
+
+std::vector<double> losses(const fs::path& dir) { return metric(dir, "loss"); }
 
 struct Job {
   std::string precision;  // "fp32", "bf16", "fp16"
@@ -43,19 +45,24 @@ struct Job {
   int ranks = 1;
   int accumulation = 1;  // gradient_accumulation_steps
   bool accumulate_fp32 = false;  // data_types.grad_accum_dtype "fp32"
+  std::string tag;    // names a run that sets `extra` or `yaml`
+  std::string extra;  // more top-level ds_config keys, e.g. R"("plugins": [...], )"
+  std::string yaml = kYaml;
+  std::string bf16_keys;  // more keys of the bf16 section, e.g. R"(, "bf16_optimizer_states": true)"
   std::string name() const {
     return precision + "_stage" + std::to_string(stage) + (offload ? "_offload" : "") + "_" +
            std::to_string(ranks) + "ranks" + (accumulation > 1 ? "_gas" + std::to_string(accumulation) : "") +
-           (accumulate_fp32 ? "_fp32grads" : "");
+           (accumulate_fp32 ? "_fp32grads" : "") + tag;
   }
 };
 
 std::string ds_config(const Job& r) {
   std::string ds = R"({"train_batch_size": 8, "gradient_clipping": 1.0, "gradient_accumulation_steps": )" +
                    std::to_string(r.accumulation) + ", ";
-  if (r.precision == "bf16") ds += R"("bf16": {"enabled": true}, )";
+  if (r.precision == "bf16") ds += R"("bf16": {"enabled": true)" + r.bf16_keys + "}, ";
   if (r.precision == "fp16") ds += R"("fp16": {"enabled": true, "initial_scale_power": 8}, )";
   if (r.accumulate_fp32) ds += R"("data_types": {"grad_accum_dtype": "fp32"}, )";
+  ds += r.extra;
   ds += R"("zero_optimization": {"stage": )" + std::to_string(r.stage);
   // Small buckets (elements): many reduce-scatters and chunked all-gathers per step, parameters
   // larger than a bucket, and buckets straddling the ranks' partitions.
@@ -68,7 +75,7 @@ std::string ds_config(const Job& r) {
 fs::path train(const TempDir& dir, const Job& r) {
   const fs::path out = dir.path() / r.name();
   const std::string ds = dir.write(r.name() + ".json", ds_config(r));
-  const std::string yaml = dir.write("train.yaml", kYaml);
+  const std::string yaml = dir.write(r.name() + ".yaml", r.yaml);
   RunResult res = run("env OMP_NUM_THREADS=1 " + kLauncher + " --num_procs " + std::to_string(r.ranks) +
                       " --master_port " + std::to_string(free_port()) + " --deepspeed " + ds + " " +
                       yaml + " --output_dir=" + out.string());
@@ -85,12 +92,13 @@ double worst_relative(const std::vector<double>& a, const std::vector<double>& b
 
 }  // namespace
 
-// fp32: every stage, rank count and placement follows the single-rank stage-0 curve within 1e-5
-// relative over 20 steps (the global batch is the same for every rank count), also when
+// fp32: every stage, rank count and placement follows the single-rank stage-0 curve and gradient
+// norms within 1e-5 relative over 20 steps (the global batch is the same for every rank count), also when
 // accumulating gradients over micro-steps (stage 2 adds each micro-step's into the partition).
 TEST(Zero, Fp32StagesRanksAndOffloadFollowStageZero) {
   TempDir dir("zero_fp32");
-  const std::vector<double> ref = losses(train(dir, {"fp32", 0, false, 1}));
+  const fs::path ref_dir = train(dir, {"fp32", 0, false, 1});
+  const std::vector<double> ref = losses(ref_dir), ref_norms = metric(ref_dir, "grad_norm");
   ASSERT_EQ(ref.size(), 20u);
   ASSERT_LT(ref.back(), 0.8 * ref.front()) << "the reference run learns";
   for (const Job& r : std::vector<Job>{{"fp32", 0, false, 2}, {"fp32", 0, false, 4},
@@ -100,18 +108,95 @@ TEST(Zero, Fp32StagesRanksAndOffloadFollowStageZero) {
                                        {"fp32", 2, false, 2}, {"fp32", 2, false, 4},
                                        {"fp32", 2, true, 2}, {"fp32", 2, true, 4},
                                        {"fp32", 2, false, 2, 2}, {"fp32", 1, false, 2, 2}}) {
-    EXPECT_LT(worst_relative(losses(train(dir, r)), ref), 1e-5) << r.name();
+    const fs::path out = train(dir, r);
+    EXPECT_LT(worst_relative(losses(out), ref), 1e-5) << r.name();
+    EXPECT_LT(worst_relative(metric(out, "grad_norm"), ref_norms), 1e-5) << r.name();
   }
+}
+
+// The independent reference: PyTorch itself — transformers' GPT2LMHeadModel from the same
+// initial weights (written by transformers), torch.optim.AdamW with Hugging Face's decay rule,
+// clip_grad_norm_ and torch.distributed (Gloo) averaging 2 ranks' gradients — replaying the
+// micro-batches memrt trained on (recorded by fixture_recorder). Stages 0, 1 and 2 on 1 and 2
+// ranks follow its loss and gradient norm within 1e-5 relative over 20 steps in fp32 (measured:
+// 2e-6 and 3e-6; at a learning rate of 3e-3 this model's gradient norm spikes to 10 and more
+// after a dozen steps, which turns the two implementations' last-bit differences into percents).
+TEST(Zero, StagesFollowPyTorchsAdamWOnTheSameBatches) {
+  TempDir dir("zero_torch");
+  const std::string reference = std::string(MEMRT_SOURCE_DIR) + "/tests/engine/torch_reference_train.py";
+  const fs::path model = dir.path() / "gpt2";
+  RunResult init = run(std::string(MEMRT_PYTHON) + " " + reference + " init " + model.string());
+  ASSERT_EQ(init.exit_code, 0) << init.out;
+  for (int ranks : {1, 2}) {
+    std::string batches0;
+    std::vector<double> want_loss, want_norm;
+    for (int stage : {0, 1, 2}) {
+      Job r{"fp32", stage, false, ranks};
+      r.tag = "_torch";
+      r.yaml = "model_name_or_path: " + model.string() +
+               "\nblock_size: 32\nmax_steps: 20\nlogging_steps: 1\nlearning_rate: 1.0e-3\n"
+               "weight_decay: 0.1\nlr_scheduler_type: constant\n";
+      const std::string prefix = (dir.path() / (r.name() + "_")).string();
+      r.extra = std::string(R"("plugins": [{"name": "fixture_recorder", "library": ")") + FIXTURE_RECORDER +
+                R"(", "options": {"prefix": ")" + prefix + R"("}}], )";
+      const fs::path out = train(dir, r);
+      const std::string batches = slurp(prefix + "rank0.bin") + (ranks > 1 ? slurp(prefix + "rank1.bin") : "");
+      ASSERT_EQ(batches.size(), static_cast<size_t>(20 * 2 * 8 * 32 * 8)) << r.name();
+      if (stage == 0) {
+        batches0 = batches;
+        const fs::path json = dir.path() / ("torch_" + std::to_string(ranks) + ".json");
+        RunResult ref = run(std::string(MEMRT_PYTHON) + " " + reference + " train " + model.string() + " " +
+                            prefix + " " + std::to_string(ranks) + " 20 1 " + std::to_string(8 / ranks) +
+                            " 32 1.0e-3 0.1 1.0 " + json.string());
+        ASSERT_EQ(ref.exit_code, 0) << ref.out;
+        const rapidjson::Document d = read_json(json);
+        for (const auto& v : d["loss"].GetArray()) want_loss.push_back(v.GetDouble());
+        for (const auto& v : d["grad_norm"].GetArray()) want_norm.push_back(v.GetDouble());
+        ASSERT_EQ(want_loss.size(), 20u);
+        ASSERT_LT(want_loss.back(), 0.8 * want_loss.front()) << "the reference learns";
+      } else {
+        ASSERT_EQ(batches, batches0) << r.name() << ": the same batches as stage 0's";
+      }
+      EXPECT_LT(worst_relative(losses(out), want_loss), 1e-5) << r.name();
+      EXPECT_LT(worst_relative(metric(out, "grad_norm"), want_norm), 1e-5) << r.name();
+    }
+  }
+}
+
+// A parameter that gets no gradient on one rank's micro-batch (here one bias, kept out of rank 1's
+// graph by a fixture plugin) still has its buckets reduced on every rank in the same order, as
+// zeros from that rank: stage 2's curve and gradient norms are stage 0's with that rank holding a
+// zero gradient, within 1e-5 relative, over 2 micro-steps per step. (Stage 2 used to reduce such
+// a bucket in after_backward on one rank and during backward on the other: the collectives no
+// longer lined up.)
+TEST(Zero, StageTwoReducesEveryBucketWhenARankGetsNoGradient) {
+  TempDir dir("zero_unused");
+  auto unused = [&](bool zero_grad) {
+    return std::string(R"("plugins": [{"name": "fixture_unused", "library": ")") + FIXTURE_UNUSED +
+           R"(", "options": {"rank": 1, "param": "transformer.h.0.mlp.c_fc.bias", "zero_grad": )" +
+           (zero_grad ? "true" : "false") + "}}], ";
+  };
+  Job ref{"fp32", 0, false, 2, 2};
+  ref.tag = "_zero_grad";
+  ref.extra = unused(true);
+  Job stage2{"fp32", 2, false, 2, 2};
+  stage2.tag = "_no_grad";
+  stage2.extra = unused(false);
+  const fs::path a = train(dir, ref), b = train(dir, stage2);
+  ASSERT_EQ(losses(a).size(), 20u);
+  EXPECT_LT(worst_relative(losses(b), losses(a)), 1e-5);
+  EXPECT_LT(worst_relative(metric(b, "grad_norm"), metric(a, "grad_norm")), 1e-5);
 }
 
 // 16-bit: where a stage adds the ranks' gradients in the same order as stage 0's all-reduce, its
 // curve is stage 0's on the same ranks bit for bit — stage 1 (the same all-reduce), and stage 2 on
-// 2 ranks (a reduce-scatter of two values is the same sum, and the mean of it by 1/2 is exact). On
-// 4 ranks stage 2's reduce-scatter adds four 16-bit values in another order, a rounding-level
+// 2 ranks (a reduce-scatter of two values is the same sum, and the mean of it by 1/2 is exact,
+// except in fp16 into the fp32 partition of offload, below). On 4 ranks stage 2's reduce-scatter
+// adds four 16-bit values in another order, a rounding-level
 // perturbation like the one that separates stage 0 on 1, 2 and 4 ranks. How far such a
 // perturbation carries after 20 steps varies several-fold from draw to draw (bf16 stage 0 from 1
 // rank: 0.84e-4 on 4 ranks and 1.5e-4 on 2 on an AMD EPYC, 4.0e-4 and 3.1e-4 on an Intel Xeon),
-// so that case is held to 4x the largest spread stage 0 shows in that precision.
+// so those cases are held to 4x the largest spread stage 0 shows in that precision.
 TEST(Zero, SixteenBitStagesOneAndTwoStayWithinStageZerosSpread) {
   TempDir dir("zero_16bit");
   for (const char* precision : {"bf16", "fp16"}) {
@@ -131,7 +216,10 @@ TEST(Zero, SixteenBitStagesOneAndTwoStayWithinStageZerosSpread) {
           const double d = worst_relative(curve, one);
           std::cout << r.name() << ": " << d << " from 1 rank (stage 0 on " << ranks
                     << " ranks: " << worst_relative(zero0[ranks], one) << ")\n";
-          if (stage == 1 || ranks == 2) {
+          // Offloaded, stage 2's partition is fp32 (as DeepSpeed's): the mean of two fp16 sums by
+          // 1/2 is exact there, where in fp16 it drops the last bit of subnormal values.
+          const bool same_sums = stage == 1 || (ranks == 2 && !(offload && std::string(precision) == "fp16"));
+          if (same_sums) {
             EXPECT_EQ(curve, zero0[ranks]) << r.name() << ": the same sums as stage 0's";
           } else {
             EXPECT_LE(d, 4 * spread) << r.name() << " (stage 0's largest spread in " << precision << ": " << spread << ")";
@@ -145,8 +233,8 @@ TEST(Zero, SixteenBitStagesOneAndTwoStayWithinStageZerosSpread) {
 // Each rank's masters and Adam moments: 12 bytes per element of its partition (DeepSpeed's
 // 12 Psi / N for mixed-precision Adam) plus the padding the layout uses, in host memory when
 // offloaded; the 16-bit weights whole on every rank. Stage 2 adds 2 bytes per partition element
-// of gradients (DeepSpeed's 2 Psi / N) and no rank holds another gradient at the peak. Measured
-// equals the estimate.
+// of gradients (DeepSpeed's 2 Psi / N; 4 in host memory when offloaded: DeepSpeed's offloaded
+// partition is fp32) and no rank holds another gradient at the peak. Measured equals the estimate.
 TEST(Zero, EachRankHoldsItsPartitionsAsEstimated) {
   TempDir dir("zero_bytes");
   for (int stage : {1, 2}) {
@@ -168,7 +256,8 @@ TEST(Zero, EachRankHoldsItsPartitionsAsEstimated) {
         EXPECT_EQ(measured["weights"]["device"].GetInt64(), 2 * padded);
         std::vector<const char*> exact = {"weights", "master_weights", "optimizer_state"};
         if (stage == 2) {
-          EXPECT_EQ(measured["gradients"][where].GetInt64(), 2 * padded / 2);
+          // Offloaded, DeepSpeed keeps the gradient partition in fp32.
+          EXPECT_EQ(measured["gradients"][where].GetInt64(), (offload ? 4 : 2) * padded / 2);
           EXPECT_EQ(measured["gradients"][offload ? "device" : "host"].GetInt64(), 0);
           exact.push_back("gradients");
         }
@@ -180,44 +269,79 @@ TEST(Zero, EachRankHoldsItsPartitionsAsEstimated) {
   }
 }
 
-// DeepSpeed's data_types.grad_accum_dtype "fp32" with bf16 weights under stage 2: each micro-step's
-// bf16 gradient is reduce-scattered and added into an fp32 partition, 4 bytes per partition
-// element, measured as estimated; the curve over 2 micro-steps per step stays within 4x the spread
-// bf16 stage 0 shows against fp32. Below stage 2 gradients are autograd's own: refused, naming the
-// key.
-TEST(Zero, Bf16GradientsAccumulateInFp32PartitionsUnderStageTwo) {
+// DeepSpeed's data_types.grad_accum_dtype "fp32" with bf16 weights, at every stage (DeepSpeed's
+// BF16_Optimizer below stage 2): each micro-step's bf16 gradient is added into an fp32 gradient —
+// the whole of it below stage 2, after the host's hook takes it from autograd, all-reduced in
+// fp32; under stage 2 reduce-scattered in bf16 and added into the rank's fp32 partition. 4 bytes
+// per element of what the rank holds, measured as estimated; each curve over 2 micro-steps per
+// step stays within 4x the spread bf16 stage 0 shows against fp32.
+TEST(Zero, Bf16GradientsAccumulateInFp32AtEveryStage) {
   TempDir dir("zero_fp32_grads");
   const std::vector<double> fp32 = losses(train(dir, {"fp32", 0, false, 1, 2}));
   const std::vector<double> bf16 = losses(train(dir, {"bf16", 0, false, 1, 2}));
-  Job r{"bf16", 2, false, 2, 2};
-  r.accumulate_fp32 = true;
-  const fs::path out = train(dir, r);
-  const std::vector<double> curve = losses(out);
-  ASSERT_EQ(curve.size(), 20u);
   const double spread = std::max(1e-6, worst_relative(bf16, fp32));
-  EXPECT_LE(worst_relative(curve, fp32), 4 * spread) << "bf16 stage 0 from fp32: " << spread;
+  for (int stage : {0, 1, 2}) {
+    Job r{"bf16", stage, false, 2, 2};
+    r.accumulate_fp32 = true;
+    const std::vector<double> curve = losses(train(dir, r));
+    ASSERT_EQ(curve.size(), 20u) << r.name();
+    EXPECT_LE(worst_relative(curve, fp32), 4 * spread) << r.name() << "; bf16 stage 0 from fp32: " << spread;
+    std::cout << r.name() << ": " << worst_relative(curve, fp32) << " from fp32 (bf16 stage 0: " << spread << ")\n";
+  }
 
   // The bytes on one micro-step per step (with two, a tied embedding's 16-bit gradient waiting in
   // autograd for its second use is measured on top, in 16-bit stage 2 as well: not estimated yet).
-  Job one{"bf16", 2, false, 2};
-  one.accumulate_fp32 = true;
-  const rapidjson::Document report = read_json(train(dir, one) / "memory_report.json");
   const int64_t padded = (116736 + 31) / 32 * 32 + (1792 + 31) / 32 * 32;  // as in the test above
-  for (const auto& rank : report["ranks"].GetArray()) {
-    SCOPED_TRACE("rank " + std::to_string(rank["rank"].GetInt()));
-    const auto& measured = rank["measured"]["categories"]["gradients"];
-    EXPECT_EQ(measured["device"].GetInt64(), 4 * padded / 2);
-    EXPECT_EQ(measured["device"].GetInt64(), rank["estimate"]["categories"]["gradients"]["device"].GetInt64());
+  for (int stage : {0, 1, 2}) {
+    Job one{"bf16", stage, false, 2};
+    one.accumulate_fp32 = true;
+    const rapidjson::Document report = read_json(train(dir, one) / "memory_report.json");
+    for (const auto& rank : report["ranks"].GetArray()) {
+      SCOPED_TRACE(one.name() + " rank " + std::to_string(rank["rank"].GetInt()));
+      const auto& measured = rank["measured"]["categories"]["gradients"];
+      EXPECT_EQ(measured["device"].GetInt64(), 4 * padded / (stage == 2 ? 2 : 1));
+      EXPECT_EQ(measured["device"].GetInt64(), rank["estimate"]["categories"]["gradients"]["device"].GetInt64());
+    }
   }
+}
 
-  Job below{"bf16", 1, false, 2};
-  below.accumulate_fp32 = true;
-  const std::string ds = dir.write("stage1.json", ds_config(below));
-  RunResult res = run(kLauncher + " --print-config --deepspeed " + ds + " " + dir.write("train.yaml", kYaml));
-  EXPECT_NE(res.exit_code, 0) << res.out;
-  EXPECT_NE(res.out.find("grad_accum_dtype"), std::string::npos) << res.out;
-  EXPECT_NE(res.out.find("ZeRO stage 2"), std::string::npos) << res.out;
-  EXPECT_NE(res.out.find("stage1.json"), std::string::npos) << res.out;
+// DeepSpeed's bf16.bf16_master_weights_and_grads + bf16_optimizer_states: bf16 weights updated in
+// place (no fp32 master) and bf16 Adam moments — 6 bytes per parameter of weights and state
+// (2 + 2 × 2 / N under ZeRO 1-2), measured as estimated on 1 and 2 ranks at stages 0-2. With
+// torchao's bf16_stochastic_round the curve stays near fp32's; every stage and rank count of
+// it within 4x the spread bf16 with fp32 masters shows.
+TEST(Zero, Bf16WithoutMastersHoldsSixBytesPerParameter) {
+  TempDir dir("zero_pure_bf16");
+  const std::vector<double> fp32 = losses(train(dir, {"fp32", 0, false, 1}));
+  const std::vector<double> mixed = losses(train(dir, {"bf16", 0, false, 1}));
+  const double spread = std::max(1e-6, worst_relative(mixed, fp32));
+  const int64_t decay = 116736, no_decay = 1792;  // as in EachRankHoldsItsPartitionsAsEstimated
+  for (int ranks : {1, 2}) {
+    const int64_t unit = 16 * ranks;
+    const int64_t padded = (decay + unit - 1) / unit * unit + (no_decay + unit - 1) / unit * unit;
+    for (int stage : {0, 1, 2}) {
+      Job r{"bf16", stage, false, ranks};
+      r.tag = "_pure_sr";
+      r.bf16_keys = R"(, "bf16_master_weights_and_grads": true, "bf16_optimizer_states": true)";
+      r.extra = R"("optimizer": {"type": "AdamW", "params": {"lr": "auto", "bf16_stochastic_round": true}}, )";
+      const fs::path out = train(dir, r);
+      const std::vector<double> curve = losses(out);
+      ASSERT_EQ(curve.size(), 20u) << r.name();
+      std::cout << r.name() << ": " << worst_relative(curve, fp32) << " from fp32 (bf16 with masters: " << spread << ")\n";
+      EXPECT_LE(worst_relative(curve, fp32), 4 * spread) << r.name();
+      const rapidjson::Document report = read_json(out / "memory_report.json");
+      for (const auto& rank : report["ranks"].GetArray()) {
+        SCOPED_TRACE(r.name() + " rank " + std::to_string(rank["rank"].GetInt()));
+        const auto& measured = rank["measured"]["categories"];
+        const auto& estimate = rank["estimate"]["categories"];
+        EXPECT_EQ(measured["weights"]["device"].GetInt64(), 2 * padded);
+        EXPECT_EQ(measured["master_weights"]["device"].GetInt64(), 0);
+        EXPECT_EQ(measured["optimizer_state"]["device"].GetInt64(), 4 * padded / (stage > 0 ? ranks : 1));
+        for (const char* cat : {"weights", "master_weights", "optimizer_state"})
+          EXPECT_EQ(measured[cat]["device"].GetInt64(), estimate[cat]["device"].GetInt64()) << cat;
+      }
+    }
+  }
 }
 
 TEST(Zero, StagesNotBuiltAndPartialOffloadAreRefusedNamingTheKey) {
@@ -239,9 +363,9 @@ TEST(Zero, StagesNotBuiltAndPartialOffloadAreRefusedNamingTheKey) {
 }
 
 // `launcher --estimate --num_procs N` gives, for every world size 1..N and rank, DeepSpeed's
-// per-rank model states of mixed-precision Adam at stage 2 — 2 Psi of bf16 weights, (2 + 12)
-// Psi / N of gradients, masters and moments, the last offloaded to the host — with the padding
-// the layout uses at that world size, from shapes alone.
+// per-rank model states of mixed-precision Adam at stage 2 with offload_optimizer — 2 Psi of bf16
+// weights on the device, (4 + 12) Psi / N of fp32 gradients, masters and moments on the host —
+// with the padding the layout uses at that world size, from shapes alone.
 TEST(Zero, EstimateGivesDeepSpeedsPerRankModelStatesForEveryWorldSize) {
   TempDir dir("zero_estimate");
   const std::string ds = dir.write("ds.json", R"({"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": true},
@@ -261,7 +385,7 @@ TEST(Zero, EstimateGivesDeepSpeedsPerRankModelStatesForEveryWorldSize) {
       SCOPED_TRACE("world size " + std::to_string(n) + ", rank " + std::to_string(rank["rank"].GetInt()));
       const auto& e = rank["estimate"]["categories"];
       EXPECT_EQ(e["weights"]["device"].GetInt64(), 2 * padded);
-      EXPECT_EQ(e["gradients"]["host"].GetInt64(), 2 * padded / n);
+      EXPECT_EQ(e["gradients"]["host"].GetInt64(), 4 * padded / n);
       EXPECT_EQ(e["master_weights"]["host"].GetInt64(), 4 * padded / n);
       EXPECT_EQ(e["optimizer_state"]["host"].GetInt64(), 8 * padded / n);
       for (const char* cat : {"gradients", "master_weights", "optimizer_state"})

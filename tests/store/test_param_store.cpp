@@ -45,6 +45,33 @@ std::vector<std::pair<std::string, at::Tensor>> tensors_for(const std::vector<Pa
   return out;
 }
 
+// Rank `rank` of ZeRO stage 1 on `world` ranks (masters and state partitioned when world > 1):
+// its store over parameters of seed 9, in `compute` (16-bit with fp32 masters), and its optimizer.
+std::pair<std::shared_ptr<ParamStore>, std::unique_ptr<Optimizer>> stage1_rank(
+    const OptimizerConfig& cfg, const std::vector<ParamInfo>& ps, int rank, int world, at::ScalarType compute) {
+  StoreOptions o = store_options(cfg);
+  o.rank = rank;
+  o.world_size = world;
+  StorePlan plan(ps, o);
+  if (compute != at::kFloat) {
+    plan.set_compute_dtype(compute);
+    plan.set_master_weights(true);
+  }
+  if (world > 1) {
+    plan.set_extent(StoreBuffer::kMaster, Extent::kPartition);
+    plan.set_extent(StoreBuffer::kState, Extent::kPartition);
+  }
+  auto store = std::make_shared<ParamStore>(std::move(plan), tensors_for(ps, 9), at::kCPU);
+  return std::make_pair(store, make_optimizer(cfg, store));
+}
+
+void expect_same_counts(const TensorMap& got, const TensorMap& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [key, t] : want) {
+    ASSERT_TRUE(got.count(key)) << key;
+    EXPECT_EQ(got.at(key).item<int64_t>(), t.item<int64_t>()) << key;
+  }
+}
 
 }  // namespace
 
@@ -66,7 +93,7 @@ TEST(StorePlan, GroupsPadToWorldTimesAlignmentAndPartitionEvenly) {
   for (int r = 0; r < 3; ++r) {
     const StorePlan p(infos(), options(r, 3));
     EXPECT_EQ(p.groups()[0].padded, 96);  // 55 up to a multiple of 3 * 16
-    EXPECT_EQ(p.partition(0), std::make_pair(int64_t{32} * r, int64_t{32} * (r + 1)));
+    EXPECT_TRUE(p.partition(0) == (ElementRange{int64_t{32} * r, int64_t{32} * (r + 1)}));
   }
   StorePlan blocks(infos(), options(0, 2));
   blocks.require_alignment(256);  // an 8-bit state's block
@@ -98,15 +125,26 @@ TEST(StorePlan, CheckRefusesLayoutsTheStepCannotRun) {
   StorePlan stage3(infos(), options());
   expect_error<Error>([&] { stage3.set_extent(StoreBuffer::kCompute, Extent::kPartition); }, {"stage 3"});
   expect_error<Error>([&] { StorePlan(infos(at::kDouble), options()); }, {"'a.weight' is Double"});
-  // fp32 gradients for bf16 weights need a gradient buffer of the store's (stage 2's partition):
-  // autograd's own .grad is the compute dtype.
+  // fp32 gradients for bf16 weights are a flat buffer of the store's, full (4 bytes per element
+  // on every rank) or stage 2's partition; bf16 gradients for fp16 weights are refused.
   StorePlan fp32_grads(infos(), options(0, 2));
   fp32_grads.set_compute_dtype(at::kBFloat16);
   fp32_grads.set_master_weights(true);
+  EXPECT_FALSE(fp32_grads.flat_grad(0));
+  EXPECT_EQ(fp32_grads.held_numel(0, StoreBuffer::kGrad), 0);
   fp32_grads.set_grad_dtype(at::kFloat);
-  expect_error<Error>([&] { fp32_grads.check(); }, {"autograd's", "ZeRO stage 2"});
+  EXPECT_NO_THROW(fp32_grads.check());
+  EXPECT_TRUE(fp32_grads.flat_grad(0));
+  EXPECT_EQ(fp32_grads.held_numel(0, StoreBuffer::kGrad), 64);
+  EXPECT_EQ(fp32_grads.bytes().at(Category::kGradients), 4 * (64 + 32));
   fp32_grads.set_extent(StoreBuffer::kGrad, Extent::kPartition);
   EXPECT_NO_THROW(fp32_grads.check());
+  EXPECT_EQ(fp32_grads.held_numel(0, StoreBuffer::kGrad), 32);
+  StorePlan mixed(infos(), options());
+  mixed.set_compute_dtype(at::kHalf);
+  mixed.set_master_weights(true);
+  mixed.set_grad_dtype(at::kBFloat16);
+  expect_error<Error>([&] { mixed.check(); }, {"gradients are the compute dtype or fp32"});
 }
 
 // Stage 1 with mixed-precision Adam on N ranks: masters and both moments partitioned, 12 bytes per
@@ -194,20 +232,7 @@ TEST(ParamStore, PartitionedStepsEqualTheWholeStepBitForBit) {
   OptimizerConfig cfg;
   cfg.type = "AdamW";
   cfg.weight_decay = 0.1;
-  auto make = [&](int rank, int world) {
-    StoreOptions o = store_options(cfg);
-    o.rank = rank;
-    o.world_size = world;
-    StorePlan plan(ps, o);
-    plan.set_compute_dtype(at::kBFloat16);
-    plan.set_master_weights(true);
-    if (world > 1) {
-      plan.set_extent(StoreBuffer::kMaster, Extent::kPartition);
-      plan.set_extent(StoreBuffer::kState, Extent::kPartition);
-    }
-    auto store = std::make_shared<ParamStore>(std::move(plan), tensors_for(ps, 9), at::kCPU);
-    return std::make_pair(store, make_optimizer(cfg, store));
-  };
+  auto make = [&](int rank, int world) { return stage1_rank(cfg, ps, rank, world, at::kBFloat16); };
   auto whole = make(0, 1);
   std::vector<std::pair<std::shared_ptr<ParamStore>, std::unique_ptr<Optimizer>>> ranks;
   ranks.push_back(make(0, 2));
@@ -247,6 +272,10 @@ TEST(ParamStore, PartitionedStepsEqualTheWholeStepBitForBit) {
       }
     }
   }
+  // Every rank counts every parameter's updates, not only those in its partition.
+  const TensorMap counts = whole.second->state_dict();
+  ASSERT_EQ(counts.size(), 4u);
+  for (auto& r : ranks) expect_same_counts(r.second->state_dict(), counts);
   for (size_t g = 0; g < whole.first->groups().size(); ++g) {
     const ParamStore::Group& w = whole.first->groups()[g];
     for (int r = 0; r < 2; ++r) {
@@ -259,4 +288,75 @@ TEST(ParamStore, PartitionedStepsEqualTheWholeStepBitForBit) {
       EXPECT_TRUE(at::equal(part.state[1].narrow(0, 0, end - lo), w.state[1].narrow(0, lo, end - lo))) << g << " " << r;
     }
   }
+}
+
+// ZeRO stage 1 with fp32 SGD without momentum: no master and no state exist, but the partitioned
+// extents still decide what each rank steps and measures. Each gradient element is summed on one
+// rank only (the host adds the ranks' sums: before, every rank summed them all and the norm came
+// out sqrt(N) too large), every rank counts every parameter's updates, and the stepped partitions
+// gathered give the unpartitioned step's values.
+TEST(ParamStore, PartitionedStepWithoutStateMeasuresEachGradientOnce) {
+  const std::vector<ParamInfo> ps = infos();
+  OptimizerConfig cfg;
+  cfg.type = "SGD";
+  cfg.lr = 0.1;
+  auto make = [&](int rank, int world) { return stage1_rank(cfg, ps, rank, world, at::kFloat); };
+  auto whole = make(0, 1);
+  auto r0 = make(0, 2), r1 = make(1, 2);
+  ASSERT_TRUE(r0.first->plan().state_names().empty());
+  ASSERT_FALSE(r0.first->groups()[0].master.defined());
+  EXPECT_FALSE(whole.second->grads_partitioned());
+  EXPECT_TRUE(r0.second->grads_partitioned());
+  for (int step = 0; step < 2; ++step) {
+    for (auto* o : {&whole, &r0, &r1}) {
+      at::manual_seed(100 + step);
+      for (ParamGroup& g : o->second->param_groups())
+        for (at::Tensor& p : g.params) p.mutable_grad() = at::randn(p.sizes());
+    }
+    const double all = whole.second->grad_summary().sum_squares;
+    const double parts = r0.second->grad_summary().sum_squares + r1.second->grad_summary().sum_squares;
+    EXPECT_NEAR(parts, all, 1e-12 * all);
+    for (auto* o : {&whole, &r0, &r1}) o->second->step({0.1, 1.0});
+    for (size_t g = 0; g < whole.first->groups().size(); ++g) {  // the all-gather
+      for (auto* from : {&r0, &r1}) {
+        const auto [lo, hi] = from->first->plan().partition(static_cast<int>(g));
+        auto* to = from == &r0 ? &r1 : &r0;
+        to->first->groups()[g].compute.narrow(0, lo, hi - lo).copy_(from->first->groups()[g].compute.narrow(0, lo, hi - lo));
+      }
+    }
+  }
+  for (size_t g = 0; g < whole.first->groups().size(); ++g) {
+    const at::Tensor& w = whole.first->groups()[g].compute;
+    for (auto* r : {&r0, &r1})
+      EXPECT_TRUE(at::allclose(r->first->groups()[g].compute.narrow(0, 0, w.numel()), w, 0, 0)) << g;
+  }
+  const TensorMap counts = whole.second->state_dict();
+  ASSERT_EQ(counts.size(), 4u);
+  for (auto* r : {&r0, &r1}) expect_same_counts(r->second->state_dict(), counts);
+}
+
+// offload_optimizer on a GPU build: a group whose masters or optimizer state are host buffers steps
+// on the host, whatever device its compute copy is on (the kernel used to be chosen by the compute
+// copy's device, handing host pointers to the CUDA kernel); otherwise where its compute copy is.
+// Buffers that do not exist do not count: fp32 SGD without momentum has nothing to offload.
+TEST(ParamStore, AnOffloadedGroupStepsOnTheHost) {
+  const at::Device gpu(at::kCUDA, 0);
+  StorePlan adam(infos(), options());
+  EXPECT_TRUE(step_device(adam.groups()[0], gpu) == gpu);
+  adam.set_placement(StoreBuffer::kState, Placement::kHost);
+  EXPECT_TRUE(step_device(adam.groups()[0], gpu).is_cpu());
+  EXPECT_TRUE(step_device(adam.groups()[0], at::kCPU).is_cpu());
+
+  StorePlan mixed(infos(), options());
+  mixed.set_compute_dtype(at::kBFloat16);
+  mixed.set_master_weights(true);
+  EXPECT_TRUE(step_device(mixed.groups()[1], gpu) == gpu);
+  mixed.set_placement(StoreBuffer::kMaster, Placement::kHost);
+  EXPECT_TRUE(step_device(mixed.groups()[1], gpu).is_cpu());
+
+  StorePlan sgd(infos(), options(0, 1, "SGD"));
+  sgd.set_placement(StoreBuffer::kMaster, Placement::kHost);
+  sgd.set_placement(StoreBuffer::kState, Placement::kHost);
+  ASSERT_TRUE(sgd.state_names().empty());
+  EXPECT_TRUE(step_device(sgd.groups()[0], gpu) == gpu);
 }

@@ -65,8 +65,6 @@ class Optimizer {
   virtual TensorMap state_dict() const = 0;
   // Restores state_dict(); an unknown key or a wrong shape is an error naming it.
   virtual void load_state_dict(const TensorMap& state) = 0;
-  // Bytes of optimizer state currently held (memory accounting).
-  virtual int64_t state_bytes() const = 0;
 };
 
 inline GradSummary Optimizer::grad_summary() const {

@@ -15,10 +15,13 @@
 // Buffers of a group (StoreBuffer):
 //   kCompute  what forward reads; a module parameter is a view of its range.
 //   kMaster   fp32 copy the optimizer updates when the compute dtype is 16-bit.
-//   kGrad     the gradient. Extent full: autograd's own .grad per parameter (not allocated by
-//             the store; the step reads it). Extent partition: a flat buffer of this rank's
-//             partition that a gradient-partitioning plugin (ZeRO-2) reduces into.
-//   kState    the optimizer's state, one flat fp32 buffer per StorePlan::state_names() entry.
+//   kGrad     the gradient. Extent full in the compute dtype: autograd's own .grad per parameter
+//             (not allocated by the store; the step reads it). Extent full in fp32 under 16-bit
+//             compute: a flat buffer the host adds each .grad into as autograd hands it over (and
+//             all-reduces). Extent partition: a flat buffer of this rank's partition that a
+//             gradient-partitioning plugin (ZeRO-2) reduces into.
+//   kState    the optimizer's state, one flat buffer per StorePlan::state_names() entry: fp32, or
+//             bf16 (set_state_dtype: DeepSpeed's bf16_optimizer_states).
 //
 // Layout of group g (N ranks, A the alignment in elements):
 //   | p_0 | p_1 | ... | p_k | pad |   padded = round_up(sum numel, N * A); rank r owns the
@@ -46,9 +49,23 @@ const char* to_string(StoreBuffer b);  // "compute", "master", "grad", "state"
 enum class Extent : uint8_t { kFull, kPartition };
 const char* to_string(Extent e);  // "full", "partition"
 
+// Element positions [begin, end) in a group's buffers. `a & b` is the positions in both (empty
+// when they are disjoint): the one piece of arithmetic for "the part of this parameter in that
+// partition / bucket / shard". An aggregate, so `auto [lo, hi] = range;` reads it.
+struct ElementRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t size() const { return end > begin ? end - begin : 0; }
+  bool empty() const { return end <= begin; }
+  ElementRange operator&(const ElementRange& o) const {
+    return {begin > o.begin ? begin : o.begin, end < o.end ? end : o.end};
+  }
+  bool operator==(const ElementRange& o) const { return begin == o.begin && end == o.end; }
+};
+
 // How one buffer of a group is kept.
 struct BufferLayout {
-  bool present = true;  // kMaster: only with a 16-bit compute dtype
+  bool present = true;  // kMaster: only with a 16-bit compute dtype; kState: not without state
   at::ScalarType dtype = at::kFloat;
   Extent extent = Extent::kFull;
   memory::Placement placement = memory::Placement::kDevice;
@@ -105,24 +122,39 @@ class StorePlan {
   int64_t alignment() const { return alignment_; }
   const StoreOptions& options() const { return options_; }
 
-  // This rank's element range [first, second) of group g's buffers of extent kPartition.
-  std::pair<int64_t, int64_t> partition(int g) const;
+  // This rank's element range of group g's buffers of extent kPartition.
+  ElementRange partition(int g) const { return partition(g, options_.rank); }
+  // Rank r's.
+  ElementRange partition(int g, int r) const;
+  // The elements of group g this rank's optimizer steps: its partition when the optimizer's side
+  // of the group (master or state) is partitioned, else all of them. Decided by the extents the
+  // plugins set, whether or not those buffers exist (fp32 SGD without momentum has neither).
+  ElementRange step_range(int g) const;
+  // Slot i's elements in group positions: [offset, offset + numel). Throws for a frozen slot.
+  ElementRange range(int slot) const;
   // Elements this rank holds of buffer b of group g (0 when absent or autograd-owned).
   int64_t held_numel(int g, StoreBuffer b) const;
   int64_t find(const std::string& name) const;  // slot index, -1 if none
+  // Whether group g's gradient is a flat buffer of the store (partitioned, or of another dtype
+  // than the compute copy: fp32 accumulation) rather than autograd's own .grad per parameter.
+  bool flat_grad(int g) const;
 
   // ---- the setters plugins call in plan_store ----
   // Each applies to every group (and set_compute_dtype to floating frozen parameters too). Who
   // called is recorded: a second plugin setting one axis to another value is an error naming both.
   void set_compute_dtype(at::ScalarType dtype);     // fp32, bf16 or fp16
-  void set_master_weights(bool on);                 // fp32 masters; needs a 16-bit compute dtype
+  // fp32 masters; needs a 16-bit compute dtype. Set explicitly off, bf16 weights are updated in
+  // place (DeepSpeed's bf16_master_weights_and_grads): the step computes in fp32 and rounds.
+  void set_master_weights(bool on);
+  void set_state_dtype(at::ScalarType dtype);       // Adam's moments: fp32 (default) or bf16
   void set_grad_dtype(at::ScalarType dtype);        // DeepSpeed's data_types.grad_accum_dtype
   void set_extent(StoreBuffer b, Extent extent);    // kCompute: full only (stage 3 is not built)
   void set_placement(StoreBuffer b, memory::Placement placement);
   void require_alignment(int64_t elements);         // the alignment becomes the lcm
   // Whether the settings make a store the step can run (the host calls it after every plugin's
-  // plan_store): 16-bit compute needs fp32 masters, fp32 has none, gradients are the compute
-  // dtype or fp32. Throws memrt::Error saying what to change.
+  // plan_store): 16-bit compute needs fp32 masters (bf16 may go without, when a plugin set
+  // masters off), fp32 has none, gradients are the compute dtype or fp32. Throws memrt::Error
+  // saying what to change.
   void check() const;
 
   // This rank's bytes of every buffer the store allocates, by (category, placement): compute ->

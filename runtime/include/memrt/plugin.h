@@ -51,7 +51,7 @@
 //
 // What each phase may change is what its context hands out as non-const: the model and its
 // parameters only in on_block_ready and transform_model; the store's layout only in plan_store;
-// the optimizer only in build_optimizer;
+// the optimizer, the store's buffers and gradient hooks only in build_optimizer;
 // the loss that is backpropagated only in before_backward; gradients from after_backward through
 // before_optimizer_step; parameters again in after_optimizer_step. Observers (loggers, profilers)
 // are plugins that only read.
@@ -156,13 +156,30 @@ struct StorePlanContext {
   const RunInfo& run;
 };
 
+// What to do with a trainable parameter's gradient the moment autograd has accumulated it (once
+// per backward, after every use of the parameter: a tied weight's two uses included). `grad` is
+// the parameter's .grad: a callback may read it, move it elsewhere and reset it (undefined: the
+// callbacks after it then see none). LibTorch keeps one such hook per parameter, so the host
+// installs it and calls, in order, every callback registered for the slot: the host's own first
+// (fp32 accumulation into the store's flat gradient), then the plugins' in priority order.
+using GradReadyFn = std::function<void(at::Tensor& grad)>;
+class GradHooks {
+ public:
+  virtual ~GradHooks() = default;
+  // `slot`: the parameter's slot in the store's plan (a trainable one).
+  virtual void on_grad_ready(int slot, GradReadyFn fn) = 0;
+};
+
 struct OptimizerContext {
   CausalLM& model;
-  const ParamStore& store;
+  // Writable here: a plugin may keep a reference and move bytes in and out of the store's buffers
+  // (gradients, gathered compute copies) in the phases after this one. Its layout is fixed.
+  ParamStore& store;
   // The optimizer the host built from the config, over the trainable parameters; replace or wrap it.
   std::unique_ptr<Optimizer>& optimizer;
   const RunInfo& run;
   Communicator& comm;
+  GradHooks& grad_hooks;  // ABI 2.1
 };
 
 struct TrainContext {
@@ -302,13 +319,14 @@ class Plugin {
 // ---- the handshake ------------------------------------------------------------------------------
 // The one exported symbol. Plain C layout; fields are only ever appended (struct_size tells the
 // host which ones exist). Minor versions only append virtual functions to Plugin; the host calls
-// them only on plugins built with that minor or later. ABI 2.0: the parameter store (plan_store,
-// Optimizer::step(StepScalars), StepContext::grad_scale; checkpoints save the store). The host refuses a plugin whose ABI
+// them only on plugins built with that minor or later; context structs only grow at their end.
+// ABI 2.0: the parameter store (plan_store, Optimizer::step(StepScalars), StepContext::grad_scale;
+// checkpoints save the store). 2.1: OptimizerContext::grad_hooks, a writable store there. The host refuses a plugin whose ABI
 // major differs, whose ABI minor is newer than the host's, or whose LibTorch version, C++ ABI flag or CUDA flag differ from its own
 // — plugins pass at::Tensor and nn::Module across the boundary, the same contract as PyTorch C++
 // extensions.
 #define MEMRT_PLUGIN_ABI_MAJOR 2
-#define MEMRT_PLUGIN_ABI_MINOR 0
+#define MEMRT_PLUGIN_ABI_MINOR 1
 #define MEMRT_PLUGIN_ENTRY_SYMBOL "memrt_plugin_entry"
 
 extern "C" {

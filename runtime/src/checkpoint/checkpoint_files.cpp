@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
+#include <cstdio>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -38,13 +40,19 @@ bool is_hex_digest(const std::string& s) {
          std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
 }
 
+// A non-negative decimal integer that fits int64 ("0", "42"), or -1 for anything else.
+int64_t parse_count(const std::string& text) {
+  int64_t v = -1;
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, v);
+  return ec == std::errc() && ptr == end && !text.empty() && text[0] != '-' && text[0] != '+' ? v : -1;
+}
+
 // The step of a tag "global_step<N>", or -1.
 int64_t tag_step(const std::string& tag) {
   const std::string prefix = kTagPrefix;
-  if (tag.rfind(prefix, 0) != 0 || tag.size() == prefix.size()) return -1;
-  const std::string digits = tag.substr(prefix.size());
-  if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) return -1;
-  return std::stoll(digits);
+  if (tag.rfind(prefix, 0) != 0) return -1;
+  return parse_count(tag.substr(prefix.size()));
 }
 
 }  // namespace
@@ -144,6 +152,8 @@ Manifest read_manifest(const std::string& dir) {
   m.tag = d["tag"].GetString();
   m.step = d["step"].GetInt64();
   m.world_size = d["world_size"].GetInt();
+  if (m.step < 0) throw bad("\"step\" is negative");
+  if (m.world_size < 1) throw bad("\"world_size\" is not a positive number of ranks");
   for (const auto& f : d["files"].GetObject()) {
     const auto& v = f.value;
     if (!v.IsObject() || !v.HasMember("bytes") || !v["bytes"].IsUint64() || !v.HasMember("sha256") ||
@@ -153,6 +163,75 @@ Manifest read_manifest(const std::string& dir) {
     m.files[f.name.GetString()] = {v["bytes"].GetUint64(), v["sha256"].GetString()};
   }
   return m;
+}
+
+std::string rank_file_name(int rank) {
+  char name[32];
+  std::snprintf(name, sizeof name, "rank%05d.safetensors", rank);
+  return name;
+}
+
+RankFiles::RankFiles(std::string dir, const Manifest& m) : dir_(std::move(dir)), manifest_(m) {}
+RankFiles::~RankFiles() = default;
+
+const SafetensorsFile& RankFiles::operator()(int rank) {
+  auto it = files_.find(rank);
+  if (it != files_.end()) return it->second;
+  if (rank < 0 || rank >= manifest_.world_size)
+    throw FileError((fs::path(dir_) / kManifest).string(),
+                    "has no rank " + std::to_string(rank) + " (world size " +
+                        std::to_string(manifest_.world_size) + ")");
+  verify_checkpoint_file(dir_, manifest_, rank_file_name(rank));
+  return files_.emplace(rank, SafetensorsFile::open((fs::path(dir_) / rank_file_name(rank)).string())).first->second;
+}
+
+RankFileMetadata parse_rank_metadata(const std::map<std::string, std::string>& metadata,
+                                     const std::string& path) {
+  auto text = [&](const char* key) -> const std::string& {
+    auto it = metadata.find(key);
+    if (it == metadata.end()) throw FileError(path, std::string("lacks metadata \"") + key + "\"");
+    return it->second;
+  };
+  auto count = [&](const char* key) {
+    const int64_t v = parse_count(text(key));
+    if (v < 0)
+      throw FileError(path, std::string("metadata \"") + key + "\" is \"" + text(key) +
+                                "\", not a non-negative integer: the file is damaged");
+    return v;
+  };
+  RankFileMetadata out;
+  out.step = count("step");
+  out.completed_steps = count("completed_steps");
+  out.skipped_steps = count("skipped_steps");
+  auto it = metadata.find("plugin_state_versions");
+  const std::string versions = it == metadata.end() ? "{}" : it->second;
+  rapidjson::Document d;
+  d.Parse(versions.c_str(), versions.size());
+  if (d.HasParseError() || !d.IsObject())
+    throw FileError(path, "metadata \"plugin_state_versions\" is not a JSON object");
+  for (const auto& member : d.GetObject()) {
+    const std::string name(member.name.GetString(), member.name.GetStringLength());
+    if (!member.value.IsInt())
+      throw FileError(path, "metadata \"plugin_state_versions\" gives plugin '" + name +
+                                "' a version that is not an integer");
+    out.plugin_state_versions[name] = member.value.GetInt();
+  }
+  return out;
+}
+
+std::string metrics_up_to(const std::string& text, int64_t step, int64_t* dropped) {
+  std::string kept;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    rapidjson::Document d;
+    d.Parse(line.c_str(), line.size());
+    if (d.HasParseError() || !d.IsObject() || !d.HasMember("step") || !d["step"].IsInt64()) {
+      if (dropped) ++*dropped;
+      continue;
+    }
+    if (d["step"].GetInt64() <= step) kept += line + "\n";
+  }
+  return kept;
 }
 
 void verify_checkpoint_file(const std::string& dir, const Manifest& m, const std::string& name) {

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <map>
+
+#include "io/safetensors.h"
 #include <string>
 #include <vector>
 
@@ -41,6 +43,43 @@ void write_manifest(const std::string& dir, const Manifest& m);
 Manifest read_manifest(const std::string& dir);
 // Checks `dir/name` against the manifest (listed, size, SHA-256); FileError naming it.
 void verify_checkpoint_file(const std::string& dir, const Manifest& m, const std::string& name);
+
+// "rank00003.safetensors"
+std::string rank_file_name(int rank);
+
+// A checkpoint's rank files, each verified against the manifest and opened on first use only: a
+// rank reads (and hashes) the files it needs, one on the world size that saved it, the few whose
+// shards overlap its partition on another.
+class RankFiles {
+ public:
+  RankFiles(std::string dir, const Manifest& m);
+  ~RankFiles();
+  const SafetensorsFile& operator()(int rank);
+  int opened() const { return static_cast<int>(files_.size()); }
+
+ private:
+  std::string dir_;
+  const Manifest& manifest_;
+  std::map<int, SafetensorsFile> files_;
+};
+
+// What a rank file's safetensors metadata says besides the format's name and version: the
+// counters and the state versions of the plugins that saved state.
+struct RankFileMetadata {
+  int64_t step = 0;             // optimizer steps taken, skipped ones included
+  int64_t completed_steps = 0;  // updates (the LR schedule's clock)
+  int64_t skipped_steps = 0;
+  std::map<std::string, int> plugin_state_versions;  // plugin name -> its state_version()
+};
+// Parses a rank file's metadata; FileError naming `path` and the key when one is missing or is not
+// what it should be (a non-negative decimal integer, a JSON object of integers).
+RankFileMetadata parse_rank_metadata(const std::map<std::string, std::string>& metadata,
+                                     const std::string& path);
+
+// metrics.jsonl as a resumed run continues it: the lines of steps up to `step`, in order. A line
+// that is not a JSON object with an integer "step" (the torn last line of a run killed while
+// writing it) is dropped and counted in *dropped.
+std::string metrics_up_to(const std::string& text, int64_t step, int64_t* dropped);
 
 // fsync of a file or a folder (so a rename inside it is durable).
 void fsync_path(const std::string& path);

@@ -1,11 +1,13 @@
 #include "checkpoint/store_checkpoint.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
 
+#include <ATen/core/grad_mode.h>
 #include <rapidjson/document.h>
 #include <rapidjson/prettywriter.h>
 #include <rapidjson/stringbuffer.h>
@@ -163,8 +165,12 @@ SavedStore::SavedStore(const std::string& dir, std::function<const SafetensorsFi
   auto read_shape = [&](const rapidjson::Value& v, const std::string& name) {
     if (!v.HasMember("shape") || !v["shape"].IsArray()) throw bad("parameter '" + name + "' has no \"shape\"");
     std::vector<int64_t> shape;
+    int64_t numel = 1;
     for (const auto& dim : v["shape"].GetArray()) {
       if (!dim.IsInt64() || dim.GetInt64() < 0) throw bad("parameter '" + name + "' has a bad \"shape\"");
+      if (dim.GetInt64() > 0 && numel > INT64_MAX / dim.GetInt64())
+        throw bad("parameter '" + name + "' has a \"shape\" of more than 2^63 elements");
+      numel *= dim.GetInt64();
       shape.push_back(dim.GetInt64());
     }
     return shape;
@@ -177,9 +183,19 @@ SavedStore::SavedStore(const std::string& dir, std::function<const SafetensorsFi
   if (!d.HasMember("groups") || !d["groups"].IsArray()) throw bad("no \"groups\" array");
   for (const auto& g : d["groups"].GetArray()) {
     if (!g.IsObject() || !g.HasMember("name") || !g["name"].IsString() || !g.HasMember("padded") ||
-        !g["padded"].IsInt64() || !g.HasMember("params") || !g["params"].IsArray())
-      throw bad("a group lacks \"name\", \"padded\" or \"params\"");
-    Group group{g["name"].GetString(), g["padded"].GetInt64()};
+        !g["padded"].IsInt64() || !g.HasMember("numel") || !g["numel"].IsInt64() ||
+        !g.HasMember("params") || !g["params"].IsArray() || !g.HasMember("buffers") || !g["buffers"].IsObject())
+      throw bad("a group lacks \"name\", \"numel\", \"padded\", \"buffers\" or \"params\"");
+    Group group{g["name"].GetString(), g["padded"].GetInt64(), g["numel"].GetInt64(), {}};
+    if (group.padded < 0) throw bad("group '" + group.name + "': \"padded\" is negative");
+    if (group.numel < 0 || group.numel > group.padded)
+      throw bad("group '" + group.name + "': \"numel\" is not between 0 and \"padded\"");
+    for (const auto& b : g["buffers"].GetObject()) {
+      if (!b.value.IsString()) throw bad("group '" + group.name + "': a buffer's dtype is not a string");
+      group.dtypes[b.name.GetString()] = b.value.GetString();
+    }
+    for (const std::string& b : saved_buffer_names())
+      if (!group.dtypes.count(b)) throw bad("group '" + group.name + "' lists no buffer \"" + b + "\"");
     if (group.padded % world_size_ != 0)
       throw bad("group '" + group.name + "': \"padded\" does not split across " + std::to_string(world_size_) + " ranks");
     for (const auto& v : g["params"].GetArray()) {
@@ -193,18 +209,27 @@ SavedStore::SavedStore(const std::string& dir, std::function<const SafetensorsFi
       p.offset = v["offset"].GetInt64();
       const int64_t offset = p.offset;
       add(name, std::move(p));
-      if (offset + params_.at(name).numel > group.padded)
-        throw bad("parameter '" + name + "' ends beyond its group's \"padded\"");
+      if (params_.at(name).numel > group.numel - offset)
+        throw bad("parameter '" + name + "' ends beyond its group's \"numel\"");
     }
     groups_.push_back(std::move(group));
   }
   if (!d.HasMember("frozen") || !d["frozen"].IsArray()) throw bad("no \"frozen\" array");
   for (const auto& v : d["frozen"].GetArray()) {
-    if (!v.IsObject() || !v.HasMember("name") || !v["name"].IsString()) throw bad("a frozen parameter has no \"name\"");
+    if (!v.IsObject() || !v.HasMember("name") || !v["name"].IsString() || !v.HasMember("dtype") ||
+        !v["dtype"].IsString())
+      throw bad("a frozen parameter has no \"name\" or \"dtype\"");
     Param p;
     p.shape = read_shape(v, v["name"].GetString());
+    p.dtype = v["dtype"].GetString();
     add(v["name"].GetString(), std::move(p));
   }
+}
+
+std::vector<std::string> SavedStore::saved_buffer_names() const {
+  std::vector<std::string> out = {kWeight};
+  out.insert(out.end(), state_names_.begin(), state_names_.end());
+  return out;
 }
 
 std::vector<std::string> SavedStore::param_names() const {
@@ -227,21 +252,21 @@ void SavedStore::read(const std::string& param, const std::string& buffer, int64
   const int64_t n = dst.numel();
   TORCH_CHECK(first >= 0 && first + n <= p.numel && dst.is_contiguous(), "SavedStore::read: bad range");
   at::Tensor out = dst.view({-1});
-  auto shard = [&](int rank, const std::string& name, int64_t numel) {
+  auto shard = [&](int rank, const std::string& name, int64_t numel, const std::string& dtype) {
     const SafetensorsFile& file = rank_file_(rank);
     if (!file.contains(name))
       throw FileError(file.path(), "lacks tensor '" + name + "', which store.json says this rank saved");
     const at::Tensor t = file.tensor(name);
-    if (t.numel() != numel || !t.is_floating_point())
-      throw FileError(file.path(), "tensor '" + name + "' has " + std::to_string(t.numel()) +
-                                       " elements; store.json gives it " + std::to_string(numel) +
-                                       " floating-point elements");
+    if (t.numel() != numel || dtype_name(t.scalar_type()) != dtype)
+      throw FileError(file.path(), "tensor '" + name + "' is " + std::to_string(t.numel()) + " " +
+                                       dtype_name(t.scalar_type()) + " elements; store.json gives it " +
+                                       std::to_string(numel) + " " + dtype + " elements");
     return t.view({-1});
   };
   if (p.group < 0) {
     if (buffer != kWeight)
       throw FileError(path_, "parameter '" + param + "' is frozen: it has no optimizer state '" + buffer + "'");
-    out.copy_(shard(0, frozen_name(param), p.numel).narrow(0, first, n));
+    out.copy_(shard(0, frozen_name(param), p.numel, p.dtype).narrow(0, first, n));
     return;
   }
   if (buffer != kWeight && std::find(state_names_.begin(), state_names_.end(), buffer) == state_names_.end())
@@ -253,13 +278,13 @@ void SavedStore::read(const std::string& param, const std::string& buffer, int64
   for (int64_t pos = a; pos < b;) {
     const int rank = static_cast<int>(pos / share);
     const int64_t end = std::min(b, (rank + 1) * share);
-    const at::Tensor src = shard(rank, shard_name(g.name, buffer), share);
+    const at::Tensor src = shard(rank, shard_name(g.name, buffer), share, g.dtypes.at(buffer));
     out.narrow(0, pos - a, end - pos).copy_(src.narrow(0, pos - rank * share, end - pos));
     pos = end;
   }
 }
 
-int64_t load_store(ParamStore& store, const SavedStore& saved) {
+int64_t load_store(ParamStore& store, const SavedStore& saved, LoadShare share) {
   const StorePlan& plan = store.plan();
   auto fix = [](const std::string& what) {
     return what + ": resume with the model, plugins and optimizer the checkpoint was made with "
@@ -274,6 +299,7 @@ int64_t load_store(ParamStore& store, const SavedStore& saved) {
     throw FileError(saved.path(), fix("the checkpoint's optimizer state is " + list(saved.state_names()) +
                                     ", this run's optimizer keeps " + list(plan.state_names())));
   }
+  const bool partition_only = share == LoadShare::kPartition;
   std::set<std::string> planned;
   at::NoGradGuard no_grad;
   for (int slot = 0; slot < static_cast<int>(plan.slots().size()); ++slot) {
@@ -286,28 +312,54 @@ int64_t load_store(ParamStore& store, const SavedStore& saved) {
                                       c10::str(at::IntArrayRef(saved.shape(s.param.name))) + " in the checkpoint, " +
                                       c10::str(at::IntArrayRef(s.param.shape)) + " in this run"));
     if (s.group < 0) {
-      saved.read(s.param.name, kWeight, 0, store.param(slot));
+      if (!partition_only || plan.rank() == 0) saved.read(s.param.name, kWeight, 0, store.param(slot));
       continue;
     }
     if (!saved.trainable(s.param.name))
       throw FileError(saved.path(), fix("parameter '" + s.param.name + "' was frozen in the checkpoint's run and is trained in this one"));
-    // The compute copy whole (rounded from the exact weight as the step's write-back rounds),
-    // then what this rank holds of the master and the state.
-    saved.read(s.param.name, kWeight, 0, store.slice(slot, StoreBuffer::kCompute).first);
+    // What this rank reads of buffer b: what it holds of the parameter, or only the part in its
+    // partition. The compute copy is rounded from the exact weight as the step's write-back rounds.
+    const ElementRange wanted = partition_only ? plan.range(slot) & plan.partition(s.group) : plan.range(slot);
+    auto load = [&](StoreBuffer b, int k, const std::string& name) {
+      const auto [view, first] = store.slice(slot, b, k);
+      const ElementRange held{s.offset + first, s.offset + first + view.numel()};
+      const ElementRange part = held & wanted;
+      if (!part.empty())
+        saved.read(s.param.name, name, part.begin - s.offset, view.narrow(0, part.begin - held.begin, part.size()));
+    };
+    load(StoreBuffer::kCompute, 0, kWeight);
     const ParamStore::Group& g = store.groups()[static_cast<size_t>(s.group)];
-    if (g.master.defined()) {
-      auto [view, first] = store.slice(slot, StoreBuffer::kMaster);
-      if (view.numel() > 0) saved.read(s.param.name, kWeight, first, view);
-    }
-    for (size_t k = 0; k < plan.state_names().size(); ++k) {
-      auto [view, first] = store.slice(slot, StoreBuffer::kState, static_cast<int>(k));
-      if (view.numel() > 0) saved.read(s.param.name, plan.state_names()[k], first, view);
-    }
+    if (g.master.defined()) load(StoreBuffer::kMaster, 0, kWeight);
+    for (size_t k = 0; k < plan.state_names().size(); ++k)
+      load(StoreBuffer::kState, static_cast<int>(k), plan.state_names()[k]);
   }
   for (const std::string& name : saved.param_names())
     if (!planned.count(name))
       throw FileError(saved.path(), fix("the checkpoint has parameter '" + name + "', which this run's model lacks"));
   return static_cast<int64_t>(plan.slots().size());
+}
+
+void complete_loaded_store(ParamStore& store, Communicator& comm) {
+  const StorePlan& plan = store.plan();
+  at::NoGradGuard no_grad;
+  for (int g = 0; g < static_cast<int>(plan.groups().size()); ++g) {
+    ParamStore::Group& group = store.groups()[static_cast<size_t>(g)];
+    const ElementRange mine = plan.partition(g);
+    std::vector<at::Tensor*> full = {&group.compute};
+    if (group.master.defined() && plan.groups()[static_cast<size_t>(g)].buffer(StoreBuffer::kMaster).extent == Extent::kFull)
+      full.push_back(&group.master);
+    if (plan.groups()[static_cast<size_t>(g)].buffer(StoreBuffer::kState).extent == Extent::kFull)
+      for (at::Tensor& t : group.state) full.push_back(&t);
+    for (at::Tensor* t : full) {
+      const at::Tensor part = t->narrow(0, mine.begin, mine.size()).clone();  // all_gather's input
+      comm.all_gather(*t, part);
+    }
+  }
+  for (size_t i = 0; i < plan.slots().size(); ++i) {
+    if (plan.slots()[i].group >= 0) continue;
+    at::Tensor p = store.param(static_cast<int>(i));
+    comm.broadcast(p, 0);
+  }
 }
 
 }  // namespace memrt

@@ -30,6 +30,7 @@
 #include <ATen/ATen.h>
 
 #include "io/safetensors.h"
+#include "memrt/comm.h"
 #include "memrt/param_store.h"
 
 namespace memrt {
@@ -70,11 +71,16 @@ class SavedStore {
     int64_t numel = 0;
     int group = -1;  // -1: frozen
     int64_t offset = 0;
+    std::string dtype;  // frozen: the saved tensor's safetensors dtype
   };
   struct Group {
     std::string name;
     int64_t padded = 0;
+    int64_t numel = 0;
+    std::map<std::string, std::string> dtypes;  // saved buffer -> safetensors dtype
   };
+  // "weight", then the state names: what every group saves.
+  std::vector<std::string> saved_buffer_names() const;
   std::string path_;  // store.json
   std::function<const SafetensorsFile&(int)> rank_file_;
   int world_size_ = 1;
@@ -83,10 +89,22 @@ class SavedStore {
   std::map<std::string, Param> params_;
 };
 
-// Fills `store` from `saved`: the compute buffers in full and this rank's masters and state,
-// parameters matched by name. Another world size, alignment or group layout loads; a parameter
-// missing on either side, another shape or another optimizer state is a FileError naming
-// store.json and saying what to do. Returns the number of parameters loaded.
-int64_t load_store(ParamStore& store, const SavedStore& saved);
+// What load_store reads of each buffer.
+enum class LoadShare {
+  kHeld,       // everything this rank holds: full buffers whole, frozen parameters (one process)
+  kPartition,  // of every buffer only this rank's partition (plan.partition), and the frozen
+               // parameters on rank 0 only: a rank reads 1/N of the checkpoint (on the saving
+               // world size, its own file); complete_loaded_store() fills in the rest
+};
+
+// Fills `store` from `saved`, parameters matched by name. Another world size, alignment or group
+// layout loads; a parameter missing on either side, another shape or another optimizer state is a
+// FileError naming store.json and saying what to do. Returns the number of parameters loaded.
+int64_t load_store(ParamStore& store, const SavedStore& saved, LoadShare share = LoadShare::kHeld);
+
+// After load_store(..., kPartition) on every rank: all-gathers each full-extent buffer's partitions
+// (compute copies; masters and state where they are replicated) and broadcasts the frozen
+// parameters from rank 0.
+void complete_loaded_store(ParamStore& store, Communicator& comm);
 
 }  // namespace memrt

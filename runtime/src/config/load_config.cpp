@@ -704,6 +704,7 @@ void Loader::resolve_optimizer(const ConfigNode* opt) {
       o.bias_correction = p.get<bool>("bias_correction", true);
       // DeepSpeed: effective AdamW = type AdamW or adam_w_mode (default true).
       o.adam_w_mode = p.get<bool>("adam_w_mode", true) || o.type == "AdamW";
+      o.bf16_stochastic_round = p.get<bool>("bf16_stochastic_round", false);  // torchao's name
       p.get<bool>("torch_adam", false);               // implementation choice only: same math
       p.get<bool>("fp32_optimizer_states", true);     // memrt's states are fp32 unless 8-bit
       p.reject_if_true("amsgrad", "AMSGrad; use Adam or AdamW");
@@ -948,8 +949,8 @@ void Loader::resolve_precision(const ConfigNode* fp16, const ConfigNode* bf16, c
     } else {
       pass(r, out, "check_grad_overflow", Ty::Bool);
       r.ignore("immediate_grad_update", "memrt accumulates gradients in the precision plugin's own way");
-      r.reject_if_true("bf16_master_weights_and_grads", "memrt keeps fp32 master weights; to save memory use ZeRO or 8-bit optimizer states (optim: adamw_8bit)");
-      r.reject_if_true("bf16_optimizer_states", "memrt keeps fp32 optimizer states; use optim: adamw_8bit for smaller states");
+      pass(r, out, "bf16_master_weights_and_grads", Ty::Bool);
+      pass(r, out, "bf16_optimizer_states", Ty::Bool);
     }
     r.finish();
     options.set(name, out);
@@ -1396,6 +1397,7 @@ std::string resolved_config_json(const TrainConfig& cfg) {
     opt.set("eps", num(o.eps));
     opt.set("bias_correction", ConfigNode::boolean(o.bias_correction));
     opt.set("adam_w_mode", ConfigNode::boolean(o.adam_w_mode));
+    if (o.bf16_stochastic_round) opt.set("bf16_stochastic_round", ConfigNode::boolean(true));
   }
   root.set("optimizer", opt);
 

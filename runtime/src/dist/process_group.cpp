@@ -459,21 +459,9 @@ int64_t DistContext::comm_buffer_bytes() const {
 void DistContext::all_reduce_gradients(const std::vector<at::Tensor>& params,
                                        const GradReduceOptions& options) {
   if (!impl_) return;  // the mean over one rank is the gradient itself
-  Impl& im = *impl_;
-  const double n = static_cast<double>(world_size());
-  const double f = options.gradient_predivide_factor;
-  if (!(f > 0.0)) {
-    throw ConfigError("ds_config", "gradient_predivide_factor",
-                      "must be positive, got " + std::to_string(f));
-  }
-  if (options.bucket_bytes <= 0) {
-    throw ConfigError("ds_config", "allreduce_bucket_size",
-                      "must be positive, got " + std::to_string(options.bucket_bytes) + " bytes");
-  }
-
   // The defined grads, made dense and contiguous in place so buckets can copy back into them.
   std::vector<at::Tensor> grads;
-  std::vector<int64_t> key;
+  std::vector<int64_t> ids;
   grads.reserve(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     at::Tensor p = params[i];
@@ -485,9 +473,36 @@ void DistContext::all_reduce_gradients(const std::vector<at::Tensor>& params,
     }
     if (!p.grad().is_contiguous()) p.mutable_grad() = p.grad().contiguous();
     grads.push_back(p.grad());
-    key.push_back(static_cast<int64_t>(i));
-    key.push_back(static_cast<int64_t>(p.grad().scalar_type()));
-    key.push_back(p.grad().numel());
+    ids.push_back(static_cast<int64_t>(i));
+  }
+  reduce_in_buckets(grads, ids, options);
+}
+
+void DistContext::all_reduce_tensors(const std::vector<at::Tensor>& tensors, const GradReduceOptions& options) {
+  if (!impl_) return;
+  std::vector<int64_t> ids;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (!tensors[i].is_contiguous())
+      throw DistributedError("rank " + std::to_string(rank()) + ": all_reduce_tensors: tensor " +
+                             std::to_string(i) + " is not contiguous");
+    ids.push_back(static_cast<int64_t>(i));
+  }
+  reduce_in_buckets(tensors, ids, options);
+}
+
+void DistContext::reduce_in_buckets(const std::vector<at::Tensor>& grads, const std::vector<int64_t>& ids,
+                                    const GradReduceOptions& options) {
+  Impl& im = *impl_;
+  const double n = static_cast<double>(world_size());
+  if (options.bucket_bytes <= 0) {
+    throw ConfigError("ds_config", "allreduce_bucket_size",
+                      "must be positive, got " + std::to_string(options.bucket_bytes) + " bytes");
+  }
+  std::vector<int64_t> key;
+  for (size_t g = 0; g < grads.size(); ++g) {
+    key.push_back(ids[g]);
+    key.push_back(static_cast<int64_t>(grads[g].scalar_type()));
+    key.push_back(grads[g].numel());
   }
   key.push_back(options.bucket_bytes);
 
@@ -572,16 +587,7 @@ void DistContext::all_reduce_gradients(const std::vector<at::Tensor>& params,
     im.plan = std::move(plan);
   }
 
-  // ---- scaling (DeepSpeed §1.3) ----
-  double pre = 1.0, post = 1.0;
-  if (options.average) {
-    if (options.prescale_gradients) {
-      pre = 1.0 / n;
-    } else {
-      if (f != 1.0) pre = 1.0 / f;
-      if (f != n) post = f / n;
-    }
-  }
+  const double post = 1.0 / n;  // the mean (DeepSpeed §1.3, "postscale")
 
   // ---- pack, all-reduce, unpack; two slots per group so packing overlaps communication ----
   struct Pending {
@@ -595,7 +601,7 @@ void DistContext::all_reduce_gradients(const std::vector<at::Tensor>& params,
   auto finish = [&](Pending& p) {
     if (!p.bucket) return;
     im.wait(p.work, "all_reduce_gradients (bucket of " + describe(p.buf) + ")");
-    if (post != 1.0) p.buf.mul_(post);
+    p.buf.mul_(post);
     for (const auto& s : p.bucket->segments) {
       grads[s.grad].view({-1}).narrow(0, s.offset, s.numel).copy_(p.buf.narrow(0, s.bucket_offset, s.numel));
     }
@@ -610,7 +616,6 @@ void DistContext::all_reduce_gradients(const std::vector<at::Tensor>& params,
     for (const auto& s : b.segments) {
       buf.narrow(0, s.bucket_offset, s.numel).copy_(grads[s.grad].view({-1}).narrow(0, s.offset, s.numel));
     }
-    if (pre != 1.0) buf.mul_(pre);
     p.bucket = &b;
     p.buf = buf;
     p.ts = {buf};

@@ -48,17 +48,13 @@ struct DistEnvironment {
 // variable that is missing or malformed and the launcher that normally sets it.
 DistEnvironment read_dist_environment();
 
-// How data-parallel gradients are averaged (DeepSpeed semantics, reference §1.3).
+// How data-parallel gradients are averaged: all-reduce sum, then times 1/N (DeepSpeed's default
+// "postscale"; its prescale_gradients and gradient_predivide_factor give the same mean up to
+// rounding and are accepted with a warning by the config loader).
 struct GradReduceOptions {
   // Upper bound of one all-reduce bucket (and of the staging buffer it uses). DeepSpeed's
   // allreduce_bucket_size counts elements; the engine converts (elements × element size).
   int64_t bucket_bytes = int64_t{500'000'000};
-  // false (default, "postscale"): g *= 1/f, all-reduce sum, g *= f/N (f = predivide factor).
-  // true: g *= 1/N, all-reduce sum.
-  bool prescale_gradients = false;
-  double gradient_predivide_factor = 1.0;
-  // false: gradient_allreduce_op "sum" — all-reduce sum, no scaling at all.
-  bool average = true;
 };
 
 // The SDK's Communicator (memrt/comm.h) is this class: plugins reach the collectives through it.
@@ -109,6 +105,8 @@ class DistContext final : public Communicator {
   // With world_size 1 this does nothing: the average over one rank is the gradient itself.
   void all_reduce_gradients(const std::vector<at::Tensor>& params,
                             const GradReduceOptions& options);
+  // The same averaging of contiguous tensors in place (the store's flat gradient buffers).
+  void all_reduce_tensors(const std::vector<at::Tensor>& tensors, const GradReduceOptions& options);
 
   // Bytes currently held in staging buffers (for the memory report: communication buffers).
   int64_t comm_buffer_bytes() const;
@@ -117,6 +115,9 @@ class DistContext final : public Communicator {
 
  private:
   DistContext(DistEnvironment env, std::chrono::seconds timeout);
+  // Both averagings: `grads` (contiguous) in buckets; `ids` name them in the plan's key.
+  void reduce_in_buckets(const std::vector<at::Tensor>& grads, const std::vector<int64_t>& ids,
+                         const GradReduceOptions& options);
 
   DistEnvironment env_;
   std::chrono::seconds timeout_;

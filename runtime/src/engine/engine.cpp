@@ -15,6 +15,8 @@
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include "data/dataset.h"
 #include "dist/process_group.h"
@@ -43,6 +45,61 @@ std::string mib(int64_t bytes) {
   os << std::fixed << std::setprecision(1) << static_cast<double>(bytes) / (1024.0 * 1024.0)
      << " MiB";
   return os.str();
+}
+
+// The SDK's gradient hooks (plugin.h): the callbacks of every slot, run from one LibTorch
+// post-accumulate-grad hook per parameter (LibTorch keeps one per tensor).
+class GradHookTable final : public GradHooks {
+ public:
+  explicit GradHookTable(const ParamStore& store) : store_(store) {
+    for (size_t i = 0; i < store.plan().slots().size(); ++i) callbacks_.push_back(std::make_shared<Callbacks>());
+  }
+
+  void on_grad_ready(int slot, GradReadyFn fn) override {
+    if (slot < 0 || slot >= static_cast<int>(callbacks_.size()) ||
+        store_.plan().slots()[static_cast<size_t>(slot)].group < 0) {
+      throw Error("GradHooks::on_grad_ready: slot " + std::to_string(slot) +
+                  " is not a trainable parameter's slot in the store");
+    }
+    callbacks_[static_cast<size_t>(slot)]->push_back(std::move(fn));
+  }
+
+  // After every build_optimizer: one hook on each parameter that has callbacks.
+  void install() {
+    for (size_t slot = 0; slot < callbacks_.size(); ++slot) {
+      if (callbacks_[slot]->empty()) continue;
+      torch::autograd::impl::set_post_acc_grad_hooks(store_.param(static_cast<int>(slot)),
+                                                     std::make_unique<Hook>(callbacks_[slot]));
+    }
+  }
+
+ private:
+  using Callbacks = std::vector<GradReadyFn>;
+  struct Hook final : torch::autograd::PostAccumulateGradHook {
+    explicit Hook(std::shared_ptr<Callbacks> fns) : fns(std::move(fns)) {}
+    void operator()(const torch::autograd::Variable& param) override {
+      at::Tensor& grad = const_cast<at::Tensor&>(param).mutable_grad();
+      for (const GradReadyFn& fn : *fns) {
+        if (!grad.defined()) return;
+        fn(grad);
+      }
+    }
+    std::shared_ptr<Callbacks> fns;
+  };
+
+  const ParamStore& store_;
+  std::vector<std::shared_ptr<Callbacks>> callbacks_;
+};
+
+// The store's flat gradient buffers of full extent (fp32 accumulation of 16-bit gradients below
+// ZeRO stage 2), which the host fills and all-reduces.
+std::vector<at::Tensor> full_flat_grads(const ParamStore& store) {
+  std::vector<at::Tensor> out;
+  for (size_t g = 0; g < store.groups().size(); ++g)
+    if (store.groups()[g].grad.defined() &&
+        store.plan().groups()[g].buffer(StoreBuffer::kGrad).extent == Extent::kFull)
+      out.push_back(store.groups()[g].grad);
+  return out;
 }
 
 }  // namespace
@@ -182,10 +239,27 @@ void Engine::setup() {
       if (store_->plan().slots()[i].group >= 0) trainable_.push_back(store_->param(static_cast<int>(i)));
 
     memory::Scope optimizer_scope(Category::kOptimizerState);
+    cfg_.optimizer.seed = cfg_.seed;  // stochastic rounding's draws
     optimizer_ = make_optimizer(cfg_.optimizer, store_);
-    OptimizerContext opt_ctx{*model_, *store_, optimizer_, run_, *dist_};
+    // A flat gradient of full extent (another dtype than the compute one: fp32 accumulation) takes
+    // each parameter's gradient as autograd hands it over; the host's callback runs first.
+    GradHookTable hooks(*store_);
+    for (size_t i = 0; i < store_->plan().slots().size(); ++i) {
+      const int slot = static_cast<int>(i);
+      const int g = store_->plan().slots()[i].group;
+      if (g < 0 || !store_->groups()[static_cast<size_t>(g)].grad.defined() ||
+          store_->plan().groups()[static_cast<size_t>(g)].buffer(StoreBuffer::kGrad).extent != Extent::kFull)
+        continue;
+      hooks.on_grad_ready(slot, [store = store_, slot](at::Tensor& grad) {
+        at::NoGradGuard no_grad;
+        store->slice(slot, StoreBuffer::kGrad).first.add_(grad.reshape({-1}));
+        grad = at::Tensor();
+      });
+    }
+    OptimizerContext opt_ctx{*model_, *store_, optimizer_, run_, *dist_, hooks};
     plugins_.each("build_optimizer", -1, [&](Plugin& p) { p.build_optimizer(opt_ctx); });
     if (!optimizer_) throw Error("a plugin's build_optimizer left no optimizer");
+    hooks.install();
   }
 
   // Gradients are counted as gradients from the moment autograd hands them over, before they are
@@ -360,7 +434,12 @@ void Engine::train_step(TrainSummary& summary) {
   if (!plugins_.any_reduces_gradients()) {
     {
       memory::Scope scope(Category::kCommBuffers);
-      dist_->all_reduce_gradients(trainable_, GradReduceOptions());
+      const std::vector<at::Tensor> flat = full_flat_grads(*store_);
+      if (flat.empty()) {
+        dist_->all_reduce_gradients(trainable_, GradReduceOptions());
+      } else {  // every trainable parameter's gradient is in them
+        dist_->all_reduce_tensors(flat, GradReduceOptions());
+      }
     }
     // The all-reduce may have replaced a gradient (a non-contiguous one by a contiguous copy), as
     // may a plugin's after_gradient_accumulation: the host measures and clips the gradients the
@@ -415,6 +494,8 @@ void Engine::train_step(TrainSummary& summary) {
   sctx.skipped = skip;
   plugins_.each_reversed("after_optimizer_step", step_, [&](Plugin& p) { p.after_optimizer_step(sctx); });
   optimizer_->zero_grad();
+  for (ParamStore::Group& g : store_->groups())  // flat gradients: the next step adds from zero
+    if (g.grad.defined()) g.grad.zero_();
   ++step_;
   grads.clear();
   for (const LeakFinding& leak : memory_.end_step(step_)) {
@@ -471,9 +552,13 @@ void Engine::log_step(int64_t step, double loss, double lr, double grad_norm, do
 
   std::ofstream out(metrics_path_, std::ios::app);
   out << std::setprecision(std::numeric_limits<double>::max_digits10) << "{\"step\": " << step << ", \"loss\": " << loss
-      << ", \"lr\": " << lr << ", \"grad_norm\": "
-      << (std::isfinite(grad_norm) ? std::to_string(grad_norm) : std::string("null"))
-      << ", \"tokens_per_s\": " << tokens_per_s << ", \"skipped\": " << (skipped ? "true" : "false")
+      << ", \"lr\": " << lr << ", \"grad_norm\": ";
+  if (std::isfinite(grad_norm)) {
+    out << grad_norm;  // every digit: tests compare it with a reference to 1e-5
+  } else {
+    out << "null";
+  }
+  out << ", \"tokens_per_s\": " << tokens_per_s << ", \"skipped\": " << (skipped ? "true" : "false")
       << ", \"skipped_steps\": " << skipped_steps_ << ", \"live_bytes\": " << memory.current_bytes
       << ", \"peak_bytes\": " << memory.peak_bytes << ", \"rss_bytes\": " << current_rss_bytes();
   for (const auto& [k, v] : extra) out << ", \"" << k << "\": " << v;

@@ -42,8 +42,8 @@ int stop_signal_received();
 
 // `launcher export`: verifies the checkpoint (a global_step* folder, or an output_dir whose
 // `latest` names one) and writes a Hugging Face directory (config.json, model.safetensors) in
-// fp32 — each parameter's exact weight where a plugin's state in a rank file holds one
-// (memrt::exact_weight_key, plugin.h), else the model file's. Returns a summary line.
+// fp32: each parameter's exact weight — its fp32 master where the run kept one, else its compute
+// copy — gathered from every rank's shards of the store. Returns a summary line.
 std::string export_checkpoint(const std::string& checkpoint, const std::string& out_dir);
 
 // The facts plugins see (RunInfo) for a resolved config on a given rank.

@@ -1,7 +1,4 @@
-// The engine's checkpoints (docs/checkpoints.md) and the stop signals that trigger one.
-#include <signal.h>
-
-#include <atomic>
+// The engine's checkpoints (docs/checkpoints.md): save and resume.
 #include <mutex>
 #include <filesystem>
 #include <fstream>
@@ -10,7 +7,6 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
-#include <rapidjson/document.h>
 
 #include "checkpoint/checkpoint_files.h"
 #include "checkpoint/sha256.h"
@@ -26,43 +22,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::atomic<int> g_stop_signal{0};
-
-extern "C" void memrt_on_stop_signal(int sig) {
-  if (g_stop_signal.exchange(sig) != 0) {  // the second one: abort now
-    ::signal(sig, SIG_DFL);
-    ::raise(sig);
-  }
-}
-
-std::string rank_file(int rank) {
-  char name[32];
-  std::snprintf(name, sizeof name, "rank%05d.safetensors", rank);
-  return name;
-}
-
-// A checkpoint's rank files, each verified against the manifest and opened on first use: a rank
-// re-partitioning a checkpoint of another world size reads several.
-class RankFiles {
- public:
-  RankFiles(std::string dir, const Manifest& m) : dir_(std::move(dir)), manifest_(m) {}
-  const SafetensorsFile& operator()(int rank) {
-    auto it = files_.find(rank);
-    if (it != files_.end()) return it->second;
-    if (rank < 0 || rank >= manifest_.world_size)
-      throw FileError((fs::path(dir_) / "manifest.json").string(),
-                      "has no rank " + std::to_string(rank) + " (world size " +
-                          std::to_string(manifest_.world_size) + ")");
-    verify_checkpoint_file(dir_, manifest_, rank_file(rank));
-    return files_.emplace(rank, SafetensorsFile::open((fs::path(dir_) / rank_file(rank)).string())).first->second;
-  }
-
- private:
-  std::string dir_;
-  const Manifest& manifest_;
-  std::map<int, SafetensorsFile> files_;
-};
-
 bool same_shape(const ModelShape& a, const ModelShape& b) {
   return a.arch == b.arch && a.n_layer == b.n_layer && a.n_head == b.n_head &&
          a.n_kv_head == b.n_kv_head && a.d_model == b.d_model && a.d_ff == b.d_ff &&
@@ -70,16 +29,6 @@ bool same_shape(const ModelShape& a, const ModelShape& b) {
 }
 
 }  // namespace
-
-void install_stop_signal_handlers() {
-  struct sigaction sa {};
-  sa.sa_handler = memrt_on_stop_signal;
-  sigemptyset(&sa.sa_mask);
-  ::sigaction(SIGTERM, &sa, nullptr);
-  ::sigaction(SIGINT, &sa, nullptr);
-}
-
-int stop_signal_received() { return g_stop_signal.load(); }
 
 std::string Engine::save_checkpoint() {
   const std::string tag = checkpoint_tag(step_);
@@ -123,7 +72,7 @@ std::string Engine::save_checkpoint() {
       {"optimizer", optimizer_->name()},
       {"plugin_state_versions", versions.str()},
   };
-  const std::string mine = rank_file(run_.rank);
+  const std::string mine = rank_file_name(run_.rank);
   write_safetensors((tmp / mine).string(), tensors, metadata);
   uint64_t bytes = 0;
   const std::string sha = sha256_file((tmp / mine).string(), &bytes);
@@ -174,28 +123,19 @@ void Engine::load_checkpoint(const std::string& dir) {
                     "differ): resume with the train.yaml the checkpoint was made with");
   }
 
-  // The store: every rank takes what it holds now from whichever saved shards have it, so the
-  // checkpoint may come from any number of ranks.
+  // The store: every rank reads its partition of every buffer from whichever saved shards have it
+  // (on the world size that saved it, its own file: a rank reads and hashes 1/N of the
+  // checkpoint), then the replicated buffers are all-gathered. So the checkpoint may come from any
+  // number of ranks and any stage.
   RankFiles files(dir, m);
-  load_store(*store_, SavedStore(dir, std::ref(files)));
+  load_store(*store_, SavedStore(dir, std::ref(files)), LoadShare::kPartition);
+  complete_loaded_store(*store_, *dist_);
 
   // The rest of the state is this rank's own; on another world size, rank 0's (plugins, RNG,
-  // counters: replicated) and every saved rank's optimizer entries (per parameter).
+  // counters and every parameter's update count: the same on every rank).
   const bool same_world = m.world_size == run_.world_size;
   const SafetensorsFile& state = files(same_world ? run_.rank : 0);
-  const auto& meta = state.metadata();
-  auto number = [&](const char* key) -> int64_t {
-    auto it = meta.find(key);
-    if (it == meta.end()) throw FileError(state.path(), std::string("lacks metadata \"") + key + "\"");
-    return std::stoll(it->second);
-  };
-  rapidjson::Document versions;
-  {
-    auto it = meta.find("plugin_state_versions");
-    versions.Parse(it == meta.end() ? "{}" : it->second.c_str());
-    if (versions.HasParseError() || !versions.IsObject())
-      throw FileError(state.path(), "metadata \"plugin_state_versions\" is not a JSON object");
-  }
+  const RankFileMetadata meta = parse_rank_metadata(state.metadata(), state.path());
   TensorMap optimizer_state;
   std::map<std::string, TensorMap> plugin_states;
   for (const std::string& name : state.names()) {
@@ -204,14 +144,11 @@ void Engine::load_checkpoint(const std::string& dir) {
       plugin_states[name.substr(7, slash - 7)][name.substr(slash + 1)] = state.tensor(name).clone();
     }
   }
-  for (int r = 0; r < m.world_size; ++r) {
-    if (same_world && r != run_.rank) continue;
-    const SafetensorsFile& f = files(r);
-    for (const std::string& name : f.names())
-      if (name.rfind("optimizer/", 0) == 0) optimizer_state.emplace(name.substr(10), f.tensor(name).clone());
-  }
+  for (const std::string& name : state.names())
+    if (name.rfind("optimizer/", 0) == 0) optimizer_state.emplace(name.substr(10), state.tensor(name).clone());
   for (const LoadedPlugin& p : plugins_.plugins()) {
-    if (!versions.HasMember(p.name.c_str())) {
+    auto saved = meta.plugin_state_versions.find(p.name);
+    if (saved == meta.plugin_state_versions.end()) {
       TensorMap now;
       plugins_.call(p, "state_dict", -1, [&](Plugin& q) { now = q.state_dict(); });
       if (now.empty()) continue;  // nothing to restore
@@ -219,7 +156,7 @@ void Engine::load_checkpoint(const std::string& dir) {
                                         "', which this run loads: resume with the ds_config the "
                                         "checkpoint was made with");
     }
-    const int version = versions[p.name.c_str()].GetInt();
+    const int version = saved->second;
     if (version > p.plugin->state_version()) {
       throw FileError(state.path(), "holds plugin '" + p.name + "' state version " +
                                         std::to_string(version) + ", newer than this plugin (" +
@@ -230,11 +167,11 @@ void Engine::load_checkpoint(const std::string& dir) {
     plugins_.call(p, "load_state_dict", -1, [&](Plugin& q) { q.load_state_dict(plugin_states[p.name], version); });
     plugin_states.erase(p.name);
   }
-  for (const auto& member : versions.GetObject()) {
+  for (const auto& [name, version] : meta.plugin_state_versions) {
     bool loaded = false;
-    for (const LoadedPlugin& p : plugins_.plugins()) loaded |= p.name == member.name.GetString();
+    for (const LoadedPlugin& p : plugins_.plugins()) loaded |= p.name == name;
     if (!loaded) {
-      throw FileError(state.path(), std::string("holds state of plugin '") + member.name.GetString() +
+      throw FileError(state.path(), "holds state of plugin '" + name +
                                         "', which this run does not load: resume with the "
                                         "ds_config the checkpoint was made with");
     }
@@ -244,60 +181,26 @@ void Engine::load_checkpoint(const std::string& dir) {
   at::Generator cpu = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(cpu.mutex());
   cpu.set_state(state.tensor("rng/cpu").clone());
-  step_ = number("step");
-  completed_steps_ = number("completed_steps");
-  skipped_steps_ = number("skipped_steps");
+  step_ = meta.step;
+  completed_steps_ = meta.completed_steps;
+  skipped_steps_ = meta.skipped_steps;
   if (run_.rank == 0) {
-    // metrics.jsonl continues the resumed run: lines of steps after the checkpoint are dropped.
-    std::ifstream in(metrics_path_);
-    std::string kept;
-    for (std::string line; std::getline(in, line);) {
-      const auto at = line.find("\"step\": ");
-      if (at != std::string::npos && std::stoll(line.substr(at + 8)) <= step_) kept += line + "\n";
-    }
+    // metrics.jsonl continues the resumed run: lines of steps after the checkpoint are dropped,
+    // and so is a torn last line (a run killed while writing it).
+    int64_t dropped = 0;
+    std::ifstream in(metrics_path_, std::ios::binary);
+    std::stringstream text;
+    text << in.rdbuf();
     in.close();
-    write_file_atomic(metrics_path_, kept);
+    write_file_atomic(metrics_path_, metrics_up_to(text.str(), step_, &dropped));
+    if (dropped > 0)
+      log_ << "warning: " << metrics_path_ << ": dropped " << dropped
+           << " unreadable line(s) (a run killed while writing it leaves a torn last line)\n";
     log_ << "resumed from " << dir << " at step " << step_;
     if (!same_world)
       log_ << " (saved by " << m.world_size << " rank(s), re-partitioned onto " << run_.world_size << ")";
-    log_ << "\n";
+    log_ << "; rank 0 read " << files.opened() << " of " << m.world_size << " rank file(s)\n";
   }
-}
-
-std::string export_checkpoint(const std::string& checkpoint, const std::string& out_dir) {
-  const std::string dir = fs::exists(fs::path(checkpoint) / "manifest.json")
-                              ? checkpoint
-                              : checkpoint_dir(checkpoint, "");
-  const Manifest m = read_manifest(dir);
-  for (const char* name : {"config.json", kStoreLayoutFile}) verify_checkpoint_file(dir, m, name);
-  std::shared_ptr<CausalLM> model = build_model(read_hf_config(dir), BuildOptions{});  // fp32
-
-  // Each parameter whole, from the store's shards of every rank: its exact weight (the fp32
-  // master where the run kept one).
-  RankFiles files(dir, m);
-  const SavedStore saved(dir, std::ref(files));
-  at::NoGradGuard no_grad;
-  int64_t tensors = 0;
-  for (auto& item : model->named_parameters(/*recurse=*/true)) {
-    const std::string& name = item.key();
-    if (!saved.contains(name) || saved.shape(name) != item.value().sizes().vec()) {
-      throw FileError(saved.path(), "has no parameter '" + name + "' of the shape the model in config.json "
-                                    "gives it: the run changed the model's modules (e.g. adapters), "
-                                    "which export does not merge");
-    }
-    saved.read(name, "weight", 0, item.value());
-    ++tensors;
-  }
-  if (tensors != static_cast<int64_t>(saved.param_names().size())) {
-    throw FileError(saved.path(), "lists " + std::to_string(saved.param_names().size()) +
-                                      " parameters; the model in config.json has " +
-                                      std::to_string(tensors) +
-                                      ": the run changed the model's modules, which export does not merge");
-  }
-  save_hf_checkpoint(*model, out_dir);
-  return "exported " + dir + " to " + out_dir + ": config.json, model.safetensors (fp32, " +
-         std::to_string(count_parameters(*model)) + " parameters in " + std::to_string(tensors) +
-         " tensors, from the exact weights saved by " + std::to_string(m.world_size) + " rank(s))";
 }
 
 }  // namespace memrt

@@ -24,15 +24,25 @@ namespace memrt {
 // conversions do. With a master, the compute copy is 16-bit and the gradient is either
 // the compute dtype or fp32 (DeepSpeed's data_types.grad_accum_dtype); without one, the compute
 // copy is fp32, is the value Adam updates, and the gradient is fp32.
+//
+// Two more layouts run one portable loop (the same adam_update(), in the same order): Adam's
+// moments in bf16 (DeepSpeed's bf16_optimizer_states: widened exactly, rounded to nearest-even
+// after the update), and a bf16 compute copy updated without a master (DeepSpeed's
+// bf16_master_weights_and_grads), rounded to nearest-even or, with `stochastic_round`, as
+// torchao's bf16_stochastic_round does, with random_bits16(seed, first + i) for element i.
 struct AdamRange {
   float* master = nullptr;
   void* compute = nullptr;
   at::ScalarType compute_type = at::kFloat;
   const void* grad = nullptr;
   at::ScalarType grad_type = at::kFloat;
-  float* exp_avg = nullptr;
-  float* exp_avg_sq = nullptr;
+  void* exp_avg = nullptr;  // state_type elements
+  void* exp_avg_sq = nullptr;
+  at::ScalarType state_type = at::kFloat;  // Float or BFloat16
   int64_t n = 0;
+  bool stochastic_round = false;  // bf16 compute without a master only
+  uint64_t seed = 0;
+  int64_t first = 0;  // the range's first element in the numbering the draws use
 };
 
 // The range over whole contiguous tensors of n elements each (master undefined: none).

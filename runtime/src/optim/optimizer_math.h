@@ -122,6 +122,30 @@ MEMRT_HOST_DEVICE inline uint16_t bf16_bits_from_float(float f) {
   return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
 }
 
+// 16 random bits for element `i` of one step's stochastic rounding: a counter-based hash
+// (SplitMix64's finaliser) of the seed and the element's index, so the draws do not depend on the
+// number of threads or on how the range is split, and a resumed run draws what the straight one did.
+MEMRT_HOST_DEVICE inline uint32_t random_bits16(uint64_t seed, uint64_t i) {
+  uint64_t z = seed + (i + 1) * 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z = z ^ (z >> 31);
+  return static_cast<uint32_t>(z >> 48);
+}
+
+// fp32 to bf16 bits rounded stochastically, as torchao's bf16_stochastic_round: truncated towards
+// zero, then one bf16 ulp further from zero when the 16 random bits are below the 16 bits dropped
+// (so with probability dropped / 2^16: the expected value is x). Infinities stay; a NaN becomes the
+// quiet 0x7fc0 (truncating its payload could make it an infinity).
+MEMRT_HOST_DEVICE inline uint16_t bf16_bits_stochastic(float f, uint32_t random16) {
+  if (f != f) return 0x7fc0u;
+  uint32_t x = 0;
+  std::memcpy(&x, &f, sizeof x);
+  if ((x & 0x7f800000u) == 0x7f800000u) return static_cast<uint16_t>(x >> 16);
+  const uint32_t up = random16 < (x & 0xffffu) ? 0x10000u : 0u;
+  return static_cast<uint16_t>(((x & 0xffff0000u) + up) >> 16);
+}
+
 struct SgdScalars {
   float lr = 0.f, momentum = 0.f, dampening = 0.f, weight_decay = 0.f;
   bool nesterov = false;
@@ -143,7 +167,6 @@ MEMRT_HOST_DEVICE inline void sgd_update(float& p, float g, float& buf, const Sg
 // The loops over n contiguous fp32 elements. CPU: at::parallel_for over chunks, each a
 // vectorisable loop. CUDA (only in builds with MEMRT_BUILD_CUDA): one thread per element on the
 // given stream (cudaStream_t passed as void*).
-void adam_update_cpu(float* p, const float* g, float* m, float* v, int64_t n, const AdamScalars& s);
 void sgd_update_cpu(float* p, const float* g, float* buf, int64_t n, const SgdScalars& s);
 void sgd_update_cuda(float* p, const float* g, float* buf, int64_t n, const SgdScalars& s,
                      void* stream);

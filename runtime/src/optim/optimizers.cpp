@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "memrt/error.h"
 #include "memrt/plugin.h"
@@ -15,6 +16,11 @@
 namespace memrt {
 
 namespace {
+
+// The seed of one update's stochastic rounding of one parameter.
+uint64_t random_bits_seed(uint64_t run_seed, uint64_t slot, uint64_t update) {
+  return run_seed * 0x100000001b3ull ^ (slot << 40) ^ update;
+}
 
 // The CUDA stream of a device tensor's step; CPU tensors never get here.
 void* cuda_stream(const at::Tensor& t) {
@@ -59,10 +65,9 @@ class StoreOptimizer : public Optimizer {
   const std::vector<ParamGroup>& param_groups() const override { return groups_; }
 
   bool grads_partitioned() const override {
-    for (const StoreGroup& g : store_->plan().groups())
-      if (g.buffer(StoreBuffer::kMaster).extent == Extent::kPartition ||
-          g.buffer(StoreBuffer::kState).extent == Extent::kPartition)
-        return true;
+    const StorePlan& plan = store_->plan();
+    for (int g = 0; g < static_cast<int>(plan.groups().size()); ++g)
+      if (plan.step_range(g).size() != plan.groups()[static_cast<size_t>(g)].padded) return true;
     return false;
   }
 
@@ -112,41 +117,48 @@ class StoreOptimizer : public Optimizer {
     steps_ = std::move(steps);
   }
 
-  int64_t state_bytes() const override {
-    int64_t bytes = 0;
-    for (const ParamStore::Group& g : store_->groups())
-      for (const at::Tensor& t : g.state) bytes += t.numel() * static_cast<int64_t>(t.element_size());
-    return bytes;
-  }
-
  protected:
   // fn(slot, grad, first, n) for each parameter with a gradient and a non-empty range of
   // elements [first, first + n) this rank steps; `grad` holds exactly those n elements
-  // (contiguous, 1-D): a range of the parameter's .grad, or of the group's flat gradient
-  // partition when the store keeps one (ZeRO-2: every parameter of the partition steps).
+  // (contiguous, 1-D): a range of the parameter's .grad, or of the group's flat gradient when the
+  // store keeps one (ZeRO-2's partition, fp32 accumulation's full buffer: every parameter of the
+  // range steps).
   template <class Fn>
   void for_each_range(Fn&& fn) const {
     const StorePlan& plan = store_->plan();
     for (int slot = 0; slot < static_cast<int>(plan.slots().size()); ++slot) {
       const ParamSlot& s = plan.slots()[static_cast<size_t>(slot)];
       if (s.group < 0) continue;
+      // The part of the parameter in this rank's step range (all of it, or its partition's part).
+      const ElementRange mine = plan.range(slot) & plan.step_range(s.group);
+      if (mine.empty()) continue;
       const ParamStore::Group& g = store_->groups()[static_cast<size_t>(s.group)];
+      at::Tensor grad;  // the parameter's whole flat gradient, or the part of it this rank holds
+      int64_t held_from = 0;
       if (g.grad.defined()) {
-        auto [grad, first] = store_->slice(slot, StoreBuffer::kGrad);
-        if (grad.numel() > 0) fn(slot, grad, first, grad.numel());
-        continue;
+        std::tie(grad, held_from) = store_->slice(slot, StoreBuffer::kGrad);
+      } else {
+        const at::Tensor& p = store_->param(slot);
+        if (!p.grad().defined()) continue;
+        check_grad(s, p, p.grad());
+        grad = p.grad().contiguous().view({-1});
       }
-      const at::Tensor& p = store_->param(slot);
-      at::Tensor grad = p.grad();
-      if (!grad.defined()) continue;
-      check_grad(s, p, grad);
-      // The range this rank steps: where its master, else its state, lives (full or partition).
-      const StoreBuffer owner = g.master.defined() ? StoreBuffer::kMaster
-                                : g.state.empty()  ? StoreBuffer::kCompute
-                                                   : StoreBuffer::kState;
-      auto [view, first] = store_->slice(slot, owner);
-      if (view.numel() == 0) continue;
-      fn(slot, grad.contiguous().view({-1}).narrow(0, first, view.numel()), first, view.numel());
+      const int64_t first = mine.begin - s.offset;
+      fn(slot, grad.narrow(0, first - held_from, mine.size()), first, mine.size());
+    }
+  }
+
+  // Counts one update for every parameter with a gradient this step (with a flat gradient
+  // partition, every parameter of the group), whether or not this rank holds a range of it: each
+  // rank keeps every parameter's count, so its checkpoint file holds them all and a resume under
+  // another stage or partitioning restarts no parameter's bias correction.
+  void count_updates() {
+    const StorePlan& plan = store_->plan();
+    for (int slot = 0; slot < static_cast<int>(plan.slots().size()); ++slot) {
+      const ParamSlot& s = plan.slots()[static_cast<size_t>(slot)];
+      if (s.group < 0) continue;
+      if (store_->groups()[static_cast<size_t>(s.group)].grad.defined() || store_->param(slot).grad().defined())
+        ++steps_[static_cast<size_t>(slot)];
     }
   }
 
@@ -181,27 +193,40 @@ class AdamOptimizer final : public StoreOptimizer {
   void step(const StepScalars& scalars) override {
     const StorePlan& plan = store_->plan();
     const float factor = static_cast<float>(scalars.grad_factor);
+    count_updates();
     for_each_range([&](int slot, const at::Tensor& grad, int64_t first, int64_t n) {
       const ParamSlot& s = plan.slots()[static_cast<size_t>(slot)];
       const double wd = plan.groups()[static_cast<size_t>(s.group)].weight_decay;
       const AdamScalars as = adam_scalars(scalars.lr, cfg_.beta1, cfg_.beta2, cfg_.eps, wd,
                                           decoupled_, cfg_.bias_correction,
-                                          ++steps_[static_cast<size_t>(slot)]);
+                                          steps_[static_cast<size_t>(slot)]);
       at::Tensor compute = store_->slice(slot, StoreBuffer::kCompute).first.narrow(0, first, n);
       const at::Tensor master = store_->groups()[static_cast<size_t>(s.group)].master.defined()
                                     ? store_->slice(slot, StoreBuffer::kMaster).first
                                     : at::Tensor();
-      const AdamRange r = adam_range(master, compute, grad, store_->slice(slot, StoreBuffer::kState, 0).first,
-                                     store_->slice(slot, StoreBuffer::kState, 1).first);
-      if (compute.is_cuda()) {
+      const at::Tensor exp_avg = store_->slice(slot, StoreBuffer::kState, 0).first;
+      const at::Tensor exp_avg_sq = store_->slice(slot, StoreBuffer::kState, 1).first;
+      // Stochastic rounding's draws: one stream per (run seed, parameter, update), indexed by the
+      // element's position in the parameter, so every partitioning of it draws the same bits.
+      auto with_rounding = [&](AdamRange r) {
+        r.stochastic_round = cfg_.bf16_stochastic_round && !master.defined() && compute.scalar_type() == at::kBFloat16;
+        r.seed = random_bits_seed(cfg_.seed, static_cast<uint64_t>(slot), static_cast<uint64_t>(steps_[static_cast<size_t>(slot)]));
+        r.first = first;
+        return r;
+      };
+      if (step_device(plan.groups()[static_cast<size_t>(s.group)], compute.device()).is_cuda()) {
 #ifdef MEMRT_WITH_CUDA
-        fused_adam_cuda(r, as, factor, cuda_stream(compute));
+        fused_adam_cuda(with_rounding(adam_range(master, compute, grad, exp_avg, exp_avg_sq)), as, factor, cuda_stream(compute));
 #else
         cuda_stream(compute);  // throws: no CUDA kernels in this build
 #endif
-      } else {
-        fused_adam_cpu(r, as, factor);
+        return;
       }
+      // On the host; a device compute copy or gradient crosses over (offload on a GPU build).
+      const at::Tensor host_grad = grad.is_cpu() ? grad : grad.to(at::kCPU);
+      at::Tensor host_compute = compute.is_cpu() ? compute : compute.to(at::kCPU);
+      fused_adam_cpu(with_rounding(adam_range(master, host_compute, host_grad, exp_avg, exp_avg_sq)), as, factor);
+      if (!compute.is_cpu()) compute.copy_(host_compute);
     });
   }
 
@@ -217,6 +242,7 @@ class SgdOptimizer final : public StoreOptimizer {
   void step(const StepScalars& scalars) override {
     const StorePlan& plan = store_->plan();
     at::NoGradGuard no_grad;
+    count_updates();
     for_each_range([&](int slot, const at::Tensor& grad, int64_t first, int64_t n) {
       const ParamSlot& s = plan.slots()[static_cast<size_t>(slot)];
       SgdScalars ss;
@@ -225,21 +251,25 @@ class SgdOptimizer final : public StoreOptimizer {
       ss.dampening = static_cast<float>(cfg_.dampening);
       ss.weight_decay = static_cast<float>(plan.groups()[static_cast<size_t>(s.group)].weight_decay);
       ss.nesterov = cfg_.nesterov;
-      ss.first_step = ++steps_[static_cast<size_t>(slot)] == 1;
+      ss.first_step = steps_[static_cast<size_t>(slot)] == 1;
       const bool master = store_->groups()[static_cast<size_t>(s.group)].master.defined();
       at::Tensor compute = store_->slice(slot, StoreBuffer::kCompute).first.narrow(0, first, n);
       at::Tensor p = master ? store_->slice(slot, StoreBuffer::kMaster).first : compute;
       at::Tensor g = grad.to(at::kFloat);
       if (scalars.grad_factor != 1.0) g = g * static_cast<float>(scalars.grad_factor);
       float* buf = cfg_.momentum != 0.0 ? store_->slice(slot, StoreBuffer::kState, 0).first.data_ptr<float>() : nullptr;
-      if (p.is_cuda()) {
+      if (step_device(plan.groups()[static_cast<size_t>(s.group)], compute.device()).is_cuda()) {
 #ifdef MEMRT_WITH_CUDA
         sgd_update_cuda(p.data_ptr<float>(), g.data_ptr<float>(), buf, n, ss, cuda_stream(p));
 #else
         cuda_stream(p);  // throws: no CUDA kernels in this build
 #endif
       } else {
-        sgd_update_cpu(p.data_ptr<float>(), g.data_ptr<float>(), buf, n, ss);
+        // On the host; a device parameter (fp32 without a master) or gradient crosses over.
+        const at::Tensor host_g = g.is_cpu() ? g : g.to(at::kCPU);
+        at::Tensor host_p = p.is_cpu() ? p : p.to(at::kCPU);
+        sgd_update_cpu(host_p.data_ptr<float>(), host_g.data_ptr<float>(), buf, n, ss);
+        if (!p.is_cpu()) p.copy_(host_p);
       }
       if (master) compute.copy_(p);
     });
@@ -275,6 +305,14 @@ void check_config(const OptimizerConfig& cfg) {
 
 }  // namespace
 
+at::Device step_device(const StoreGroup& group, at::Device compute) {
+  for (StoreBuffer b : {StoreBuffer::kMaster, StoreBuffer::kState}) {
+    const BufferLayout& l = group.buffer(b);
+    if (l.present && l.placement == memory::Placement::kHost) return at::kCPU;
+  }
+  return compute;
+}
+
 AdamRange adam_range(const at::Tensor& master, const at::Tensor& compute, const at::Tensor& grad,
                      const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq) {
   const int64_t n = compute.numel();
@@ -282,14 +320,17 @@ AdamRange adam_range(const at::Tensor& master, const at::Tensor& compute, const 
     if (t->defined() && (t->numel() != n || !t->is_contiguous()))
       throw Error("fused Adam step: the buffers of one range must be contiguous and of one length");
   }
+  if (exp_avg.scalar_type() != exp_avg_sq.scalar_type())
+    throw Error("fused Adam step: exp_avg and exp_avg_sq must share a dtype");
   AdamRange r;
   r.master = master.defined() ? master.data_ptr<float>() : nullptr;
   r.compute = compute.data_ptr();
   r.compute_type = compute.scalar_type();
   r.grad = grad.data_ptr();
   r.grad_type = grad.scalar_type();
-  r.exp_avg = exp_avg.data_ptr<float>();
-  r.exp_avg_sq = exp_avg_sq.data_ptr<float>();
+  r.exp_avg = exp_avg.data_ptr();
+  r.exp_avg_sq = exp_avg_sq.data_ptr();
+  r.state_type = exp_avg.scalar_type();
   r.n = n;
   return r;
 }
@@ -309,6 +350,19 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, std::share
     throw Error("optimizer: the store was planned for " + store->plan().options().optimizer +
                 "'s state, not " + cfg.type + "'s");
   }
+  bool in_place_bf16 = false;
+  for (const StoreGroup& g : store->plan().groups()) {
+    const bool masterless16 = !g.buffer(StoreBuffer::kMaster).present && g.buffer(StoreBuffer::kCompute).dtype != at::kFloat;
+    in_place_bf16 = in_place_bf16 || masterless16;
+    if (cfg.type == "SGD" && (masterless16 || (g.buffer(StoreBuffer::kState).present && g.buffer(StoreBuffer::kState).dtype != at::kFloat)))
+      throw ConfigError("ds_config", "optimizer.type",
+                        "SGD updates 16-bit weights through fp32 masters and keeps an fp32 momentum: "
+                        "bf16_master_weights_and_grads and bf16_optimizer_states are for Adam/AdamW");
+  }
+  if (cfg.bf16_stochastic_round && !in_place_bf16)
+    throw ConfigError("ds_config", "optimizer.params.bf16_stochastic_round",
+                      "rounds bf16 weights that the step updates without fp32 masters; set "
+                      "\"bf16\": {\"enabled\": true, \"bf16_master_weights_and_grads\": true} or remove it");
   if (cfg.type == "SGD") return std::make_unique<SgdOptimizer>(cfg, std::move(store));
   return std::make_unique<AdamOptimizer>(cfg, std::move(store));
 }

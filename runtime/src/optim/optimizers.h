@@ -30,6 +30,12 @@ StoreOptions store_options(const OptimizerConfig& cfg);
 // group's weight decay is the store's.
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, std::shared_ptr<ParamStore> store);
 
+// Where group `group`'s step runs: on the host when its masters or optimizer state are host
+// buffers (offload_optimizer: the step's read-modify-write stays where those bytes are, and only
+// the compute write-back and, without a host gradient buffer, the gradient cross over), else on
+// the device of its compute buffer.
+at::Device step_device(const StoreGroup& group, at::Device compute);
+
 // A store planned from `groups` alone (tests, tools): the parameters become views of its
 // buffers; 16-bit ones get fp32 masters. A group with weight_decay > 0 is the decay group (all
 // such groups must agree), others decay nothing. Throws Error for mismatched names and params or

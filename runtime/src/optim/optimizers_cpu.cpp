@@ -29,12 +29,6 @@ namespace memrt {
 
 namespace {
 
-MEMRT_SIMD_CLONES void adam_chunk(float* __restrict__ p, const float* __restrict__ g,
-                                  float* __restrict__ m, float* __restrict__ v, int64_t n,
-                                  AdamScalars s) {
-  for (int64_t i = 0; i < n; ++i) adam_update(p[i], g[i], m[i], v[i], s);
-}
-
 MEMRT_SIMD_CLONES void sgd_chunk(float* __restrict__ p, const float* __restrict__ g,
                                  float* __restrict__ buf, int64_t n, SgdScalars s) {
   for (int64_t i = 0; i < n; ++i) sgd_update(p[i], g[i], buf[i], s);
@@ -99,6 +93,76 @@ MEMRT_FUSED_ADAM_CHUNK(fused_bf16_fp32_grad, c10::BFloat16, float, true)
 MEMRT_FUSED_ADAM_CHUNK(fused_fp16, c10::Half, c10::Half, true)
 MEMRT_FUSED_ADAM_CHUNK(fused_fp16_fp32_grad, c10::Half, float, true)
 #undef MEMRT_FUSED_ADAM_CHUNK
+
+// ---- bf16 moments, bf16 weights without a master: one portable loop ------------------------------
+// Element i: widen the moments (bf16 exactly) and the weight (the master, else the compute copy),
+// adam_update(), then narrow: moments and a masterless bf16 weight to nearest-even, or the weight
+// stochastically. The bf16 values go through their bits (bf16_bits_*), as the CUDA kernels do.
+template <typename C, typename G, typename S>
+void adam_any_chunk(const AdamRange& r, int64_t begin, int64_t end, const AdamScalars& s, float factor) {
+  C* compute = static_cast<C*>(r.compute);
+  const G* grad = static_cast<const G*>(r.grad);
+  S* m = static_cast<S*>(r.exp_avg);
+  S* v = static_cast<S*>(r.exp_avg_sq);
+  auto load = [](auto x) {
+    if constexpr (std::is_same_v<decltype(x), c10::BFloat16>) return float_from_bf16_bits(x.x);
+    else return widen(x);
+  };
+  for (int64_t i = begin; i < end; ++i) {
+    float p = r.master ? r.master[i] : load(compute[i]);
+    float mm = load(m[i]), vv = load(v[i]);
+    adam_update(p, load(grad[i]) * factor, mm, vv, s);
+    if constexpr (std::is_same_v<S, float>) {
+      m[i] = mm;
+      v[i] = vv;
+    } else {
+      m[i] = c10::BFloat16(bf16_bits_from_float(mm), c10::BFloat16::from_bits());
+      v[i] = c10::BFloat16(bf16_bits_from_float(vv), c10::BFloat16::from_bits());
+    }
+    if (r.master) r.master[i] = p;
+    if constexpr (std::is_same_v<C, c10::BFloat16>) {
+      const uint16_t bits = r.stochastic_round && !r.master
+                                ? bf16_bits_stochastic(p, random_bits16(r.seed, static_cast<uint64_t>(r.first + i)))
+                                : bf16_bits_from_float(p);
+      compute[i] = c10::BFloat16(bits, c10::BFloat16::from_bits());
+    } else {
+      compute[i] = narrow<C>(p);
+    }
+  }
+}
+
+void adam_any_layout(const AdamRange& r, const AdamScalars& s, float factor) {
+  using BF = c10::BFloat16;
+  using H = c10::Half;
+  const at::ScalarType c = r.compute_type, g = r.grad_type, st = r.state_type;
+  if (st != at::kFloat && st != at::kBFloat16)
+    throw Error(std::string("fused Adam step: no kernel for ") + c10::toString(st) + " optimizer state (Float or BFloat16)");
+  if (r.stochastic_round && (r.master || c != at::kBFloat16))
+    throw Error("fused Adam step: stochastic rounding is for bf16 weights updated without an fp32 master");
+  if (!r.master && c != at::kFloat && c != at::kBFloat16)
+    throw Error(std::string("fused Adam step: ") + c10::toString(c) + " weights are updated through an fp32 "
+                "master (only fp32 and bf16 weights are updated in place)");
+  if (g != c && g != at::kFloat)
+    throw Error(std::string("fused Adam step: no kernel for ") + c10::toString(g) + " gradients of " +
+                c10::toString(c) + " weights (the compute dtype or Float)");
+  auto run = [&](auto kernel) {
+    at::parallel_for(0, r.n, kCpuLoopGrain, [&](int64_t begin, int64_t end) { kernel(r, begin, end, s, factor); });
+  };
+  auto with_state = [&](auto compute_tag, auto grad_tag) {
+    using C = decltype(compute_tag);
+    using G = decltype(grad_tag);
+    if (st == at::kBFloat16) return run(adam_any_chunk<C, G, BF>);
+    run(adam_any_chunk<C, G, float>);
+  };
+  auto with_grad = [&](auto compute_tag) {
+    using C = decltype(compute_tag);
+    if (g == at::kFloat) return with_state(C{}, float{});
+    return with_state(C{}, C{});
+  };
+  if (c == at::kFloat) return with_state(float{}, float{});
+  if (c == at::kBFloat16) return with_grad(BF{});
+  with_grad(H{});
+}
 
 #if MEMRT_X86_KERNELS
 // ---- the mixed-precision step on hand-written vectors -------------------------------------------
@@ -286,10 +350,14 @@ GradStats grad_stats_cpu(const void* grad, at::ScalarType type, int64_t n) {
 void fused_adam_cpu(const AdamRange& r, const AdamScalars& s, float factor, CpuKernels kernels) {
   using BF = c10::BFloat16;
   using H = c10::Half;
+  if (r.state_type != at::kFloat || r.stochastic_round || (!r.master && r.compute_type == at::kBFloat16))
+    return adam_any_layout(r, s, factor);
+  float* const exp_avg = static_cast<float*>(r.exp_avg);
+  float* const exp_avg_sq = static_cast<float*>(r.exp_avg_sq);
   auto run = [&](auto chunk, auto* compute, const auto* grad) {
     at::parallel_for(0, r.n, kCpuLoopGrain, [&](int64_t begin, int64_t end) {
-      chunk(r.master ? r.master + begin : nullptr, compute + begin, grad + begin, r.exp_avg + begin,
-            r.exp_avg_sq + begin, end - begin, s, factor);
+      chunk(r.master ? r.master + begin : nullptr, compute + begin, grad + begin, exp_avg + begin,
+            exp_avg_sq + begin, end - begin, s, factor);
     });
   };
   // The mixed-precision step: the widest hand-written kernel the processor has (or the one asked
@@ -329,13 +397,6 @@ void fused_adam_cpu(const AdamRange& r, const AdamScalars& s, float factor, CpuK
                 " an fp32 master (it takes Float without a master, or BFloat16/Half with one and a "
                 "gradient of the compute dtype or Float)");
   }
-}
-
-void adam_update_cpu(float* p, const float* g, float* m, float* v, int64_t n,
-                     const AdamScalars& s) {
-  at::parallel_for(0, n, kCpuLoopGrain, [&](int64_t begin, int64_t end) {
-    adam_chunk(p + begin, g + begin, m + begin, v + begin, end - begin, s);
-  });
 }
 
 void sgd_update_cpu(float* p, const float* g, float* buf, int64_t n, const SgdScalars& s) {

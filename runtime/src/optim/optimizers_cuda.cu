@@ -73,9 +73,12 @@ void fused_adam_cuda(const AdamRange& r, const AdamScalars& s, float factor, voi
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
   const bool master = r.master != nullptr;
   const at::ScalarType c = r.compute_type, g = r.grad_type;
+  if (r.state_type != at::kFloat || r.stochastic_round)
+    throw Error("fused Adam step (CUDA): bf16 optimizer state and stochastic rounding run on the CPU "
+                "step only so far (offload_optimizer puts the step there)");
   auto launch = [&](auto kernel, auto* compute, const auto* grad) {
-    kernel<<<blocks_for(r.n), kThreads, 0, st>>>(r.master, compute, grad, r.exp_avg, r.exp_avg_sq,
-                                                 r.n, s, factor);
+    kernel<<<blocks_for(r.n), kThreads, 0, st>>>(r.master, compute, grad, static_cast<float*>(r.exp_avg),
+                                                 static_cast<float*>(r.exp_avg_sq), r.n, s, factor);
   };
   using U16 = uint16_t;
   if (!master && c == at::kFloat && g == at::kFloat) {

@@ -213,11 +213,6 @@ bool PluginHost::any_reduces_gradients() const {
                      [](const LoadedPlugin& p) { return p.plugin->reduces_gradients(); });
 }
 
-bool PluginHost::any_wraps_segments() const {
-  return std::any_of(plugins_.begin(), plugins_.end(),
-                     [](const LoadedPlugin& p) { return p.plugin->wraps_segments(); });
-}
-
 std::string PluginHost::describe() const {
   std::ostringstream os;
   if (plugins_.empty()) return "plugins: none\n";

@@ -66,7 +66,6 @@ class PluginHost {
   const std::vector<LoadedPlugin>& plugins() const { return plugins_; }
   bool empty() const { return plugins_.empty(); }
   bool any_reduces_gradients() const;
-  bool any_wraps_segments() const;
   // The resolved order as printed at start.
   std::string describe() const;
 

@@ -7,6 +7,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include <ATen/core/grad_mode.h>
+
 #include "memrt/error.h"
 
 namespace memrt {
@@ -101,6 +103,7 @@ StorePlan::StorePlan(const std::vector<ParamInfo>& params, const StoreOptions& o
         for (StoreBuffer b : kAllBuffers) buffer(g, b).dtype = p.dtype;
         buffer(g, StoreBuffer::kMaster) = {false, at::kFloat, Extent::kFull, Placement::kDevice};
         buffer(g, StoreBuffer::kState).dtype = at::kFloat;
+        buffer(g, StoreBuffer::kState).present = !state_names_.empty();
         groups_.push_back(g);
       }
       StoreGroup& g = groups_[static_cast<size_t>(index)];
@@ -143,17 +146,37 @@ int64_t StorePlan::find(const std::string& name) const {
   return -1;
 }
 
-std::pair<int64_t, int64_t> StorePlan::partition(int g) const {
+ElementRange StorePlan::partition(int g, int r) const {
   const int64_t part = groups_.at(static_cast<size_t>(g)).padded / options_.world_size;
-  return {options_.rank * part, (options_.rank + 1) * part};
+  return {r * part, (r + 1) * part};
+}
+
+ElementRange StorePlan::step_range(int g) const {
+  const StoreGroup& group = groups_.at(static_cast<size_t>(g));
+  const bool partitioned = group.buffer(StoreBuffer::kMaster).extent == Extent::kPartition ||
+                           group.buffer(StoreBuffer::kState).extent == Extent::kPartition ||
+                           group.buffer(StoreBuffer::kGrad).extent == Extent::kPartition;
+  return partitioned ? partition(g) : ElementRange{0, group.padded};
+}
+
+ElementRange StorePlan::range(int slot) const {
+  const ParamSlot& s = slots_.at(static_cast<size_t>(slot));
+  if (s.group < 0) throw Error("parameter store: '" + s.param.name + "' is frozen; it is in no group");
+  return {s.offset, s.offset + s.numel};
 }
 
 int64_t StorePlan::held_numel(int g, StoreBuffer b) const {
   const StoreGroup& group = groups_.at(static_cast<size_t>(g));
   const BufferLayout& l = group.buffer(b);
   if (!l.present) return 0;
-  if (b == StoreBuffer::kGrad && l.extent == Extent::kFull) return 0;  // autograd's .grad
+  if (b == StoreBuffer::kGrad && !flat_grad(g)) return 0;  // autograd's .grad
   return l.extent == Extent::kFull ? group.padded : group.padded / options_.world_size;
+}
+
+bool StorePlan::flat_grad(int g) const {
+  const StoreGroup& group = groups_.at(static_cast<size_t>(g));
+  const BufferLayout& l = group.buffer(StoreBuffer::kGrad);
+  return l.extent == Extent::kPartition || l.dtype != group.buffer(StoreBuffer::kCompute).dtype;
 }
 
 void StorePlan::record(const std::string& axis, const std::string& value) {
@@ -189,6 +212,15 @@ void StorePlan::set_master_weights(bool on) {
   for (StoreGroup& g : groups_) buffer(g, StoreBuffer::kMaster).present = on;
 }
 
+void StorePlan::set_state_dtype(at::ScalarType dtype) {
+  if (dtype != at::kFloat && dtype != at::kBFloat16) {
+    throw Error(std::string("parameter store: optimizer state in ") + c10::toString(dtype) +
+                " is not a format the step takes (fp32, bf16)");
+  }
+  record("optimizer state dtype", dtype_name(dtype));
+  for (StoreGroup& g : groups_) buffer(g, StoreBuffer::kState).dtype = dtype;
+}
+
 void StorePlan::set_grad_dtype(at::ScalarType dtype) {
   record("gradient dtype", dtype_name(dtype));
   for (StoreGroup& g : groups_) buffer(g, StoreBuffer::kGrad).dtype = dtype;
@@ -217,10 +249,13 @@ void StorePlan::check() const {
   for (const StoreGroup& g : groups_) {
     const at::ScalarType c = g.buffer(StoreBuffer::kCompute).dtype;
     const bool master = g.buffer(StoreBuffer::kMaster).present;
-    if (is_16bit(c) && !master) {
+    auto set_off = set_by_.find("master weights");
+    const bool in_place = c == at::kBFloat16 && set_off != set_by_.end() && set_off->second.first == "off";
+    if (is_16bit(c) && !master && !in_place) {
       throw Error(std::string("parameter store: group '") + g.name + "' computes in " +
                   dtype_name(c) + " without fp32 master weights; the optimizer step updates " +
-                  "16-bit weights only through masters (set_master_weights(true))");
+                  "fp16 weights only through masters, and bf16 ones in place only when a plugin says "
+                  "so (set_master_weights(true), or set_master_weights(false) for bf16)");
     }
     if (!is_16bit(c) && master) {
       throw Error(std::string("parameter store: group '") + g.name + "' has fp32 master weights "
@@ -231,12 +266,6 @@ void StorePlan::check() const {
       throw Error(std::string("parameter store: group '") + g.name + "' keeps " + dtype_name(grad) +
                   " gradients for " + dtype_name(c) + " weights; gradients are the compute dtype "
                   "or fp32");
-    }
-    if (grad != c && g.buffer(StoreBuffer::kGrad).extent == Extent::kFull) {
-      throw Error(std::string("parameter store: group '") + g.name + "' keeps " + dtype_name(grad) +
-                  " gradients for " + dtype_name(c) + " weights, but its gradients are autograd's "
-                  "own (full extent), which are the compute dtype: another gradient dtype needs "
-                  "a partitioned gradient buffer (ZeRO stage 2)");
     }
   }
 }
@@ -267,7 +296,7 @@ std::string StorePlan::describe() const {
       const BufferLayout& l = group.buffer(b);
       if (!l.present || (b == StoreBuffer::kState && state_names_.empty())) continue;
       os << "; " << to_string(b) << " " << dtype_name(l.dtype) << " ";
-      if (b == StoreBuffer::kGrad && l.extent == Extent::kFull) {
+      if (b == StoreBuffer::kGrad && !flat_grad(g)) {
         os << "per tensor";
       } else {
         os << to_string(l.extent);
@@ -380,11 +409,10 @@ std::pair<at::Tensor, int64_t> ParamStore::slice(int slot, StoreBuffer b, int st
                 "' allocates no " + to_string(b) + " buffer (parameter '" + s.param.name + "')");
   }
   const BufferLayout& l = plan_.groups()[static_cast<size_t>(s.group)].buffer(b);
-  const int64_t begin = l.extent == Extent::kFull ? 0 : plan_.partition(s.group).first;
-  const int64_t end = begin + buf->numel();
-  const int64_t lo = std::max(s.offset, begin), hi = std::min(s.offset + s.numel, end);
-  if (hi <= lo) return {buf->narrow(0, 0, 0), 0};
-  return {buf->narrow(0, lo - begin, hi - lo), lo - s.offset};
+  const int64_t begin = l.extent == Extent::kFull ? 0 : plan_.partition(s.group).begin;
+  const ElementRange held = plan_.range(slot) & ElementRange{begin, begin + buf->numel()};
+  if (held.empty()) return {buf->narrow(0, 0, 0), 0};
+  return {buf->narrow(0, held.begin - begin, held.size()), held.begin - s.offset};
 }
 
 }  // namespace memrt
