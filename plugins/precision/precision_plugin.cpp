@@ -28,7 +28,7 @@ class PrecisionPlugin final : public memrt::Plugin {
   int priority() const override { return memrt::priority::kPrecision; }
 
   void configure(const memrt::ConfigNode& options, memrt::ConfigDiagnostics& diag,
-                 const memrt::RunInfo& run) override {
+                 const memrt::RunInfo& /*run*/) override {
     memrt::ConfigReader top(options, diag);
     if (const memrt::ConfigNode* fp16 = top.child("fp16")) {
       memrt::ConfigReader r(*fp16, diag);
@@ -42,14 +42,12 @@ class PrecisionPlugin final : public memrt::Plugin {
       o.min_loss_scale = r.get<double>("min_loss_scale", o.min_loss_scale);
       r.finish();
       if (dtype_ == at::kHalf) {
-        // Without ZeRO DeepSpeed runs FP16_Optimizer, whose scaler has no hysteresis; ZeRO's
-        // optimizers use DynamicLossScaler.
-        const ScalerKind kind = run.zero_stage >= 1 ? ScalerKind::kZero : ScalerKind::kFp16Optimizer;
         try {
-          scaler_.emplace(o, kind);
-        } catch (const memrt::Error& e) {
+          scaler_.emplace(o, ScalerKind::kFp16Optimizer);  // the options checked now; the kind
+        } catch (const memrt::Error& e) {                   // follows the store (build_optimizer)
           throw fp16->error(e.what());
         }
+        scaler_options_ = o;
       }
     }
     if (const memrt::ConfigNode* bf16 = top.child("bf16")) {
@@ -145,6 +143,17 @@ class PrecisionPlugin final : public memrt::Plugin {
     }
   }
 
+  // Without ZeRO DeepSpeed runs FP16_Optimizer, whose scaler has no hysteresis; ZeRO's optimizers
+  // use DynamicLossScaler. ZeRO is on when the store's optimizer side is partitioned.
+  void build_optimizer(memrt::OptimizerContext& ctx) override {
+    if (!scaler_) return;
+    bool zero = false;
+    for (const memrt::StoreGroup& g : ctx.store.plan().groups())
+      for (memrt::StoreBuffer b : {memrt::StoreBuffer::kMaster, memrt::StoreBuffer::kState, memrt::StoreBuffer::kGrad})
+        zero = zero || g.buffer(b).extent == memrt::Extent::kPartition;
+    scaler_.emplace(scaler_options_, zero ? ScalerKind::kZero : ScalerKind::kFp16Optimizer);
+  }
+
   void before_backward(memrt::BackwardContext& ctx) override {
     if (scaler_) ctx.loss = ctx.loss.to(at::kFloat) * scaler_->scale();
   }
@@ -220,6 +229,7 @@ class PrecisionPlugin final : public memrt::Plugin {
  private:
   at::ScalarType dtype_ = at::kFloat;  // the compute dtype; kFloat: the plugin is idle
   std::optional<LossScaler> scaler_;   // fp16 only
+  LossScalerOptions scaler_options_;
   bool check_overflow_ = true;         // bf16: skip steps with inf/NaN gradients
   bool accumulate_fp32_ = false;       // data_types.grad_accum_dtype "fp32"
   bool in_place_ = false;              // bf16.bf16_master_weights_and_grads: no fp32 masters
