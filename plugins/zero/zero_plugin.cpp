@@ -187,9 +187,15 @@ class ZeroPlugin final : public memrt::Plugin {
         bucket.staging.narrow(0, r * bucket.width + (part.begin - share.begin), part.size())
             .copy_(flat.narrow(0, part.begin - mine.begin, part.size()));
       }
-      --bucket.pending;
+      // Reduced as soon as it may be, before the parameter's next bucket is staged: a parameter
+      // spanning several buckets holds one staging at a time.
+      if (--bucket.pending == 0) flush_ready();
     }
     grad = at::Tensor();  // after backward, no rank holds a gradient it does not own
+  }
+
+  // Reduces, in order, every complete bucket whose predecessors are reduced.
+  void flush_ready() {
     while (next_flush_ < buckets_.size() && buckets_[next_flush_].pending == 0) flush(buckets_[next_flush_++]);
   }
 
