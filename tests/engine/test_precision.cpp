@@ -118,27 +118,30 @@ TEST(Precision, Fp16MetricsCarryTheLossScale) {
   }
 }
 
-// An inf in one rank's gradient: both ranks skip that step with parameters, masters and optimizer
-// state bit-identical, and the scale halves (without ZeRO DeepSpeed's FP16_Optimizer halves on
-// every overflow: 256 -> 128). The initial scale is 2^8 so that this tiny model's gradients do
-// not overflow on their own, as they do at DeepSpeed's default 2^16 in its first step.
-// Under ZeRO (stage 1 here: the store's optimizer side is partitioned) the scaler is DeepSpeed's
-// DynamicLossScaler: with its default hysteresis of 2 the first overflow skips the step and keeps
-// the scale.
-TEST(Precision, UnderZeroTheFirstOverflowKeepsTheScale) {
-  TempDir dir("precision_inf_zero");
+// Two ranks of a tiny fp16 model for 6 steps, fixture_inf writing an inf into rank 1's gradient
+// at step 4; `zero` is more ds_config keys. The initial scale is 2^8 so that this model's
+// gradients do not overflow on their own, as they do at DeepSpeed's default 2^16 in its first step.
+RunResult train_with_inf(const TempDir& dir, const std::string& zero) {
   const std::string ds = dir.write("ds.json", std::string(R"({
     "train_batch_size": 8, "train_micro_batch_size_per_gpu": 4, "gradient_clipping": 1.0,
-    "fp16": {"enabled": true, "initial_scale_power": 8}, "zero_optimization": {"stage": 1},
-    "plugins": [{"name": "fixture_inf", "library": ")") + FIXTURE_INF + R"(",
+    "fp16": {"enabled": true, "initial_scale_power": 8}, )") + zero + R"(
+    "plugins": [{"name": "fixture_inf", "library": ")" + FIXTURE_INF + R"(",
                  "options": {"rank": 1, "step": 3}}]})");
   const std::string yaml = dir.write("train.yaml", R"(model: {arch: gpt2, n_layer: 2, n_head: 2, d_model: 64, d_ff: 128, vocab_size: 256, n_ctx: 32}
 block_size: 32
 max_steps: 6
 logging_steps: 1
 )");
-  RunResult r = run(kLauncher + " --num_procs 2 --master_port " + std::to_string(free_port()) +
-                    " --deepspeed " + ds + " " + yaml + " --output_dir=" + dir.path().string());
+  return run(kLauncher + " --num_procs 2 --master_port " + std::to_string(free_port()) +
+             " --deepspeed " + ds + " " + yaml + " --output_dir=" + dir.path().string());
+}
+
+// Under ZeRO (stage 1 here: the store's optimizer side is partitioned) the scaler is DeepSpeed's
+// DynamicLossScaler: with its default hysteresis of 2 the first overflow skips the step and keeps
+// the scale.
+TEST(Precision, UnderZeroTheFirstOverflowKeepsTheScale) {
+  TempDir dir("precision_inf_zero");
+  RunResult r = train_with_inf(dir, R"("zero_optimization": {"stage": 1},)");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("step 4: update skipped"), std::string::npos) << r.out;
   const auto m = metrics(dir.path() / "metrics.jsonl");
@@ -149,20 +152,12 @@ logging_steps: 1
   }
 }
 
+// An inf in one rank's gradient: both ranks skip that step with parameters, masters and optimizer
+// state bit-identical, and the scale halves (without ZeRO DeepSpeed's FP16_Optimizer halves on
+// every overflow: 256 -> 128).
 TEST(Precision, InfOnOneRankSkipsTheStepOnBothAndHalvesTheScale) {
   TempDir dir("precision_inf");
-  const std::string ds = dir.write("ds.json", std::string(R"({
-    "train_batch_size": 8, "train_micro_batch_size_per_gpu": 4, "gradient_clipping": 1.0,
-    "fp16": {"enabled": true, "initial_scale_power": 8},
-    "plugins": [{"name": "fixture_inf", "library": ")") + FIXTURE_INF + R"(",
-                 "options": {"rank": 1, "step": 3}}]})");
-  const std::string yaml = dir.write("train.yaml", R"(model: {arch: gpt2, n_layer: 2, n_head: 2, d_model: 64, d_ff: 128, vocab_size: 256, n_ctx: 32}
-block_size: 32
-max_steps: 6
-logging_steps: 1
-)");
-  RunResult r = run(kLauncher + " --num_procs 2 --master_port " + std::to_string(free_port()) +
-                    " --deepspeed " + ds + " " + yaml + " --output_dir=" + dir.path().string());
+  RunResult r = train_with_inf(dir, "");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   for (const char* rank : {"0", "1"}) {
     EXPECT_NE(r.out.find(std::string("[rank ") + rank + "] fixture_inf: rank " + rank +

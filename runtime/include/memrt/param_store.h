@@ -127,7 +127,7 @@ class StorePlan {
   // Rank r's.
   ElementRange partition(int g, int r) const;
   // The elements of group g this rank's optimizer steps: its partition when the optimizer's side
-  // of the group (master or state) is partitioned, else all of them. Decided by the extents the
+  // of the group (master, state or gradient) is partitioned, else all of them. Decided by the extents the
   // plugins set, whether or not those buffers exist (fp32 SGD without momentum has neither).
   ElementRange step_range(int g) const;
   // Slot i's elements in group positions: [offset, offset + numel). Throws for a frozen slot.
