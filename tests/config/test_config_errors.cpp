@@ -116,6 +116,8 @@ std::vector<BadConfig> bad_configs() {
        {"YAML", "'datasets'", "train_file"}},
       {"gradient_allreduce_sum", "{" + kMbs + R"(, "gradient_allreduce_op": "sum"})", "", {}, 1,
        {"DS", "'gradient_allreduce_op'", "\"mean\""}},
+      {"stochastic_round_with_masters", "{" + kMbs + R"(, "bf16": {"enabled": true}, "optimizer": {"type": "AdamW", "params": {"bf16_stochastic_round": true}}})", "", {}, 1,
+       {"DS", "'optimizer.params.bf16_stochastic_round'", "without fp32 masters", "bf16_master_weights_and_grads"}},
       // ---- malformed files and values ----
       {"zero_section_not_an_object", "{" + kMbs + R"(, "zero_optimization": 2})", "", {}, 1,
        {"DS", "'zero_optimization'", "expected an object"}},

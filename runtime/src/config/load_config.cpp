@@ -333,6 +333,9 @@ struct Loader {
   int64_t model_width() const;
   void add_plugin(const std::string& name, std::string first_key, std::vector<std::string> keys,
                   ConfigNode options);
+
+  // optimizer.params.bf16_stochastic_round when true: checked against the bf16 section.
+  const ConfigNode* stochastic_round_ = nullptr;
 };
 
 void Loader::read_inputs() {
@@ -705,6 +708,7 @@ void Loader::resolve_optimizer(const ConfigNode* opt) {
       // DeepSpeed: effective AdamW = type AdamW or adam_w_mode (default true).
       o.adam_w_mode = p.get<bool>("adam_w_mode", true) || o.type == "AdamW";
       o.bf16_stochastic_round = p.get<bool>("bf16_stochastic_round", false);  // torchao's name
+      if (o.bf16_stochastic_round) stochastic_round_ = params->find("bf16_stochastic_round");
       p.get<bool>("torch_adam", false);               // implementation choice only: same math
       p.get<bool>("fp32_optimizer_states", true);     // memrt's states are fp32 unless 8-bit
       p.reject_if_true("amsgrad", "AMSGrad; use Adam or AdamW");
@@ -959,6 +963,13 @@ void Loader::resolve_precision(const ConfigNode* fp16, const ConfigNode* bf16, c
   };
   const bool fp16_on = section(fp16, "fp16", "fp16", true);
   const bool bf16_on = section(bf16, "bf16", "bf16", false);
+  if (stochastic_round_) {
+    const ConfigNode* in_place = bf16_on && bf16 && bf16->is_object() ? bf16->find("bf16_master_weights_and_grads") : nullptr;
+    if (!in_place || !in_place->is_bool() || !in_place->as_bool())
+      throw ConfigError(stochastic_round_->file(), stochastic_round_->path(),
+                        "rounds bf16 weights that the step updates without fp32 masters; set \"bf16\": "
+                        "{\"enabled\": true, \"bf16_master_weights_and_grads\": true}, or remove it");
+  }
   if (fp16_on && bf16_on) {
     // Name both sides, wherever each was switched on.
     const auto side = [&](const ConfigNode* sec, const char* yaml_key) -> const ConfigNode* {
