@@ -360,3 +360,63 @@ TEST(ParamStore, AnOffloadedGroupStepsOnTheHost) {
   ASSERT_TRUE(sgd.state_names().empty());
   EXPECT_TRUE(step_device(sgd.groups()[0], gpu) == gpu);
 }
+
+// Groups a plugin creates: the selected trainable parameters move, in model order, to a group
+// laid out after the others with its own weight decay and learning-rate multiplier; a group left
+// empty disappears and the slots follow; the layout is redone. Bad specs name the group.
+TEST(StorePlan, AddGroupMovesTheSelectedParameters) {
+  StorePlan plan(infos(), options(0, 2));
+  const int g = plan.add_group({"b", [](const ParamInfo& p) { return p.name == "b.weight" || p.name == "c.weight"; }, 0.05, 16.0});
+  ASSERT_EQ(plan.groups().size(), 3u);
+  ASSERT_EQ(g, 2);
+  EXPECT_EQ(plan.groups()[0].name, "decay");
+  EXPECT_EQ(plan.groups()[0].numel, 35);
+  EXPECT_EQ(plan.groups()[0].padded, 64);
+  const StoreGroup& b = plan.groups()[2];
+  EXPECT_EQ(b.weight_decay, 0.05);
+  EXPECT_EQ(b.lr_scale, 16.0);
+  EXPECT_EQ(b.numel, 13 + 7);
+  EXPECT_EQ(b.padded, 32);
+  EXPECT_EQ(plan.slots()[static_cast<size_t>(plan.find("b.weight"))].group, 2);
+  EXPECT_EQ(plan.slots()[static_cast<size_t>(plan.find("c.weight"))].offset, 13);
+  EXPECT_EQ(plan.slots()[static_cast<size_t>(plan.find("frozen.weight"))].group, -1);
+  // The bias moves out of no_decay, which disappears; the new group's index follows.
+  EXPECT_EQ(plan.add_group({"bias", [](const ParamInfo& p) { return p.name == "a.bias"; }}), 2);
+  ASSERT_EQ(plan.groups().size(), 3u);
+  EXPECT_EQ(plan.groups()[1].name, "b");
+  EXPECT_EQ(plan.slots()[static_cast<size_t>(plan.find("b.weight"))].group, 1);
+  expect_error<Error>([&] { plan.add_group({"b", [](const ParamInfo&) { return true; }}); }, {"group 'b'", "exists"});
+  expect_error<Error>([&] { plan.add_group({"none", [](const ParamInfo& p) { return p.name == "frozen.weight"; }}); },
+                      {"group 'none'", "selects no trainable parameter"});
+}
+
+// A group's learning-rate multiplier: its parameters step as with the multiplied learning rate,
+// bit for bit; the others as without it.
+TEST(ParamStore, AGroupsLrScaleMultipliesItsLearningRate) {
+  const std::vector<ParamInfo> ps = infos();
+  OptimizerConfig cfg;
+  cfg.type = "AdamW";
+  cfg.weight_decay = 0.1;
+  auto make = [&](bool scaled) {
+    StorePlan plan(ps, store_options(cfg));
+    if (scaled) plan.add_group({"b", [](const ParamInfo& p) { return p.name == "b.weight"; }, 0.1, 4.0});
+    auto store = std::make_shared<ParamStore>(std::move(plan), tensors_for(ps, 9), at::kCPU);
+    return std::make_pair(store, make_optimizer(cfg, store));
+  };
+  auto scaled = make(true), base = make(false), fast = make(false);
+  for (auto* o : {&scaled, &base, &fast}) {  // the same gradient per name, whatever the groups
+    for (ParamGroup& g : o->second->param_groups())
+      for (size_t i = 0; i < g.params.size(); ++i) {
+        at::manual_seed(static_cast<uint64_t>(std::hash<std::string>{}(g.names[i]) & 0xffff));
+        g.params[i].mutable_grad() = at::randn(g.params[i].sizes());
+      }
+  }
+  scaled.second->step({1e-2, 1.0});
+  base.second->step({1e-2, 1.0});
+  fast.second->step({4e-2, 1.0});
+  auto value = [](auto& o, const char* name) { return o.first->param(static_cast<int>(o.first->plan().find(name))); };
+  EXPECT_TRUE(at::equal(value(scaled, "b.weight"), value(fast, "b.weight")));
+  EXPECT_FALSE(at::equal(value(scaled, "b.weight"), value(base, "b.weight")));
+  for (const char* other : {"a.weight", "a.bias", "c.weight"})
+    EXPECT_TRUE(at::equal(value(scaled, other), value(base, other))) << other;
+}

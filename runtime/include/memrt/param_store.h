@@ -30,6 +30,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -88,14 +89,25 @@ struct ParamSlot {
 };
 
 struct StoreGroup {
-  std::string name;  // "decay", "no_decay"
+  std::string name;  // "decay", "no_decay", or a plugin's (add_group)
   double weight_decay = 0.0;
+  double lr_scale = 1.0;   // the step's learning rate is the schedule's times this
   std::vector<int> slots;  // StorePlan::slots() indices, in layout (model) order
   int64_t numel = 0;       // elements of its parameters
   int64_t padded = 0;      // numel rounded up to world_size * alignment
   std::array<BufferLayout, kNumStoreBuffers> buffers;
 
   const BufferLayout& buffer(StoreBuffer b) const { return buffers[static_cast<size_t>(b)]; }
+};
+
+// A group a plugin creates (StorePlan::add_group): the trainable parameters `select` accepts leave
+// the group they were in for this one, with its own weight decay and learning-rate multiplier
+// (LoRA+'s B matrices at 16x, bitsandbytes' small tensors kept in 32-bit state, ...).
+struct GroupSpec {
+  std::string name;
+  std::function<bool(const ParamInfo&)> select;
+  double weight_decay = 0.0;
+  double lr_scale = 1.0;
 };
 
 struct StoreOptions {
@@ -140,6 +152,11 @@ class StorePlan {
   bool flat_grad(int g) const;
 
   // ---- the setters plugins call in plan_store ----
+  // Moves the trainable parameters spec.select accepts into a new group (laid out after the others,
+  // in model order; a group left empty disappears) and returns its index. Its buffers start as the
+  // moved parameters' group had them. An unknown or empty selection, a name in use, or parameters
+  // of two compute dtypes are errors naming the group.
+  int add_group(const GroupSpec& spec);
   // Each applies to every group (and set_compute_dtype to floating frozen parameters too). Who
   // called is recorded: a second plugin setting one axis to another value is an error naming both.
   void set_compute_dtype(at::ScalarType dtype);     // fp32, bf16 or fp16

@@ -196,8 +196,9 @@ class AdamOptimizer final : public StoreOptimizer {
     count_updates();
     for_each_range([&](int slot, const at::Tensor& grad, int64_t first, int64_t n) {
       const ParamSlot& s = plan.slots()[static_cast<size_t>(slot)];
-      const double wd = plan.groups()[static_cast<size_t>(s.group)].weight_decay;
-      const AdamScalars as = adam_scalars(scalars.lr, cfg_.beta1, cfg_.beta2, cfg_.eps, wd,
+      const StoreGroup& group = plan.groups()[static_cast<size_t>(s.group)];
+      const double wd = group.weight_decay;
+      const AdamScalars as = adam_scalars(scalars.lr * group.lr_scale, cfg_.beta1, cfg_.beta2, cfg_.eps, wd,
                                           decoupled_, cfg_.bias_correction,
                                           steps_[static_cast<size_t>(slot)]);
       at::Tensor compute = store_->slice(slot, StoreBuffer::kCompute).first.narrow(0, first, n);
@@ -246,7 +247,7 @@ class SgdOptimizer final : public StoreOptimizer {
     for_each_range([&](int slot, const at::Tensor& grad, int64_t first, int64_t n) {
       const ParamSlot& s = plan.slots()[static_cast<size_t>(slot)];
       SgdScalars ss;
-      ss.lr = static_cast<float>(scalars.lr);
+      ss.lr = static_cast<float>(scalars.lr * plan.groups()[static_cast<size_t>(s.group)].lr_scale);
       ss.momentum = static_cast<float>(cfg_.momentum);
       ss.dampening = static_cast<float>(cfg_.dampening);
       ss.weight_decay = static_cast<float>(plan.groups()[static_cast<size_t>(s.group)].weight_decay);

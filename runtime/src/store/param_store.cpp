@@ -127,6 +127,54 @@ StorePlan::StorePlan(const std::vector<ParamInfo>& params, const StoreOptions& o
   relayout();
 }
 
+int StorePlan::add_group(const GroupSpec& spec) {
+  const std::string where = "parameter store: group '" + spec.name + "'";
+  if (spec.name.empty() || !spec.select) throw Error("parameter store: add_group needs a name and a selection");
+  for (const StoreGroup& g : groups_)
+    if (g.name == spec.name) throw Error(where + " exists already; group names are unique");
+  if (!(spec.lr_scale > 0.0) || !(spec.weight_decay >= 0.0))
+    throw Error(where + ": lr_scale must be > 0 and weight_decay >= 0");
+  StoreGroup added;
+  added.name = spec.name;
+  added.weight_decay = spec.weight_decay;
+  added.lr_scale = spec.lr_scale;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    ParamSlot& s = slots_[i];
+    if (s.group < 0 || !spec.select(s.param)) continue;
+    const StoreGroup& from = groups_[static_cast<size_t>(s.group)];
+    if (added.slots.empty()) {
+      added.buffers = from.buffers;
+    } else if (added.buffer(StoreBuffer::kCompute).dtype != from.buffer(StoreBuffer::kCompute).dtype) {
+      throw Error(where + " selects parameters of two compute dtypes ('" + s.param.name + "' is " +
+                  dtype_name(from.buffer(StoreBuffer::kCompute).dtype) + "); a group has one");
+    }
+    added.slots.push_back(static_cast<int>(i));
+  }
+  if (added.slots.empty()) throw Error(where + " selects no trainable parameter");
+  record("group " + spec.name, "added");
+  const int index = static_cast<int>(groups_.size());
+  for (int i : added.slots) slots_[static_cast<size_t>(i)].group = index;
+  groups_.push_back(std::move(added));
+  // Every group keeps the slots still in it; empty ones go, and the slots' indices follow.
+  std::vector<StoreGroup> kept;
+  std::vector<int> renumber(groups_.size(), -1);
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    StoreGroup& group = groups_[g];
+    std::vector<int> still;
+    for (int i : group.slots)
+      if (slots_[static_cast<size_t>(i)].group == static_cast<int>(g)) still.push_back(i);
+    group.slots = std::move(still);
+    if (group.slots.empty()) continue;
+    renumber[g] = static_cast<int>(kept.size());
+    kept.push_back(std::move(group));
+  }
+  groups_ = std::move(kept);
+  for (ParamSlot& s : slots_)
+    if (s.group >= 0) s.group = renumber[static_cast<size_t>(s.group)];
+  relayout();
+  return renumber[static_cast<size_t>(index)];
+}
+
 void StorePlan::relayout() {
   const int64_t unit = alignment_ * options_.world_size;
   for (StoreGroup& g : groups_) {
@@ -292,6 +340,7 @@ std::string StorePlan::describe() const {
     os << "  group " << group.name << ": " << group.slots.size() << " tensors, " << group.numel
        << " elements (padded to " << group.padded << ", " << options_.world_size
        << " partition(s) of " << group.padded / options_.world_size << ")";
+    if (group.lr_scale != 1.0) os << "; lr x" << group.lr_scale;
     for (StoreBuffer b : kAllBuffers) {
       const BufferLayout& l = group.buffer(b);
       if (!l.present || (b == StoreBuffer::kState && state_names_.empty())) continue;
