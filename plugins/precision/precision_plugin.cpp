@@ -148,9 +148,8 @@ class PrecisionPlugin final : public memrt::Plugin {
   void build_optimizer(memrt::OptimizerContext& ctx) override {
     if (!scaler_) return;
     bool zero = false;
-    for (const memrt::StoreGroup& g : ctx.store.plan().groups())
-      for (memrt::StoreBuffer b : {memrt::StoreBuffer::kMaster, memrt::StoreBuffer::kState, memrt::StoreBuffer::kGrad})
-        zero = zero || g.buffer(b).extent == memrt::Extent::kPartition;
+    for (int g = 0; g < static_cast<int>(ctx.store.plan().groups().size()); ++g)
+      zero = zero || ctx.store.plan().partitioned(g);
     scaler_.emplace(scaler_options_, zero ? ScalerKind::kZero : ScalerKind::kFp16Optimizer);
   }
 

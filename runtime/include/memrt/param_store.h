@@ -138,8 +138,11 @@ class StorePlan {
   ElementRange partition(int g) const { return partition(g, options_.rank); }
   // Rank r's.
   ElementRange partition(int g, int r) const;
-  // The elements of group g this rank's optimizer steps: its partition when the optimizer's side
-  // of the group (master, state or gradient) is partitioned, else all of them. Decided by the extents the
+  // Whether the optimizer's side of group g (master, state or gradient) is partitioned (ZeRO >= 1),
+  // whether or not those buffers exist.
+  bool partitioned(int g) const;
+  // The elements of group g this rank's optimizer steps: its partition when partitioned(g), else
+  // all of them. Decided by the extents the
   // plugins set, whether or not those buffers exist (fp32 SGD without momentum has neither).
   ElementRange step_range(int g) const;
   // Slot i's elements in group positions: [offset, offset + numel). Throws for a frozen slot.

@@ -414,6 +414,7 @@ void Loader::run() {
   resolve_lora_and_quant();
   resolve_plugins(plugins);
   for (const auto& p : cfg.plugins) scan_for_auto(p.options);
+  cfg.optimizer.seed = cfg.seed;  // stochastic rounding's draws
   cfg.warnings = diag.warnings;
 }
 

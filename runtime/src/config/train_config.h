@@ -26,7 +26,7 @@ struct OptimizerConfig {
   bool nesterov = false;                   // SGD
   // torchao's bf16_stochastic_round: bf16 weights updated without fp32 masters
   // (bf16.bf16_master_weights_and_grads) are rounded stochastically, drawn from `seed` (the run's
-  // seed, set by the engine), the element and the update count: deterministic given the seed.
+  // seed, copied by the loader), the element and the update count: deterministic given the seed.
   bool bf16_stochastic_round = false;
   uint64_t seed = 42;
   // Built from the ds_config's optimizer section (DeepSpeed: weight decay on every trainable

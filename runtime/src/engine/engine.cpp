@@ -91,14 +91,17 @@ class GradHookTable final : public GradHooks {
   std::vector<std::shared_ptr<Callbacks>> callbacks_;
 };
 
-// The store's flat gradient buffers of full extent (fp32 accumulation of 16-bit gradients below
-// ZeRO stage 2), which the host fills and all-reduces.
+// Whether group g's gradient is a flat buffer of full extent (fp32 accumulation of 16-bit
+// gradients below ZeRO stage 2): the host fills it from its gradient hook and all-reduces it.
+bool host_fills_flat_grad(const ParamStore& store, int g) {
+  return store.plan().flat_grad(g) &&
+         store.plan().groups()[static_cast<size_t>(g)].buffer(StoreBuffer::kGrad).extent == Extent::kFull;
+}
+
 std::vector<at::Tensor> full_flat_grads(const ParamStore& store) {
   std::vector<at::Tensor> out;
-  for (size_t g = 0; g < store.groups().size(); ++g)
-    if (store.groups()[g].grad.defined() &&
-        store.plan().groups()[g].buffer(StoreBuffer::kGrad).extent == Extent::kFull)
-      out.push_back(store.groups()[g].grad);
+  for (int g = 0; g < static_cast<int>(store.groups().size()); ++g)
+    if (host_fills_flat_grad(store, g)) out.push_back(store.groups()[static_cast<size_t>(g)].grad);
   return out;
 }
 
@@ -239,7 +242,6 @@ void Engine::setup() {
       if (store_->plan().slots()[i].group >= 0) trainable_.push_back(store_->param(static_cast<int>(i)));
 
     memory::Scope optimizer_scope(Category::kOptimizerState);
-    cfg_.optimizer.seed = cfg_.seed;  // stochastic rounding's draws
     optimizer_ = make_optimizer(cfg_.optimizer, store_);
     // A flat gradient of full extent (another dtype than the compute one: fp32 accumulation) takes
     // each parameter's gradient as autograd hands it over; the host's callback runs first.
@@ -247,9 +249,7 @@ void Engine::setup() {
     for (size_t i = 0; i < store_->plan().slots().size(); ++i) {
       const int slot = static_cast<int>(i);
       const int g = store_->plan().slots()[i].group;
-      if (g < 0 || !store_->groups()[static_cast<size_t>(g)].grad.defined() ||
-          store_->plan().groups()[static_cast<size_t>(g)].buffer(StoreBuffer::kGrad).extent != Extent::kFull)
-        continue;
+      if (g < 0 || !host_fills_flat_grad(*store_, g)) continue;
       hooks.on_grad_ready(slot, [store = store_, slot](at::Tensor& grad) {
         at::NoGradGuard no_grad;
         store->slice(slot, StoreBuffer::kGrad).first.add_(grad.reshape({-1}));

@@ -96,38 +96,30 @@ MEMRT_FUSED_ADAM_CHUNK(fused_fp16_fp32_grad, c10::Half, float, true)
 
 // ---- bf16 moments, bf16 weights without a master: one portable loop ------------------------------
 // Element i: widen the moments (bf16 exactly) and the weight (the master, else the compute copy),
-// adam_update(), then narrow: moments and a masterless bf16 weight to nearest-even, or the weight
-// stochastically. The bf16 values go through their bits (bf16_bits_*), as the CUDA kernels do.
+// adam_update(), then narrow: moments and a masterless bf16 weight to nearest-even (c10's
+// conversions, as the other loops), or the weight stochastically.
 template <typename C, typename G, typename S>
 void adam_any_chunk(const AdamRange& r, int64_t begin, int64_t end, const AdamScalars& s, float factor) {
   C* compute = static_cast<C*>(r.compute);
   const G* grad = static_cast<const G*>(r.grad);
   S* m = static_cast<S*>(r.exp_avg);
   S* v = static_cast<S*>(r.exp_avg_sq);
-  auto load = [](auto x) {
-    if constexpr (std::is_same_v<decltype(x), c10::BFloat16>) return float_from_bf16_bits(x.x);
-    else return widen(x);
-  };
+  const bool stochastic = r.stochastic_round && !r.master;  // checked: bf16 compute only
   for (int64_t i = begin; i < end; ++i) {
-    float p = r.master ? r.master[i] : load(compute[i]);
-    float mm = load(m[i]), vv = load(v[i]);
-    adam_update(p, load(grad[i]) * factor, mm, vv, s);
-    if constexpr (std::is_same_v<S, float>) {
-      m[i] = mm;
-      v[i] = vv;
-    } else {
-      m[i] = c10::BFloat16(bf16_bits_from_float(mm), c10::BFloat16::from_bits());
-      v[i] = c10::BFloat16(bf16_bits_from_float(vv), c10::BFloat16::from_bits());
-    }
+    float p = r.master ? r.master[i] : widen(compute[i]);
+    float mm = widen(m[i]), vv = widen(v[i]);
+    adam_update(p, widen(grad[i]) * factor, mm, vv, s);
+    m[i] = narrow<S>(mm);
+    v[i] = narrow<S>(vv);
     if (r.master) r.master[i] = p;
     if constexpr (std::is_same_v<C, c10::BFloat16>) {
-      const uint16_t bits = r.stochastic_round && !r.master
-                                ? bf16_bits_stochastic(p, random_bits16(r.seed, static_cast<uint64_t>(r.first + i)))
-                                : bf16_bits_from_float(p);
-      compute[i] = c10::BFloat16(bits, c10::BFloat16::from_bits());
-    } else {
-      compute[i] = narrow<C>(p);
+      if (stochastic) {
+        const uint16_t bits = bf16_bits_stochastic(p, random_bits16(r.seed, static_cast<uint64_t>(r.first + i)));
+        compute[i] = c10::BFloat16(bits, c10::BFloat16::from_bits());
+        continue;
+      }
     }
+    compute[i] = narrow<C>(p);
   }
 }
 

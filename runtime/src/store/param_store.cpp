@@ -199,12 +199,15 @@ ElementRange StorePlan::partition(int g, int r) const {
   return {r * part, (r + 1) * part};
 }
 
-ElementRange StorePlan::step_range(int g) const {
+bool StorePlan::partitioned(int g) const {
   const StoreGroup& group = groups_.at(static_cast<size_t>(g));
-  const bool partitioned = group.buffer(StoreBuffer::kMaster).extent == Extent::kPartition ||
-                           group.buffer(StoreBuffer::kState).extent == Extent::kPartition ||
-                           group.buffer(StoreBuffer::kGrad).extent == Extent::kPartition;
-  return partitioned ? partition(g) : ElementRange{0, group.padded};
+  for (StoreBuffer b : {StoreBuffer::kMaster, StoreBuffer::kState, StoreBuffer::kGrad})
+    if (group.buffer(b).extent == Extent::kPartition) return true;
+  return false;
+}
+
+ElementRange StorePlan::step_range(int g) const {
+  return partitioned(g) ? partition(g) : ElementRange{0, groups_.at(static_cast<size_t>(g)).padded};
 }
 
 ElementRange StorePlan::range(int slot) const {
