@@ -12,23 +12,27 @@
 //   dist_rank_helper die VICTIM N [hang]  all-reduce in a loop; rank VICTIM SIGKILLs itself after
 //                                         N rounds (SIGSTOPs itself with "hang"); the others must
 //                                         catch DistributedError (exit 3)
-//   dist_rank_helper echo CODE FAILRANK [ignore_term]
+//   dist_rank_helper echo CODE FAILRANK [ignore_term [READY_FIFO]]
 //                                         print lines to stdout/stderr; FAILRANK exits CODE
 //                                         (or SIGKILLs itself if CODE is "kill"); with
 //                                         FAILRANK >= 0 the others wait for a signal (ignoring
-//                                         SIGTERM with ignore_term)
+//                                         SIGTERM with ignore_term); with READY_FIFO FAILRANK
+//                                         waits until the others have set up (no start-up race)
 //   dist_rank_helper signal_parent        rank 0 sends SIGTERM to its parent (the launcher), then
 //                                         every rank waits for a signal
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -252,6 +256,26 @@ int run_die(DistContext& d, int victim, int rounds, bool hang) {
   return 1;
 }
 
+// The READY fifo handshake of "echo": the reader holds the fifo open read-write (so read()
+// blocks rather than seeing end-of-file between writers) until `writers` bytes have arrived.
+void wait_for_ranks(const std::string& fifo, int writers) {
+  int fd = ::open(fifo.c_str(), O_RDWR);
+  if (fd < 0) throw std::runtime_error("cannot open " + fifo);
+  char byte;
+  for (int got = 0; got < writers;) {
+    ssize_t n = ::read(fd, &byte, 1);
+    if (n == 1) ++got;
+    else if (n < 0 && errno != EINTR) throw std::runtime_error("cannot read " + fifo);
+  }
+  ::close(fd);
+}
+
+void signal_ready(const std::string& fifo) {
+  int fd = ::open(fifo.c_str(), O_WRONLY);  // blocks until the failing rank holds the fifo open
+  if (fd < 0 || ::write(fd, "r", 1) != 1) throw std::runtime_error("cannot write " + fifo);
+  ::close(fd);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -272,11 +296,16 @@ int main(int argc, char** argv) {
       std::cerr << "a warning from rank " << rank << std::endl;
       std::cout << "second line of rank " << rank << std::endl;
       std::cout << "no newline at the end" << std::flush;
+      // With a READY fifo, the failing rank exits only once every other rank has installed its
+      // SIGTERM disposition (each writes one byte after doing so): no race with its start-up.
+      const std::string ready = args.size() >= 5 ? args[4] : "";
       if (args.size() >= 3 && std::atoi(args[2].c_str()) == rank) {
+        if (!ready.empty()) wait_for_ranks(ready, std::atoi(std::getenv("WORLD_SIZE")) - 1);
         if (args[1] == "kill") ::raise(SIGKILL);
         return std::atoi(args[1].c_str());
       }
       if (args.size() >= 4 && args[3] == "ignore_term") ::signal(SIGTERM, SIG_IGN);
+      if (!ready.empty()) signal_ready(ready);
       if (args.size() >= 3 && std::atoi(args[2].c_str()) >= 0) {
         std::cout << std::endl;
         for (;;) ::pause();  // until the launcher stops us

@@ -6,6 +6,9 @@
 #include <regex>
 #include <set>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include "dist/local_launch.h"
 #include "dist_test_util.h"
 #include "memrt/error.h"
@@ -86,7 +89,11 @@ TEST(DistLocalLaunch, RankKilledBySignal) {
 
 TEST(DistLocalLaunch, SigkillAfterGracePeriod) {
   // Rank 0 fails; rank 1 ignores SIGTERM and must be SIGKILLed after the (short) grace period.
-  Outcome r = launch(2, {"echo", "5", "0", "ignore_term"}, std::chrono::milliseconds(300));
+  // Rank 0 fails only once rank 1 ignores SIGTERM (the fifo), else SIGTERM could beat it.
+  const std::string ready = ::testing::TempDir() + "memrt_ready_" + std::to_string(::getpid());
+  ASSERT_EQ(::mkfifo(ready.c_str(), 0600), 0) << "cannot create the fifo " << ready;
+  Outcome r = launch(2, {"echo", "5", "0", "ignore_term", ready}, std::chrono::milliseconds(300));
+  ::unlink(ready.c_str());
   EXPECT_EQ(r.code, 5);
   EXPECT_TRUE(contains(r.err, "rank 1 did not stop within the grace period and was killed")) << r.err;
   EXPECT_GE(r.seconds, 0.3);
