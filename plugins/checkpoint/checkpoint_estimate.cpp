@@ -1,6 +1,8 @@
 // plugins/checkpoint — the checkpointed activation term (see checkpoint_estimate.h).
 #include "checkpoint_estimate.h"
 
+#include <algorithm>
+
 #include <string>
 
 #include <memrt/plugin.h>
@@ -50,7 +52,8 @@ void estimate_checkpointed(memory::MemoryEstimate& e, const std::vector<bool>& c
   const int64_t b = static_cast<int64_t>(c10::elementSize(e.compute_dtype));
   const int64_t BT = run.micro_batch_size * run.block_size;
   const int64_t input = BT * s.d_model * b;  // one block's input (B, T, C)
-  const int64_t plain = a.per_block[0];      // what a block keeps when it is not checkpointed
+  // What a block keeps when it is not checkpointed (a frozen prefix keeps less: the largest).
+  const int64_t plain = *std::max_element(a.per_block.begin(), a.per_block.end());
 
   // Forward: a checkpointed block keeps nothing itself; its output stays alive as the next
   // block's saved input (or the next block's or the final norm's kept input). So each block's
@@ -83,7 +86,7 @@ void estimate_checkpointed(memory::MemoryEstimate& e, const std::vector<bool>& c
   // candidate leaves of the head term.
   const int64_t head_kept =
       block_backward + tied_grad -
-      memory::activation_estimate(s, run.micro_batch_size, run.block_size, e.compute_dtype)
+      memory::activation_estimate(s, run.micro_batch_size, run.block_size, e.compute_dtype, e.params)
           .backward_in_last_block;
   const int64_t loss_scalars = a.head - head_kept;
   std::vector<int64_t> prefix(static_cast<size_t>(L + 1), a.embedding);  // kept before block j

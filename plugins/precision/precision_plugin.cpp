@@ -116,7 +116,7 @@ class PrecisionPlugin final : public memrt::Plugin {
     const bool at_loss = e.activations.backward_peak == e.activations.backward_at_loss;
     e.compute_dtype = dtype_;
     e.activations = memrt::memory::activation_estimate(e.run->shape, e.run->micro_batch_size,
-                                                       e.run->block_size, dtype_);
+                                                       e.run->block_size, dtype_, e.params);
     e.activations.backward_peak =
         at_loss ? e.activations.backward_at_loss : e.activations.backward_in_last_block;
     if (scaler_) e.activations.head += 4;  // the scaled loss backward starts from

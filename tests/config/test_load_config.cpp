@@ -383,6 +383,28 @@ TEST(Plugins, LoraKeysAndAliases) {
   EXPECT_TRUE(has_warning(d, "turns LoRA off"));
 }
 
+// LLaMA-Factory's freeze tuning goes to plugins/lora, which owns finetuning_type and freeze_*.
+TEST(Plugins, FreezeTuningKeysGoToTheLoraPlugin) {
+  const TrainConfig a = load("", "finetuning_type: freeze\nfreeze_trainable_layers: -3\n"
+                                 "freeze_trainable_modules: mlp,self_attn\nfreeze_extra_modules: [norm]\n"
+                                 "lora_r: 8\n");
+  const PluginSpec* p = plugin(a, "lora");
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(p->options.find("finetuning_type")->as_string(), "freeze");
+  EXPECT_EQ(p->options.find("freeze_trainable_layers")->as_int(), -3);
+  EXPECT_EQ(p->options.find("freeze_trainable_modules")->as_string(), "mlp,self_attn");
+  EXPECT_EQ(p->options.find("lora_r"), nullptr);
+  EXPECT_TRUE(has_warning(a, "trains no adapters"));
+  const TrainConfig b = load("", "freeze_trainable_layers: 4\n");  // without freeze: ignored, said
+  EXPECT_EQ(plugin(b, "lora"), nullptr);
+  EXPECT_TRUE(has_warning(b, "applies only with finetuning_type: freeze"));
+  expect_config_error([] { load("", "finetuning_type: freeze\nuse_peft: true\n"); },
+                      {"finetuning_type", "use_peft", "turns LoRA on"});
+  expect_config_error([] { load("", "finetuning_type: freeze\nload_in_4bit: true\n"); },
+                      {"finetuning_type", "load_in_4bit", "only LoRA adapters"});
+  expect_config_error([] { load("", "finetuning_type: oft\n"); }, {"finetuning_type", "\"freeze\""});
+}
+
 TEST(Plugins, QloraBuildsQuantAndLora) {
   ConfigSources s;
   s.train_yaml_path = source("configs/train_qlora.yaml");

@@ -116,7 +116,6 @@ TEST(PluginAbi, OlderMinorIsAccepted) {
   EXPECT_NO_THROW(check_plugin_abi(good_info(), "libp.so", host));
 }
 
-// A plugin built against SDK 1.0 loads, and the host never calls what 1.1 appended to Plugin.
 TEST(PluginAbi, CudaAndCxxAbiMismatches) {
   memrt_plugin_info info = good_info();
   info.cuda = !MEMRT_TORCH_HAS_CUDA;
@@ -185,6 +184,52 @@ TEST(PluginHost, OrderIsByPriorityAndAfterPhasesReverse) {
   EXPECT_EQ(log, (std::vector<std::string>{"early/before_forward", "middle/before_forward",
                                            "late/before_forward", "late/after_forward",
                                            "middle/after_forward", "early/after_forward"}));
+}
+
+// fixture_abi21 is compiled against a copy of the ABI 2.1 header: its vtable ends before
+// plan_params (2.2). The host loads it, calls it in 2.1's phases and never in plan_params — a call
+// there would jump past the end of its vtable.
+TEST(PluginAbi, APluginBuiltWithAnOlderMinorIsNeverCalledInALaterPhase) {
+  EXPECT_EQ(phase_abi_minor("plan_params"), 2u);
+  EXPECT_EQ(phase_abi_minor("estimate_memory"), 0u);
+  PluginHost host = PluginHost::load({spec("fixture_abi21", FIXTURE_ABI21, "plugins[0]")});
+  ASSERT_EQ(host.plugins().size(), 1u);
+  EXPECT_EQ(host.plugins()[0].abi_minor, 1u);
+  RunInfo run;
+  std::vector<ParamInfo> params = {{"w", {4}, at::kFloat, true, true}};
+  host.set_trace(true);
+  testing::internal::CaptureStderr();
+  host.plan_params(params, run);
+  memory::MemoryEstimate e;
+  e.run = &run;
+  host.estimate_memory(e);
+  const std::string trace = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(trace, "[hook] fixture_abi21/estimate_memory\n");
+  EXPECT_EQ(e.table.at(memory::Category::kOther), 1) << "2.1's phases are still called";
+  EXPECT_TRUE(params[0].trainable);
+}
+
+// A plugin of this minor is called in plan_params, and what it plans is what the host keeps.
+class Freezer : public Plugin {
+ public:
+  void plan_params(ParamPlanContext& ctx) override {
+    for (ParamInfo& p : ctx.params) p.trainable = p.name != "frozen";
+    ctx.params.push_back({"added", {2, 3}, at::kFloat, true, false});
+  }
+};
+
+TEST(PluginHost, PlanParamsEditsTheList) {
+  PluginHost host;
+  host.add("freezer", "plugins[0]", std::make_unique<Freezer>());
+  host.order();
+  RunInfo run;
+  std::vector<ParamInfo> params = {{"frozen", {4}, at::kFloat, true, true},
+                                   {"kept", {4}, at::kFloat, true, true}};
+  host.plan_params(params, run);
+  ASSERT_EQ(params.size(), 3u);
+  EXPECT_FALSE(params[0].trainable);
+  EXPECT_TRUE(params[1].trainable);
+  EXPECT_EQ(params[2].name, "added");
 }
 
 class Thrower : public Plugin {};

@@ -6,13 +6,15 @@ averaging the ranks' gradients as DDP does. It shares no code with memrt.
     torch_reference_train.py init DIR
         writes a small GPT-2 (2 blocks of width 64, vocabulary 256, context 32, no dropout) with
         transformers' own random initialisation to DIR (config.json, model.safetensors)
-    torch_reference_train.py train DIR PREFIX RANKS STEPS ACCUM MICRO T LR WD CLIP OUT
+    torch_reference_train.py train DIR PREFIX RANKS STEPS ACCUM MICRO T LR WD CLIP OUT [TRAINABLE]
         replays PREFIX<rank r>.bin (memrt's fixture_recorder: per step and micro-step, the
         (MICRO, T) inputs then targets, int64) on RANKS processes with a constant learning rate,
         Hugging Face Trainer's weight-decay rule (no decay for biases and LayerNorm weights) and
         gradient clipping at CLIP; writes {"loss": [...], "grad_norm": [...]} per step to OUT
         (the loss averaged over ranks, each the sum over micro-steps of the mean loss / ACCUM;
-        the gradient norm before clipping)
+        the gradient norm before clipping). With TRAINABLE (comma-separated name fragments, as
+        LLaMA-Factory's freeze tuning matches them: ".1.,ln_f"), only the parameters whose name
+        contains one of them train; the others get requires_grad False
 """
 import json
 import os
@@ -38,13 +40,16 @@ def decays(name):
 
 
 def worker(rank, args, port):
-    directory, prefix, ranks, steps, accum, micro, t, lr, wd, clip, out = args
+    directory, prefix, ranks, steps, accum, micro, t, lr, wd, clip, out, trainable = args
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=ranks)
     model = GPT2LMHeadModel.from_pretrained(directory, dtype=torch.float32)
     model.train()
+    if trainable:
+        for n, p in model.named_parameters():
+            p.requires_grad_(any(fragment in n for fragment in trainable))
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     groups = [{"params": [p for n, p in named if decays(n)], "weight_decay": wd},
               {"params": [p for n, p in named if not decays(n)], "weight_decay": 0.0}]
@@ -78,9 +83,10 @@ def worker(rank, args, port):
 
 
 def train(argv):
-    directory, prefix, ranks, steps, accum, micro, t, lr, wd, clip, out = argv
+    directory, prefix, ranks, steps, accum, micro, t, lr, wd, clip, out = argv[:11]
+    trainable = argv[11].split(",") if len(argv) > 11 else []
     args = (directory, prefix, int(ranks), int(steps), int(accum), int(micro), int(t), float(lr),
-            float(wd), float(clip), out)
+            float(wd), float(clip), out, trainable)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

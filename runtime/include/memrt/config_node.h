@@ -58,6 +58,9 @@ class ConfigNode {
   double as_double() const;
   const std::string& as_string() const;
   const std::vector<ConfigNode>& as_array() const;
+  // A list of names: an array of strings, or one comma-separated string (LLaMA-Factory's and
+  // PEFT's spelling: "q_proj, v_proj"), each name trimmed, empty ones dropped.
+  std::vector<std::string> as_names() const;
   const std::vector<Member>& members() const;  // objects keep the file's key order
 
   bool contains(std::string_view key) const;

@@ -137,6 +137,16 @@ struct ActivationEstimate {
 ActivationEstimate activation_estimate(const ModelShape& shape, int64_t micro_batch,
                                        int64_t block_size, at::ScalarType dtype);
 
+// The same, training only the trainable ones of `params` (the model's parameters as planned):
+// the segments before the first that trains keep only their output, a frozen LM-head weight keeps
+// no copy of the final norm's output, a frozen tied embedding holds no gradient through the last
+// block. Exact for whole segments frozen (freeze tuning of the last or first layers, a frozen
+// head); a block with only some of its modules frozen, or frozen blocks after a trained one, keep
+// less than this says (it is then an upper bound: docs/memory.md).
+ActivationEstimate activation_estimate(const ModelShape& shape, int64_t micro_batch,
+                                       int64_t block_size, at::ScalarType dtype,
+                                       const std::vector<ParamEstimate>& params);
+
 // Backward's working memory inside one block at its largest, on top of what the block's forward
 // kept (docs/memory.md: the gradients alive in the MLP's backward). The last-block candidate of
 // activation_estimate() is this plus a tied embedding's gradient minus the head's activations;

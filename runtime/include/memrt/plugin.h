@@ -7,11 +7,17 @@
 //
 //   data = open train_file            # max_steps now known (from num_train_epochs if need be)
 //   for plugin in plugins:            configure(options, diag, run)        # own config subtree only
+//   params = the parameters from the model's shape (names, shapes, trainable, decay)
+//   for plugin in plugins:            plan_params(ParamPlanContext)        # freeze, add, replace
 //   for plugin in plugins:            estimate_memory(MemoryEstimate)      # its term of the memory plan
 //   model = build_model(...)          # blocks materialised one by one:
 //       for each block:               on_block_ready(BlockReady)           # quantize/partition early
-//   for plugin in plugins:            transform_model(ModelContext)        # surgery, freezing
-//   plan = StorePlan(the model's parameters, the optimizer's state)       # memrt/param_store.h
+//   params = the built model's parameters
+//   for plugin in plugins:            plan_params(ParamPlanContext)        # the same calls again
+//   host: requires_grad of every model parameter := its planned `trainable`
+//   for plugin in plugins:            transform_model(ModelContext)        # surgery: add what was planned
+//   host: the model's parameters must be the planned list (names, shapes, trainable), else an error
+//   plan = StorePlan(params, the optimizer's state)                        # memrt/param_store.h
 //   for plugin in plugins:            plan_store(StorePlanContext)         # dtypes, masters, partitions
 //   store = ParamStore(plan)          # every buffer allocated once; parameters become views of it
 //   optimizer = the fused step over the store
@@ -49,8 +55,9 @@
 // Before-phases run in ascending priority, after-phases ([reverse]) in descending priority, so a
 // plugin can undo in an after-phase what it did in the matching before-phase (composer's rule).
 //
-// What each phase may change is what its context hands out as non-const: the model and its
-// parameters only in on_block_ready and transform_model; the store's layout only in plan_store;
+// What each phase may change is what its context hands out as non-const: which parameters exist
+// and which train only in plan_params; the model and its parameters only in on_block_ready and
+// transform_model; the store's layout only in plan_store;
 // the optimizer, the store's buffers and gradient hooks only in build_optimizer;
 // the loss that is backpropagated only in before_backward; gradients from after_backward through
 // before_optimizer_step; parameters again in after_optimizer_step. Observers (loggers, profilers)
@@ -140,6 +147,18 @@ struct BlockReady {
   Block& block;  // may be modified in place (quantize, partition, cast)
   const RunInfo& run;
   Communicator& comm;
+};
+
+// The model's parameters as they will be trained, before the model is touched (ABI 2.2): a plugin
+// freezes (trainable = false), adds (LoRA's adapters) or replaces (a quantized base) parameters
+// here, deciding from its config and the names and shapes alone. The host calls it twice with the
+// same calls: on a list made from the model's shape for the memory estimate (`launcher
+// --estimate`, and at the start of a run), and on the built model's parameters in the run. It
+// then sets every existing parameter's requires_grad to its `trainable`; a parameter added here
+// must be created by the plugin's transform_model. So the estimate and the run plan one store.
+struct ParamPlanContext {
+  std::vector<ParamInfo>& params;  // in model order; append what the plugin adds
+  const RunInfo& run;
 };
 
 struct ModelContext {
@@ -312,6 +331,13 @@ class Plugin {
   // records what changed as this plugin's term. Tensors the plugin allocates while training are
   // counted where memory::claim() puts them (memrt/memory.h, docs/memory.md).
   virtual void estimate_memory(memory::MemoryEstimate& /*estimate*/) const {}
+
+  // ---- ABI 2.2 (a minor appends its phases here, after every older one: the host never calls
+  // them on a plugin built with an older minor, whose vtable has no slot for them) ----
+
+  // Which parameters train, exist or are replaced (ParamPlanContext). Runs before
+  // estimate_memory, which sees the result in MemoryEstimate::params and ::store.
+  virtual void plan_params(ParamPlanContext& /*ctx*/) {}
 };
 
 }  // namespace memrt
@@ -321,12 +347,13 @@ class Plugin {
 // host which ones exist). Minor versions only append virtual functions to Plugin; the host calls
 // them only on plugins built with that minor or later; context structs only grow at their end.
 // ABI 2.0: the parameter store (plan_store, Optimizer::step(StepScalars), StepContext::grad_scale;
-// checkpoints save the store). 2.1: OptimizerContext::grad_hooks, a writable store there. The host refuses a plugin whose ABI
+// checkpoints save the store). 2.1: OptimizerContext::grad_hooks, a writable store there.
+// 2.2: Plugin::plan_params (ParamPlanContext), ConfigNode::as_names. The host refuses a plugin whose ABI
 // major differs, whose ABI minor is newer than the host's, or whose LibTorch version, C++ ABI flag or CUDA flag differ from its own
 // — plugins pass at::Tensor and nn::Module across the boundary, the same contract as PyTorch C++
 // extensions.
 #define MEMRT_PLUGIN_ABI_MAJOR 2
-#define MEMRT_PLUGIN_ABI_MINOR 1
+#define MEMRT_PLUGIN_ABI_MINOR 2
 #define MEMRT_PLUGIN_ENTRY_SYMBOL "memrt_plugin_entry"
 
 extern "C" {

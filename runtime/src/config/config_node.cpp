@@ -125,6 +125,25 @@ const std::vector<ConfigNode>& ConfigNode::as_array() const {
   return items_;
 }
 
+std::vector<std::string> ConfigNode::as_names() const {
+  std::vector<std::string> out;
+  if (kind_ == Kind::Array) {
+    for (const ConfigNode& item : items_) out.push_back(item.as_string());
+    return out;
+  }
+  const std::string& s = as_string();
+  for (size_t start = 0; start <= s.size();) {
+    size_t comma = s.find(',', start);
+    if (comma == std::string::npos) comma = s.size();
+    std::string name = s.substr(start, comma - start);
+    name.erase(0, name.find_first_not_of(' '));
+    name.erase(name.find_last_not_of(' ') + 1);
+    if (!name.empty()) out.push_back(std::move(name));
+    start = comma + 1;
+  }
+  return out;
+}
+
 const std::vector<ConfigNode::Member>& ConfigNode::members() const {
   if (kind_ != Kind::Object) throw wrong_type(*this, "an object");
   return members_;

@@ -141,6 +141,10 @@ const std::vector<std::pair<std::string, std::vector<std::string>>> kYamlKeys = 
     {"use_peft", {"use_peft"}},
     {"adapter", {"adapter"}},
     {"finetuning_type", {"finetuning_type"}},
+    {"freeze_trainable_layers", {"freeze_trainable_layers"}},
+    {"freeze_trainable_modules", {"freeze_trainable_modules"}},
+    {"freeze_extra_modules", {"freeze_extra_modules"}},
+    {"use_llama_pro", {"use_llama_pro"}},
     {"load_in_4bit", {"load_in_4bit"}},
     {"load_in_8bit", {"load_in_8bit"}},
     {"bnb_4bit_quant_type", {"bnb_4bit_quant_type"}},
@@ -221,7 +225,7 @@ const std::vector<std::pair<const char*, const char*>> kYamlRejected = {
     {"dataset_mixture", "memrt reads a local train_file (text, .bin tokens or JSONL with a \"text\" field); set train_file"},
     {"dataset_splits", "memrt reads a local train_file; set train_file"},
     {"max_samples", "memrt trains on the whole train_file; cut the file instead, or set max_steps"},
-    {"unfrozen_parameters", "memrt trains every parameter, or only LoRA adapters (lora_r / use_peft)"},
+    {"unfrozen_parameters", "memrt trains every parameter, the layers finetuning_type: freeze chooses (freeze_trainable_layers, freeze_trainable_modules, freeze_extra_modules), or LoRA adapters"},
     {"beta", "DPO is not supported: memrt trains causal language modelling"},
     {"max_prompt_length", "DPO is not supported: memrt trains causal language modelling"},
     {"gptq_groupsize", "GPTQ is not supported; 4-bit weights come from load_in_4bit (NF4/FP4)"},
@@ -1157,10 +1161,46 @@ void Loader::resolve_lora_and_quant() {
     lora_switch = true;
     switch_node = n;
   }
-  if (const ConfigNode* n = yv("finetuning_type")) {
+  // LLaMA-Factory's freeze tuning: plugins/lora owns finetuning_type and the freeze_* keys.
+  const char* freeze_keys[] = {"freeze_trainable_layers", "freeze_trainable_modules",
+                               "freeze_extra_modules", "use_llama_pro"};
+  const ConfigNode* type = yv("finetuning_type");
+  if (type && type->as_string() == "freeze") {
+    if (lora_switch && *lora_switch) {
+      throw ConfigError(type->file(), type->path(), "is \"freeze\" but " + where(*switch_node) +
+                                                        " turns LoRA on: remove one");
+    }
+    if (load4) {
+      const ConfigNode* src_node = q4 ? q4 : qbit;
+      throw ConfigError(type->file(), type->path(), "is \"freeze\" but " + where(*src_node) +
+                                                        " quantizes the base: quantized models train "
+                                                        "only LoRA adapters (as in LLaMA-Factory); remove one");
+    }
+    ConfigNode fopts = ConfigNode::object(yaml_file, "");
+    fopts.set("finetuning_type", *type);
+    std::vector<std::string> fkeys{type->file() + ": " + type->path()};
+    for (const char* k : freeze_keys) {
+      if (const ConfigNode* n = yv(k)) {
+        fopts.set(k, *n);
+        fkeys.push_back(n->file() + ": " + n->path());
+      }
+    }
+    for (const char* k : {"lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_target",
+                          "lora_target_linear", "lora_model_dir"}) {
+      if (const ConfigNode* n = yv(k))
+        diag.warnings.push_back(where(*n) + " is ignored: " + where(*type) + " trains no adapters");
+    }
+    add_plugin("lora", fkeys.front(), fkeys, fopts);
+    return;
+  }
+  for (const char* k : freeze_keys) {
+    if (const ConfigNode* n = yv(k))
+      diag.warnings.push_back(where(*n) + " is ignored: it applies only with finetuning_type: freeze");
+  }
+  if (const ConfigNode* n = type) {
     const std::string f = n->as_string();
     if (f != "lora" && f != "full") {
-      throw n->error("is \"" + f + "\"; memrt supports \"lora\" and \"full\" (freezing layers is not supported)");
+      throw n->error("is \"" + f + "\"; memrt supports \"full\", \"freeze\" and \"lora\"");
     }
     if (lora_switch && *lora_switch != (f == "lora")) {
       throw ConfigError(n->file(), n->path(), "is \"" + f + "\" but " + where(*switch_node) + " says otherwise: remove one");
@@ -1203,19 +1243,11 @@ void Loader::resolve_lora_and_quant() {
         value = ConfigNode::string("all-linear", given->file(), given->path());
       } else {
         value = ConfigNode::array(given->file(), given->path());
-        size_t start = 0;
-        while (start <= s.size()) {
-          size_t comma = s.find(',', start);
-          if (comma == std::string::npos) comma = s.size();
-          std::string name = s.substr(start, comma - start);
-          name.erase(0, name.find_first_not_of(' '));
-          name.erase(name.find_last_not_of(' ') + 1);
-          if (!name.empty()) value.push_back(ConfigNode::string(name, given->file(), given->path()));
-          start = comma + 1;
-        }
+        for (const std::string& name : given->as_names())
+          value.push_back(ConfigNode::string(name, given->file(), given->path()));
       }
     } else {
-      for (const auto& item : given->as_array()) item.as_string();
+      given->as_names();  // checks every item is a string
     }
     lopts.set("lora_target_modules", value);
     lkeys.push_back(given->file() + ": " + given->path());

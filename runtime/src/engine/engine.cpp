@@ -105,6 +105,45 @@ std::vector<at::Tensor> full_flat_grads(const ParamStore& store) {
   return out;
 }
 
+// The model's parameters as a plan sees them: trainable as requires_grad says, decay by
+// store/decay.h.
+std::vector<ParamInfo> model_params(CausalLM& model, bool decay_all) {
+  std::vector<ParamInfo> out;
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+    const at::Tensor& t = item.value();
+    out.push_back({item.key(), t.sizes().vec(), t.scalar_type(), t.requires_grad(),
+                   decays(item.key(), decay_all)});
+  }
+  return out;
+}
+
+std::string describe_param(const ParamInfo& p) {
+  std::ostringstream os;
+  os << "'" << p.name << "' " << c10::toString(p.dtype) << " " << at::IntArrayRef(p.shape)
+     << (p.trainable ? " trainable" : " frozen");
+  return os.str();
+}
+
+// The model after transform_model must be what plan_params planned: the estimate was made from
+// the plan, so a model that differs would train something the memory report never described.
+void check_planned(const std::vector<ParamInfo>& planned, const std::vector<ParamInfo>& model) {
+  const std::string fix = ": a plugin's transform_model must create exactly what its plan_params "
+                          "planned (memrt/plugin.h, ParamPlanContext)";
+  for (size_t i = 0; i < std::max(planned.size(), model.size()); ++i) {
+    if (i >= model.size())
+      throw Error("the plugins planned parameter " + describe_param(planned[i]) +
+                  " but the model has no such parameter after transform_model" + fix);
+    if (i >= planned.size())
+      throw Error("the model has parameter " + describe_param(model[i]) +
+                  " after transform_model, which no plugin planned" + fix);
+    const ParamInfo& a = planned[i];
+    const ParamInfo& b = model[i];
+    if (a.name != b.name || a.shape != b.shape || a.dtype != b.dtype || a.trainable != b.trainable)
+      throw Error("the plugins planned parameter " + describe_param(a) + " but the model has " +
+                  describe_param(b) + " in its place after transform_model" + fix);
+  }
+}
+
 }  // namespace
 
 Engine::Engine(TrainConfig cfg, std::shared_ptr<DistContext> dist, PluginHost plugins,
@@ -140,7 +179,9 @@ EstimateReport estimate_memory(const TrainConfig& cfg, const RunInfo& run, Plugi
   HostPlanOptions options;
   options.store = store_options(cfg.optimizer);
   options.decay_all = cfg.optimizer.from_ds_config;
-  memory::MemoryEstimate plan = host_memory_plan(run, options);
+  std::vector<ParamInfo> params = shape_params(run.shape, options.decay_all);
+  plugins.plan_params(params, run);
+  memory::MemoryEstimate plan = host_memory_plan(run, options, params);
   EstimateReport report;
   report.terms.push_back({"memrt", plan.table});
   for (memory::EstimateTerm& t : plugins.estimate_memory(plan)) report.terms.push_back(std::move(t));
@@ -192,6 +233,8 @@ void Engine::setup() {
   }
 
   // model: materialised block by block, each handed to the plugins as it appears.
+  const bool decay_all = cfg_.optimizer.from_ds_config;
+  std::vector<ParamInfo> planned;
   {
     memory::Scope weights_scope(Category::kWeights);
     BuildOptions build;
@@ -206,8 +249,16 @@ void Engine::setup() {
     // The default generator feeds dropout: seeded like Hugging Face's set_seed (the same seed on
     // every rank), so a config's run is reproducible. Model init has its own generator.
     at::manual_seed(cfg_.seed);
+    // The plugins' plan of the parameters, on the model as built (the estimate ran the same calls
+    // on its shapes); the model's parameters train as planned, and transform_model adds the rest.
+    planned = model_params(*model_, decay_all);
+    plugins_.plan_params(planned, run_);
+    for (const auto& item : model_->named_parameters(/*recurse=*/true))
+      for (const ParamInfo& p : planned)
+        if (p.name == item.key()) item.value().set_requires_grad(p.trainable);
     ModelContext model_ctx{*model_, run_, *dist_};
     plugins_.each("transform_model", -1, [&](Plugin& p) { p.transform_model(model_ctx); });
+    check_planned(planned, model_params(*model_, decay_all));
 
     // Every rank starts from rank 0's weights (the same seed gives the same init; a loaded
     // checkpoint is the same file; this makes it so whatever a plugin did).
@@ -218,18 +269,13 @@ void Engine::setup() {
   // The parameter store, planned from the model as the transforms left it and by every plugin,
   // then allocated once; the optimizer steps over it.
   {
-    std::vector<ParamInfo> infos;
     std::vector<std::pair<std::string, at::Tensor>> named;
-    for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
-      const at::Tensor& t = item.value();
-      infos.push_back({item.key(), t.sizes().vec(), t.scalar_type(), t.requires_grad(),
-                       decays(item.key(), cfg_.optimizer.from_ds_config)});
-      named.emplace_back(item.key(), t);
-    }
+    for (const auto& item : model_->named_parameters(/*recurse=*/true))
+      named.emplace_back(item.key(), item.value());
     StoreOptions options = store_options(cfg_.optimizer);
     options.rank = run_.rank;
     options.world_size = run_.world_size;
-    StorePlan plan(infos, options);
+    StorePlan plan(planned, options);
     if (plan.groups().empty()) {
       throw Error("the model has no trainable parameters after the plugins' model transforms; "
                   "nothing to train");

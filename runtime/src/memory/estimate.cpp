@@ -2,6 +2,7 @@
 #include "memory/estimate.h"
 
 #include <algorithm>
+#include <cctype>
 
 #include "models/model_factory.h"
 #include "store/decay.h"
@@ -102,33 +103,116 @@ ActivationEstimate activation_estimate(const ModelShape& s, int64_t micro_batch,
   return a;
 }
 
+namespace {
+
+// The block a parameter belongs to, from its Hugging Face name ("transformer.h.3.…",
+// "model.layers.3.…"): the first ".<digits>." in it, as LLaMA-Factory reads layer ids; -1 outside
+// the blocks.
+int64_t block_of(const std::string& name) {
+  for (size_t i = name.find('.'); i != std::string::npos; i = name.find('.', i + 1)) {
+    size_t j = i + 1;
+    while (j < name.size() && std::isdigit(static_cast<unsigned char>(name[j]))) ++j;
+    if (j > i + 1 && j < name.size() && name[j] == '.') return std::stoll(name.substr(i + 1, j - i - 1));
+  }
+  return -1;
+}
+
+bool in_embedding(const std::string& name) {
+  return block_of(name) < 0 && (name.find("wte") != std::string::npos ||
+                                name.find("wpe") != std::string::npos ||
+                                name.find("embed_tokens") != std::string::npos);
+}
+
+}  // namespace
+
+ActivationEstimate activation_estimate(const ModelShape& s, int64_t micro_batch, int64_t block_size,
+                                       at::ScalarType dtype, const std::vector<ParamEstimate>& params) {
+  ActivationEstimate a = activation_estimate(s, micro_batch, block_size, dtype);
+  const int64_t L = s.n_layer;
+  // The first segment that trains (-1 the embedding, a block, L the head); whether the token
+  // embedding and the LM head's weight train (tied: one tensor).
+  int64_t first_trained = L + 1;
+  bool embedding_trains = false, head_weight_trains = false, final_norm_trains = false;
+  for (const ParamEstimate& p : params) {
+    if (!p.trainable) continue;
+    final_norm_trains = final_norm_trains || p.name == "model.norm.weight" || p.name == "transformer.ln_f.weight";
+    const int64_t block = block_of(p.name);
+    const bool embedding = in_embedding(p.name);
+    first_trained = std::min(first_trained, embedding ? -1 : block >= 0 ? block : L);
+    const bool token_embedding = p.name.find("wte") != std::string::npos ||
+                                 p.name.find("embed_tokens") != std::string::npos;
+    embedding_trains = embedding_trains || token_embedding;
+    head_weight_trains = head_weight_trains || (s.tie_embeddings ? token_embedding : p.name == "lm_head.weight");
+  }
+  const int64_t BT = micro_batch * block_size;
+  const int64_t out = BT * s.d_model * static_cast<int64_t>(c10::elementSize(dtype));
+  const int64_t f = 4;  // what RMSNorm keeps in fp32 whatever the compute dtype
+  const bool llama = s.arch == "llama";
+  // The segments before the first that trains run without a graph and keep nothing. GPT-2: the
+  // first trained segment's LayerNorm keeps their last output (in the full model counted as that
+  // segment's output). Llama: its RMSNorm keeps x * rstd (counted in its own term) but neither
+  // the input nor rstd, which nothing asks the gradient of.
+  const int64_t prefix_output = llama ? 0 : out;
+  if (first_trained >= 0) a.embedding = first_trained == 0 ? prefix_output : 0;
+  for (int64_t i = 0; i < std::min(first_trained, L); ++i)
+    a.per_block[static_cast<size_t>(i)] = i == first_trained - 1 ? prefix_output : 0;
+  if (llama && first_trained >= 0 && first_trained < L) a.per_block[static_cast<size_t>(first_trained)] -= BT * f;
+  // A frozen LM-head weight needs no copy of its input (the final norm's output) for backward;
+  // with Llama's final norm frozen too, nor of x * rstd. The last-block candidate is the head's
+  // term freed, so it moves by the same bytes.
+  if (!head_weight_trains && first_trained <= L) {
+    const int64_t saved = out + (llama && !final_norm_trains ? BT * s.d_model * f : 0);
+    a.head -= saved;
+    a.backward_in_last_block += saved;
+  }
+  // A frozen tied embedding gets no gradient from the head to hold through the last block.
+  if (s.tie_embeddings && !embedding_trains)
+    a.backward_in_last_block -= s.vocab_size * s.d_model * static_cast<int64_t>(c10::elementSize(dtype));
+  a.backward_peak = std::max(a.backward_at_loss, a.backward_in_last_block);
+  return a;
+}
+
 }  // namespace memory
 
-memory::MemoryEstimate host_memory_plan(const RunInfo& run, const HostPlanOptions& options) {
+
+std::vector<ParamInfo> shape_params(const ModelShape& shape, bool decay_all) {
+  std::vector<ParamInfo> out;
+  for (const ParamSpec& p : parameter_specs(shape))
+    out.push_back({p.name, p.shape, at::kFloat, true, decays(p.name, decay_all)});
+  return out;
+}
+
+memory::MemoryEstimate host_memory_plan(const RunInfo& run, const HostPlanOptions& options,
+                                        const std::vector<ParamInfo>& params) {
   using memory::Category;
   memory::MemoryEstimate e;
   e.run = &run;
   e.compute_dtype = at::kFloat;
   const int64_t b = 4;
-  int64_t all = 0, final_segment = 0;
-  std::vector<ParamInfo> infos;
-  for (const ParamSpec& p : parameter_specs(run.shape)) {
-    e.params.push_back({p.name, p.shape, p.numel(), true});
-    infos.push_back({p.name, p.shape, at::kFloat, true, decays(p.name, options.decay_all)});
-    all += p.numel();
-    if (p.block < 0 && p.name.find("embed") == std::string::npos &&
-        p.name.find("wte") == std::string::npos && p.name.find("wpe") == std::string::npos)
-      final_segment += p.numel();  // final norm, untied lm_head
+  const int64_t L = run.shape.n_layer;
+  // Trainable elements: all, and in the final segment (final norm, untied lm_head).
+  int64_t trainable = 0, final_segment = 0, last_projection = 0;
+  for (const ParamInfo& p : params) {
+    int64_t numel = 1;
+    for (int64_t d : p.shape) numel *= d;
+    e.params.push_back({p.name, p.shape, numel, p.trainable});
+    if (!p.trainable) continue;
+    trainable += numel;
+    const int64_t block = memory::block_of(p.name);
+    if (!memory::in_embedding(p.name) && block < 0) final_segment += numel;
+    // Llama's last down projection has handed over its gradient by the last block's peak
+    // (GPT-2's, with its bias, is still in flight: counted in backward_in_last_block).
+    if (run.shape.arch == "llama" && block == L - 1 && p.name.find("mlp.down_proj.weight") != std::string::npos)
+      last_projection += numel;
   }
-  const int64_t trainable = all;
-
   e.activations = memory::activation_estimate(run.shape, run.micro_batch_size, run.block_size,
-                                              e.compute_dtype);
+                                              e.compute_dtype, e.params);
+  memory::ActivationEstimate& a = e.activations;
   memory::Table& t = e.table;
   StoreOptions store = options.store;
   store.rank = run.rank;
   store.world_size = run.world_size;
-  e.store = std::make_shared<StorePlan>(infos, store);
+  e.store = std::make_shared<StorePlan>(params, store);
   t = e.store->bytes();  // weights and optimizer state, as the default layout allocates them
   if (run.world_size > 1) {  // the all-reduce's staging buffers: up to two buckets, kept
     const int64_t grads = trainable * b;
@@ -143,12 +227,9 @@ memory::MemoryEstimate host_memory_plan(const RunInfo& run, const HostPlanOption
   // The peak is in backward — at the loss, or in the last block, with every gradient of the
   // earlier micro-steps alive when accumulating, and otherwise those handed over by then — or in
   // the optimizer step (every gradient, no activations).
-  memory::ActivationEstimate& a = e.activations;
   const int64_t all_grads = trainable * b;
   // In the last block the final segment (norm, untied lm_head) has handed over its gradients,
-  // and so has Llama's down projection (GPT-2's, with its bias, is still in flight: counted in
-  // backward_in_last_block).
-  const int64_t last_projection = run.shape.arch == "llama" ? run.shape.d_ff * run.shape.d_model : 0;
+  // and so has Llama's down projection.
   const int64_t grads_at_loss = run.grad_accum_steps > 1 ? all_grads : 0;
   const int64_t grads_in_block =
       run.grad_accum_steps > 1 ? all_grads : (final_segment + last_projection) * b;

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "memrt/memory.h"
 #include "memrt/param_store.h"
@@ -17,8 +18,15 @@ struct HostPlanOptions {
   int64_t allreduce_bucket_bytes = int64_t{500'000'000};
 };
 
-// The plan for run.rank in a world of run.world_size ranks. Its weights and optimizer-state cells
-// are the default store layout's bytes (padding included), and `store` that layout.
-memory::MemoryEstimate host_memory_plan(const RunInfo& run, const HostPlanOptions& options);
+// The parameters of the model `shape` describes as a plan starts them: in named_parameters()
+// order, every one trainable, in the decay group by store/decay.h. What plan_params then edits.
+std::vector<ParamInfo> shape_params(const ModelShape& shape, bool decay_all);
+
+// The plan for run.rank in a world of run.world_size ranks, training `params` (shape_params after
+// every plugin's plan_params). Its weights and optimizer-state cells are the store layout's bytes
+// (padding included), and `store` that layout; gradients and activations count only what the
+// trainable parameters need (a frozen prefix of the model keeps no activations).
+memory::MemoryEstimate host_memory_plan(const RunInfo& run, const HostPlanOptions& options,
+                                        const std::vector<ParamInfo>& params);
 
 }  // namespace memrt

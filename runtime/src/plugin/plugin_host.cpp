@@ -35,6 +35,14 @@ std::string yes_no(int v) { return v ? "on" : "off"; }
 
 }  // namespace
 
+uint32_t phase_abi_minor(const char* phase) {
+  // The phases a minor after 2.0 appended to Plugin (memrt/plugin.h); every other phase is 2.0's.
+  static const std::pair<const char*, uint32_t> later[] = {{"plan_params", 2}};
+  for (const auto& [name, minor] : later)
+    if (std::string(name) == phase) return minor;
+  return 0;
+}
+
 void check_plugin_abi(const memrt_plugin_info& info, const std::string& library,
                       const HostAbi& host) {
   const std::string who = "plugin library " + library;
@@ -228,6 +236,8 @@ std::string PluginHost::describe() const {
 
 void PluginHost::call(const LoadedPlugin& p, const char* phase, int64_t step,
                       const std::function<void(Plugin&)>& fn) const {
+  // A plugin built with an older minor has no vtable slot for a later phase: never call it.
+  if (p.abi_minor < phase_abi_minor(phase)) return;
   if (trace_) std::cerr << "[hook] " << p.name << "/" << phase << "\n";
   try {
     fn(*p.plugin);
@@ -240,6 +250,11 @@ void PluginHost::call(const LoadedPlugin& p, const char* phase, int64_t step,
     if (step >= 0) where += " at step " + std::to_string(step);
     throw PluginError(where + ": " + e.what());
   }
+}
+
+void PluginHost::plan_params(std::vector<ParamInfo>& params, const RunInfo& run) {
+  ParamPlanContext ctx{params, run};
+  each("plan_params", -1, [&](Plugin& q) { q.plan_params(ctx); });
 }
 
 void PluginHost::plan_store(StorePlan& plan, const RunInfo& run,

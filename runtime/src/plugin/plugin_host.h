@@ -35,6 +35,10 @@ struct HostAbi {
   int cuda = MEMRT_TORCH_HAS_CUDA;
 };
 
+// The ABI minor that added `phase` (0 for the phases of 2.0): PluginHost never calls a phase on a
+// plugin built with an older minor.
+uint32_t phase_abi_minor(const char* phase);
+
 // Checks one plugin's handshake against the host; throws PluginError naming both sides.
 void check_plugin_abi(const memrt_plugin_info& info, const std::string& library, const HostAbi& host);
 
@@ -69,10 +73,14 @@ class PluginHost {
   // The resolved order as printed at start.
   std::string describe() const;
 
-  // Calls fn(plugin) in priority order (or reversed). An exception from a plugin becomes a
+  // Calls fn(plugin) in priority order (or reversed), skipping plugins built with a minor older
+  // than the phase's (phase_abi_minor). An exception from a plugin becomes a
   // PluginError "plugin 'x' failed in <phase> at step S: <what>"; `step` < 0 omits the step.
   void each(const char* phase, int64_t step, const std::function<void(Plugin&)>& fn);
   void each_reversed(const char* phase, int64_t step, const std::function<void(Plugin&)>& fn);
+
+  // Every plugin's plan_params(), in priority order, on `params` (memrt/plugin.h).
+  void plan_params(std::vector<ParamInfo>& params, const RunInfo& run);
 
   // Every plugin's plan_store(), in priority order, each named as the author of its settings
   // (two plugins setting one axis differently is an error naming both); after_each(i), if
