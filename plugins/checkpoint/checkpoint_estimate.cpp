@@ -9,31 +9,6 @@
 
 namespace memrt {
 namespace checkpoint {
-namespace {
-
-// The block a Hugging Face parameter name belongs to; -1 for the embeddings, n_layer for the
-// final norm and an untied lm_head.
-int64_t segment_of(const std::string& name, int64_t n_layer) {
-  for (const char* prefix : {"transformer.h.", "model.layers."}) {
-    const std::string p = prefix;
-    if (name.compare(0, p.size(), p) == 0) return std::stoll(name.substr(p.size()));
-  }
-  for (const char* emb : {"wte", "wpe", "embed_tokens"})
-    if (name.find(emb) != std::string::npos) return -1;
-  return n_layer;
-}
-
-// The gradient a block's backward has handed over at its peak (docs/memory.md, "The peak"):
-// Llama's down projection weight. GPT-2's c_proj weight and bias gradients are still in flight
-// then (memory::block_backward_bytes counts them).
-bool is_last_projection(const std::string& name, const std::string& arch) {
-  const std::string tail = ".mlp.down_proj.weight";
-  return arch == "llama" && name.size() > tail.size() &&
-         name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
-}
-
-}  // namespace
-
 std::vector<bool> checkpointed_blocks(int64_t n_layer, int64_t every_n_blocks) {
   std::vector<bool> out(static_cast<size_t>(n_layer), false);
   for (int64_t i = 0; i < n_layer; ++i) out[static_cast<size_t>(i)] = (i + 1) % every_n_blocks == 0;
@@ -73,9 +48,9 @@ void estimate_checkpointed(memory::MemoryEstimate& e, const std::vector<bool>& c
     if (!p.trainable) continue;
     trainable += p.numel;
     all_grads += p.numel * b;
-    const int64_t seg = segment_of(p.name, L);
+    const int64_t seg = memory::param_segment(p.name, L);
     for (int64_t j = -1; j < seg; ++j) grads_from[static_cast<size_t>(j + 1)] += p.numel * b;
-    if (seg >= 0 && seg < L && is_last_projection(p.name, s.arch)) last_projection[seg] += p.numel * b;
+    if (seg >= 0 && seg < L && memory::is_last_projection(p.name, s.arch)) last_projection[seg] += p.numel * b;
   }
 
   const int64_t block_backward =

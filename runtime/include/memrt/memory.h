@@ -137,6 +137,15 @@ struct ActivationEstimate {
 ActivationEstimate activation_estimate(const ModelShape& shape, int64_t micro_batch,
                                        int64_t block_size, at::ScalarType dtype);
 
+// The segment a parameter belongs to, from its Hugging Face name: -1 the embedding ("wte", "wpe",
+// "embed_tokens"), i for block i ("transformer.h.i." / "model.layers.i."), n_layer the head (final
+// norm, untied lm_head).
+int64_t param_segment(const std::string& name, int64_t n_layer);
+// Whether a block's backward has handed this parameter's gradient over at the block's peak
+// (docs/memory.md, "The peak"): Llama's down projection weight. GPT-2's c_proj weight and bias
+// gradients are still in flight then (block_backward_bytes counts them).
+bool is_last_projection(const std::string& name, const std::string& arch);
+
 // The same, training only the trainable ones of `params` (the model's parameters as planned):
 // the segments before the first that trains keep only their output, a frozen LM-head weight keeps
 // no copy of the final norm's output, a frozen tied embedding holds no gradient through the last
@@ -156,7 +165,7 @@ int64_t block_backward_bytes(const ModelShape& shape, int64_t micro_batch, int64
 
 // What a plugin's estimate_memory() receives and adjusts. `table` is the memory at this rank's
 // peak, by cell; `activations` details its activations cell; `params` the model's parameters as
-// the plan stands (a plugin that freezes or adds parameters edits the list).
+// the plan stands (the list every plugin's plan_params left; read it, do not edit it here).
 struct MemoryEstimate {
   const RunInfo* run = nullptr;     // the rank and world size being estimated
   at::ScalarType compute_dtype = at::kFloat;

@@ -2,7 +2,6 @@
 #include "memory/estimate.h"
 
 #include <algorithm>
-#include <cctype>
 
 #include "models/model_factory.h"
 #include "store/decay.h"
@@ -103,27 +102,21 @@ ActivationEstimate activation_estimate(const ModelShape& s, int64_t micro_batch,
   return a;
 }
 
-namespace {
-
-// The block a parameter belongs to, from its Hugging Face name ("transformer.h.3.…",
-// "model.layers.3.…"): the first ".<digits>." in it, as LLaMA-Factory reads layer ids; -1 outside
-// the blocks.
-int64_t block_of(const std::string& name) {
-  for (size_t i = name.find('.'); i != std::string::npos; i = name.find('.', i + 1)) {
-    size_t j = i + 1;
-    while (j < name.size() && std::isdigit(static_cast<unsigned char>(name[j]))) ++j;
-    if (j > i + 1 && j < name.size() && name[j] == '.') return std::stoll(name.substr(i + 1, j - i - 1));
+int64_t param_segment(const std::string& name, int64_t n_layer) {
+  for (const char* prefix : {"transformer.h.", "model.layers."}) {
+    const std::string p = prefix;
+    if (name.compare(0, p.size(), p) == 0) return std::stoll(name.substr(p.size()));
   }
-  return -1;
+  for (const char* embedding : {"wte", "wpe", "embed_tokens"})
+    if (name.find(embedding) != std::string::npos) return -1;
+  return n_layer;
 }
 
-bool in_embedding(const std::string& name) {
-  return block_of(name) < 0 && (name.find("wte") != std::string::npos ||
-                                name.find("wpe") != std::string::npos ||
-                                name.find("embed_tokens") != std::string::npos);
+bool is_last_projection(const std::string& name, const std::string& arch) {
+  const std::string tail = ".mlp.down_proj.weight";
+  return arch == "llama" && name.size() > tail.size() &&
+         name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
 }
-
-}  // namespace
 
 ActivationEstimate activation_estimate(const ModelShape& s, int64_t micro_batch, int64_t block_size,
                                        at::ScalarType dtype, const std::vector<ParamEstimate>& params) {
@@ -136,9 +129,7 @@ ActivationEstimate activation_estimate(const ModelShape& s, int64_t micro_batch,
   for (const ParamEstimate& p : params) {
     if (!p.trainable) continue;
     final_norm_trains = final_norm_trains || p.name == "model.norm.weight" || p.name == "transformer.ln_f.weight";
-    const int64_t block = block_of(p.name);
-    const bool embedding = in_embedding(p.name);
-    first_trained = std::min(first_trained, embedding ? -1 : block >= 0 ? block : L);
+    first_trained = std::min(first_trained, param_segment(p.name, L));
     const bool token_embedding = p.name.find("wte") != std::string::npos ||
                                  p.name.find("embed_tokens") != std::string::npos;
     embedding_trains = embedding_trains || token_embedding;
@@ -198,12 +189,9 @@ memory::MemoryEstimate host_memory_plan(const RunInfo& run, const HostPlanOption
     e.params.push_back({p.name, p.shape, numel, p.trainable});
     if (!p.trainable) continue;
     trainable += numel;
-    const int64_t block = memory::block_of(p.name);
-    if (!memory::in_embedding(p.name) && block < 0) final_segment += numel;
-    // Llama's last down projection has handed over its gradient by the last block's peak
-    // (GPT-2's, with its bias, is still in flight: counted in backward_in_last_block).
-    if (run.shape.arch == "llama" && block == L - 1 && p.name.find("mlp.down_proj.weight") != std::string::npos)
-      last_projection += numel;
+    const int64_t segment = memory::param_segment(p.name, L);
+    if (segment == L) final_segment += numel;
+    if (segment == L - 1 && memory::is_last_projection(p.name, run.shape.arch)) last_projection += numel;
   }
   e.activations = memory::activation_estimate(run.shape, run.micro_batch_size, run.block_size,
                                               e.compute_dtype, e.params);
