@@ -145,6 +145,15 @@ std::vector<BadConfig> bad_configs() {
        {"YAML", "'train_file'", "does not exist", "built-in corpus"}},
       {"warmup_ratio_out_of_range", "", "warmup_ratio: 1.5\n", {}, 1,
        {"YAML", "'warmup_ratio'", "[0, 1]"}},
+      // ---- axolotl's per-group learning rates ----
+      {"lr_group_without_lr", "", "lr_groups:\n  - name: attn\n    modules: [q_proj]\n", {}, 1,
+       {"YAML", "'lr_groups[0]'", "no \"lr\""}},
+      {"lr_group_typo", "", "lr_groups:\n  - name: attn\n    module: [q_proj]\n    lr: 1e-4\n", {}, 1,
+       {"YAML", "'lr_groups[0].module'", "did you mean 'modules'?"}},
+      {"lr_group_reserved_name", "", "lr_groups:\n  - name: decay\n    modules: [q_proj]\n    lr: 1e-4\n", {}, 1,
+       {"YAML", "'lr_groups[0]'", "a name of its own", "decay, no_decay and embeddings"}},
+      {"embedding_lr_scale_negative", "", "embedding_lr_scale: -1\n", {}, 1,
+       {"YAML", "'embedding_lr_scale'", "positive"}},
   };
 }
 

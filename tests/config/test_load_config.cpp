@@ -285,6 +285,30 @@ TEST(Optimizer, EightBitOptimizerLoadsTheQuantPlugin) {
   EXPECT_EQ(q->options.find("optim")->as_string(), "paged_adamw_8bit");
 }
 
+// axolotl's per-group learning rates go to the optimizer's group rules (store/host_groups.h), with
+// the list as written; --print-config shows them.
+TEST(Optimizer, AxolotlLrGroupsAndEmbeddingLr) {
+  const TrainConfig c = load("", "learning_rate: 1e-4\nembedding_lr: 1e-5\nlr_groups:\n"
+                                 "  - name: attn\n    modules: [self_attn.q_proj, self_attn.k_proj]\n    lr: 3e-4\n"
+                                 "  - name: mlp\n    modules: mlp.down_proj\n    lr: 5e-5\n");
+  const GroupRules& g = c.optimizer.groups;
+  EXPECT_DOUBLE_EQ(g.embedding_lr, 1e-5);
+  EXPECT_EQ(g.embedding_lr_scale, 0.0);
+  ASSERT_EQ(g.lr_groups.size(), 2u);
+  EXPECT_EQ(g.lr_groups[0].name, "attn");
+  EXPECT_EQ(g.lr_groups[0].modules, (std::vector<std::string>{"self_attn.q_proj", "self_attn.k_proj"}));
+  EXPECT_DOUBLE_EQ(g.lr_groups[0].lr, 3e-4);
+  EXPECT_EQ(g.lr_groups[1].modules, (std::vector<std::string>{"mlp.down_proj"}));
+  EXPECT_NE(g.file.find("train.yaml"), std::string::npos);
+  const std::string json = resolved_config_json(c);
+  EXPECT_NE(json.find("\"lr_groups\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"embedding_lr\""), std::string::npos) << json;
+  // Both embedding keys: axolotl takes the scale, and says nothing; memrt warns.
+  const TrainConfig both = load("", "embedding_lr: 1e-5\nembedding_lr_scale: 0.5\n");
+  EXPECT_TRUE(has_warning(both, "embedding_lr"));
+  EXPECT_DOUBLE_EQ(both.optimizer.groups.embedding_lr_scale, 0.5);
+}
+
 TEST(Optimizer, AbsentDsParamsTakeExplicitTrainYamlValues) {
   const TrainConfig c = load(R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW"}})",
                              "learning_rate: 2e-4\n");

@@ -172,6 +172,76 @@ TEST(EnginePhases, ParametersReleasedOutsideTheirSegmentsTrainLikeThePlainModel)
   expect_params_equal(plain, zero3, 0.0, 0.0);  // same arithmetic, bit for bit
 }
 
+// The same pattern on the parameter store, as ZeRO-3 will gather: outside the segments running,
+// the store's compute buffers are NaN; each segment's phases restore exactly StorePlan::segment_range
+// of its own segment (SegmentContext::index) and of the segments whose slots it shares (the head's
+// tied embedding). Were a range or the shared slots wrong, NaN would reach the loss or a gradient.
+class RangePoison final : public Plugin {
+ public:
+  explicit RangePoison(int64_t* restores) : restores_(restores) {}
+  void build_optimizer(OptimizerContext& c) override { store_ = &c.store; }
+  void before_forward(MicroStepContext&) override {
+    if (!stash_.empty()) return;  // poisoned since the last step
+    for (ParamStore::Group& g : store_->groups()) {
+      stash_.push_back(g.compute.detach().clone());
+      raw(g).fill_(std::nanf(""));
+    }
+  }
+  void before_segment_forward(SegmentContext& c) override { move(c, true); }
+  void after_segment_forward(SegmentContext& c) override { move(c, false); }
+  void before_segment_backward(SegmentContext& c) override { move(c, true); }
+  void after_segment_backward(SegmentContext& c) override { move(c, false); }
+  void after_gradient_accumulation(StepContext&) override {  // the step reads every weight
+    for (size_t g = 0; g < stash_.size(); ++g) raw(store_->groups()[g]).copy_(stash_[g]);
+    stash_.clear();
+  }
+
+ private:
+  // The buffer's memory without its version counter: autograd's saved parameters must not see
+  // these writes as in-place changes.
+  static at::Tensor raw(const ParamStore::Group& g) { return g.compute.variable_data(); }
+  void move(const SegmentContext& c, bool restore) {
+    std::vector<int64_t> segments = {c.index};
+    for (int slot : c.shared) segments.push_back(store_->plan().segment(slot));
+    for (int64_t segment : segments) {
+      for (size_t g = 0; g < stash_.size(); ++g) {
+        const ElementRange r = store_->plan().segment_range(static_cast<int>(g), segment);
+        at::Tensor live = raw(store_->groups()[g]).narrow(0, r.begin, r.size());
+        at::Tensor kept = stash_[g].narrow(0, r.begin, r.size());
+        if (restore) {
+          live.copy_(kept);
+          ++*restores_;
+        } else {
+          kept.copy_(live);
+          live.fill_(std::nanf(""));
+        }
+      }
+    }
+  }
+  ParamStore* store_ = nullptr;
+  std::vector<at::Tensor> stash_;  // per group: the compute buffer's real values
+  int64_t* restores_;
+};
+
+TEST(EnginePhases, EachSegmentReadsExactlyItsRangesOfTheStore) {
+  TrainConfig llama = tiny_config("llama");
+  llama.model.shape.arch = "llama";
+  llama.model.shape.n_kv_head = 1;
+  llama.model.shape.tie_embeddings = false;
+  for (const TrainConfig& cfg : {tiny_config("gpt2"), llama}) {
+    const auto plain = train_and_get_params(cfg, PluginHost());
+    int64_t restores = 0;
+    PluginHost host;
+    host.add("range_poison", "plugins[0]", std::make_unique<RangePoison>(&restores));
+    host.order();
+    TrainConfig poisoned = cfg;
+    poisoned.output_dir += "_poisoned";
+    const auto result = train_and_get_params(poisoned, std::move(host));
+    EXPECT_GT(restores, 0);
+    expect_params_equal(plain, result, 0.0, 0.0);  // no NaN anywhere, the same arithmetic
+  }
+}
+
 // Activation checkpointing's pattern: a block runs under no_grad in forward and is recomputed,
 // with grad, inside backward.
 struct Recompute : public torch::autograd::Function<Recompute> {

@@ -6,15 +6,21 @@ averaging the ranks' gradients as DDP does. It shares no code with memrt.
     torch_reference_train.py init DIR
         writes a small GPT-2 (2 blocks of width 64, vocabulary 256, context 32, no dropout) with
         transformers' own random initialisation to DIR (config.json, model.safetensors)
-    torch_reference_train.py train DIR PREFIX RANKS STEPS ACCUM MICRO T LR WD CLIP OUT [TRAINABLE]
+    torch_reference_train.py train DIR PREFIX RANKS STEPS ACCUM MICRO T LR WD CLIP OUT [TRAINABLE [LR_GROUPS]]
         replays PREFIX<rank r>.bin (memrt's fixture_recorder: per step and micro-step, the
         (MICRO, T) inputs then targets, int64) on RANKS processes with a constant learning rate,
         Hugging Face Trainer's weight-decay rule (no decay for biases and LayerNorm weights) and
         gradient clipping at CLIP; writes {"loss": [...], "grad_norm": [...]} per step to OUT
         (the loss averaged over ranks, each the sum over micro-steps of the mean loss / ACCUM;
         the gradient norm before clipping). With TRAINABLE (comma-separated name fragments, as
-        LLaMA-Factory's freeze tuning matches them: ".1.,ln_f"), only the parameters whose name
-        contains one of them train; the others get requires_grad False
+        LLaMA-Factory's freeze tuning matches them: ".1.,ln_f"; "" for all), only the parameters
+        whose name contains one of them train; the others get requires_grad False. LR_GROUPS, a
+        JSON list of axolotl's lr_groups ({"name", "modules", "lr"}), puts the decaying parameters
+        whose name contains one of a group's modules (the first listed that matches) in a
+        torch.optim param group of that learning rate, as axolotl's trainer does
+    torch_reference_train.py decay_names OUT
+        writes {model: {"names": [...], "decay": [...]}} for small GPT-2, Llama and Qwen2 models:
+        their parameter names and those Hugging Face Trainer's get_decay_parameter_names decays
 """
 import json
 import os
@@ -25,7 +31,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from transformers import GPT2Config, GPT2LMHeadModel
+from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM, Trainer)
 
 
 def init(directory):
@@ -35,12 +42,48 @@ def init(directory):
     GPT2LMHeadModel(config).save_pretrained(directory, safe_serialization=True)
 
 
-def decays(name):
-    return not (name.endswith(".bias") or "ln_" in name or "norm" in name)
+def decay_names(model):
+    # Hugging Face Trainer's own rule (its method reads nothing of the trainer).
+    return set(Trainer.get_decay_parameter_names(None, model))
+
+
+def write_decay_names(out):
+    small = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2)
+    models = {"gpt2": GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2,
+                                                    bos_token_id=0, eos_token_id=0)),
+              "llama": LlamaForCausalLM(LlamaConfig(tie_word_embeddings=False, **small)),
+              "qwen2": Qwen2ForCausalLM(Qwen2Config(tie_word_embeddings=False, **small))}
+    with open(out, "w") as f:
+        json.dump({k: {"names": [n for n, _ in m.named_parameters()], "decay": sorted(decay_names(m))}
+                   for k, m in models.items()}, f)
+
+
+def param_groups(named, decay, wd, lr_groups):
+    """Hugging Face's decay / no-decay groups, and axolotl's lr_groups taken out of the decaying
+    parameters (axolotl's OptimizerMixin.create_optimizer_grouped_parameters, for a model without
+    embed_tokens or lm_head parameters: GPT-2's are transformer.wte and a tied head)."""
+    lookup = {}
+    for g in lr_groups:
+        for module in g["modules"]:
+            lookup[module] = g["name"]
+    groups = {"decay": [], "no_decay": []}
+    groups.update({g["name"]: [] for g in lr_groups})
+    for n, p in named:
+        if n in decay:
+            matches = [m for m in lookup if m in n]
+            groups[lookup[matches[0]] if matches else "decay"].append(p)
+        else:
+            groups["no_decay"].append(p)
+    lrs = {g["name"]: g["lr"] for g in lr_groups}
+    out = [{"params": groups["decay"], "weight_decay": wd},
+           {"params": groups["no_decay"], "weight_decay": 0.0}]
+    out += [{"params": groups[g["name"]], "weight_decay": wd, "lr": lrs[g["name"]]} for g in lr_groups]
+    return [g for g in out if g["params"]]
 
 
 def worker(rank, args, port):
-    directory, prefix, ranks, steps, accum, micro, t, lr, wd, clip, out, trainable = args
+    directory, prefix, ranks, steps, accum, micro, t, lr, wd, clip, out, trainable, lr_groups = args
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
@@ -51,8 +94,7 @@ def worker(rank, args, port):
         for n, p in model.named_parameters():
             p.requires_grad_(any(fragment in n for fragment in trainable))
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    groups = [{"params": [p for n, p in named if decays(n)], "weight_decay": wd},
-              {"params": [p for n, p in named if not decays(n)], "weight_decay": 0.0}]
+    groups = param_groups(named, decay_names(model), wd, lr_groups)
     opt = torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-8)
     tokens = np.fromfile(f"{prefix}rank{rank}.bin", dtype="<i8").reshape(steps, accum, 2, micro, t)
     params = [p for _, p in named]
@@ -84,9 +126,10 @@ def worker(rank, args, port):
 
 def train(argv):
     directory, prefix, ranks, steps, accum, micro, t, lr, wd, clip, out = argv[:11]
-    trainable = argv[11].split(",") if len(argv) > 11 else []
+    trainable = argv[11].split(",") if len(argv) > 11 and argv[11] else []
+    lr_groups = json.loads(argv[12]) if len(argv) > 12 else []
     args = (directory, prefix, int(ranks), int(steps), int(accum), int(micro), int(t), float(lr),
-            float(wd), float(clip), out, trainable)
+            float(wd), float(clip), out, trainable, lr_groups)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -98,5 +141,7 @@ if __name__ == "__main__":
         init(sys.argv[2])
     elif sys.argv[1] == "train":
         train(sys.argv[2:])
+    elif sys.argv[1] == "decay_names":
+        write_decay_names(sys.argv[2])
     else:
         sys.exit(__doc__)

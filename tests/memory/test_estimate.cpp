@@ -196,7 +196,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, EstimateMatchesMeasurement, ::testing::ValuesIn
 // are these per-parameter bytes times 124e6; with the exact count they are 497.8 / 995.5 / 497.8.
 // The host's plan with every parameter trainable (no plugin planned otherwise).
 memory::MemoryEstimate plan_all(const RunInfo& run, const HostPlanOptions& options) {
-  return host_memory_plan(run, options, shape_params(run.shape, options.decay_all));
+  return host_memory_plan(run, options, shape_params(run.shape, options.optimizer.from_ds_config));
 }
 
 TEST(Estimate, Gpt2SmallModelStatesAreTheTextbookFigures) {
@@ -207,7 +207,7 @@ TEST(Estimate, Gpt2SmallModelStatesAreTheTextbookFigures) {
   run.block_size = 1024;
   run.grad_accum_steps = 2;  // every gradient alive in backward
   HostPlanOptions options;
-  options.decay_all = true;  // DeepSpeed's one group: P is a multiple of 16, so no padding
+  options.optimizer.from_ds_config = true;  // DeepSpeed's one group: P is a multiple of 16, so no padding
   const memory::MemoryEstimate e = plan_all(run, options);
   const int64_t P = 124'439'808;
   ASSERT_EQ(P % 16, 0);
@@ -226,7 +226,7 @@ TEST(Estimate, SgdWithoutMomentumHasNoOptimizerState) {
   run.block_size = 8;
   HostPlanOptions sgd;
   sgd.store.optimizer = "SGD";
-  sgd.decay_all = true;  // one group
+  sgd.optimizer.from_ds_config = true;  // one group
   EXPECT_EQ(plan_all(run, sgd).table.at(Category::kOptimizerState), 0);
   sgd.store.momentum = 0.9;
   const int64_t P = count_parameters(*build_model(run.shape, BuildOptions{}));

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "../data/test_util.h"
+#include "test_formats.h"
 #include "memory/tracking_allocator.h"
 #include "memrt/error.h"
 #include "memrt/param_store.h"
@@ -419,4 +420,283 @@ TEST(ParamStore, AGroupsLrScaleMultipliesItsLearningRate) {
   EXPECT_FALSE(at::equal(value(scaled, "b.weight"), value(base, "b.weight")));
   for (const char* other : {"a.weight", "a.bias", "c.weight"})
     EXPECT_TRUE(at::equal(value(scaled, other), value(base, other))) << other;
+}
+
+// ---- issue 23's axes: per-group setters, segment order, state formats -----------------------------
+
+using memrt::test::blockwise8;
+using memrt::test::fourbit;
+
+// Every setter takes a GroupSelector: by name, by predicate, or every group. Each group's axes are
+// its own; who set them is recorded per group, and a group added later inherits its origin's.
+TEST(StorePlan, SettersApplyToTheGroupsTheSelectorChooses) {
+  StorePlan plan(infos(), options());
+  plan.set_author("precision");
+  plan.set_compute_dtype(at::kBFloat16, "no_decay");
+  plan.set_master_weights(true, "no_decay");
+  plan.set_state_dtype(at::kBFloat16, GroupSelector("decaying groups", [](const StoreGroup& g) { return g.weight_decay > 0; }));
+  const StoreGroup& decay = plan.groups()[0];
+  const StoreGroup& no_decay = plan.groups()[1];
+  EXPECT_EQ(decay.buffer(StoreBuffer::kCompute).dtype, at::kFloat);
+  EXPECT_FALSE(decay.buffer(StoreBuffer::kMaster).present);
+  EXPECT_EQ(no_decay.buffer(StoreBuffer::kCompute).dtype, at::kBFloat16);
+  EXPECT_EQ(no_decay.buffer(StoreBuffer::kGrad).dtype, at::kBFloat16);  // follows the compute dtype
+  EXPECT_TRUE(no_decay.buffer(StoreBuffer::kMaster).present);
+  EXPECT_EQ(plan.state_format(0).name, "bf16");
+  EXPECT_EQ(plan.state_format(1).name, "fp32");
+  // Frozen parameters are cast only by a setter for every group.
+  EXPECT_EQ(plan.slots()[static_cast<size_t>(plan.find("frozen.weight"))].param.dtype, at::kFloat);
+  EXPECT_NO_THROW(plan.check());
+  // Bytes per group: decay 64 padded fp32 weights + 2 bf16 moments; no_decay 16 bf16 + fp32 master
+  // + 2 fp32 moments; the frozen 4x4 in fp32.
+  EXPECT_EQ(plan.bytes().at(Category::kWeights), 64 * 4 + 16 * 2 + 16 * 4);
+  EXPECT_EQ(plan.bytes().at(Category::kMasterWeights), 16 * 4);
+  EXPECT_EQ(plan.bytes().at(Category::kOptimizerState), 64 * 2 * 2 + 16 * 4 * 2);
+
+  // Another plugin may set another group's axis, not the same group's to another value.
+  plan.set_author("quant");
+  plan.set_compute_dtype(at::kFloat, "decay");
+  expect_error<Error>([&] { plan.set_compute_dtype(at::kHalf, "no_decay"); },
+                      {"'precision'", "'quant'", "compute dtype of group 'no_decay'", "bf16", "fp16"});
+  expect_error<Error>([&] { plan.set_master_weights(true, "lora"); },
+                      {"set_master_weights", "group 'lora'", "selects no group", "'decay', 'no_decay'"});
+  // A group added from no_decay keeps its layout and who set it: masters stay required by check().
+  plan.set_author("");
+  plan.add_group({"bias", [](const ParamInfo& p) { return p.name == "a.bias"; }});
+  EXPECT_EQ(plan.groups()[1].buffer(StoreBuffer::kCompute).dtype, at::kBFloat16);
+  EXPECT_NO_THROW(plan.check());
+  // Parameters of two groups whose layouts differ cannot make one group.
+  StorePlan two(infos(), options());
+  two.set_compute_dtype(at::kBFloat16, "no_decay");
+  two.set_master_weights(true, "no_decay");
+  expect_error<Error>([&] { two.add_group({"all", [](const ParamInfo&) { return true; }}); },
+                      {"group 'all'", "'decay' and 'no_decay'", "differ"});
+}
+
+// Groups are laid out in segment order: a parameter appended after the model's (an adapter of
+// block 0) sits with block 0's, each segment's parameters are one range of the group, and the
+// model's order holds within a segment.
+TEST(StorePlan, GroupsAreLaidOutInSegmentOrder) {
+  const std::vector<ParamInfo> ps = {{"embed.weight", {4, 8}, at::kFloat, true, true},
+                                     {"layers.0.w", {8, 8}, at::kFloat, true, true},
+                                     {"layers.1.w", {8, 8}, at::kFloat, true, true},
+                                     {"head.w", {8}, at::kFloat, true, true},
+                                     {"layers.0.adapter", {2, 8}, at::kFloat, true, true},
+                                     {"layers.1.frozen", {3}, at::kFloat, false, true}};
+  const StorePlan plan(ps, options(), {-1, 0, 1, 2, 0, 1});
+  ASSERT_EQ(plan.groups().size(), 1u);
+  std::vector<std::string> order;
+  for (int slot : plan.groups()[0].slots) order.push_back(plan.slots()[static_cast<size_t>(slot)].param.name);
+  EXPECT_EQ(order, (std::vector<std::string>{"embed.weight", "layers.0.w", "layers.0.adapter", "layers.1.w", "head.w"}));
+  EXPECT_EQ(plan.segment_range(0, -1), (ElementRange{0, 32}));
+  EXPECT_EQ(plan.segment_range(0, 0), (ElementRange{32, 32 + 64 + 16}));
+  EXPECT_EQ(plan.segment_range(0, 1), (ElementRange{112, 176}));
+  EXPECT_EQ(plan.segment_range(0, 2), (ElementRange{176, 184}));
+  EXPECT_TRUE(plan.segment_range(0, 3).empty());
+  EXPECT_EQ(plan.segment_slots(0), (std::vector<int>{1, 4}));
+  EXPECT_EQ(plan.segment_slots(1), (std::vector<int>{2, 5}));  // trainable, then frozen
+  EXPECT_EQ(plan.segment(4), 0);
+  expect_error<Error>([&] { StorePlan(ps, options(), {0, 1}); }, {"2 segments given for 6 parameters"});
+}
+
+// A quantized state format is planned per tensor: codes one value per element, scales one per
+// block, blocks starting at each parameter (its offset rounds up to the block) and partitions
+// holding whole blocks (the group's alignment is the block). Bytes are exact; the other group
+// keeps its fp32 state and alignment.
+TEST(StorePlan, AQuantizedStateFormatIsPlannedTensorByTensor) {
+  for (int world : {1, 2, 4}) {
+    StorePlan plan(infos(), options(world - 1, world));
+    plan.set_extent(StoreBuffer::kState, Extent::kPartition);
+    plan.set_state_format(blockwise8(), "decay");
+    EXPECT_EQ(plan.group_alignment(0), 256);
+    EXPECT_EQ(plan.group_alignment(1), 16);
+    // a.weight (35) at 0, b.weight (13) at 256, c.weight (7) at 512: 519 elements.
+    EXPECT_EQ(plan.slots()[static_cast<size_t>(plan.find("b.weight"))].offset, 256);
+    EXPECT_EQ(plan.slots()[static_cast<size_t>(plan.find("c.weight"))].offset, 512);
+    EXPECT_EQ(plan.groups()[0].numel, 519);
+    const int64_t padded = (519 + 256 * world - 1) / (256 * world) * (256 * world);
+    EXPECT_EQ(plan.groups()[0].padded, padded) << world;
+    EXPECT_EQ(plan.groups()[1].padded, 16 * world) << world;
+    const int64_t share = padded / world;
+    EXPECT_EQ(plan.held_state_values(0, 0), share);
+    EXPECT_EQ(plan.held_state_values(0, 1), share / 256);
+    EXPECT_EQ(plan.bytes().at(Category::kOptimizerState),
+              2 * (share + 4 * share / 256) + 2 * 4 * (16 * world) / world)
+        << world;
+  }
+  StorePlan ao(infos(), options(0, 2));
+  ao.set_state_format(fourbit(), GroupSelector());
+  EXPECT_EQ(ao.slots()[static_cast<size_t>(ao.find("c.weight"))].offset, 256);  // 0, 128, 256
+  EXPECT_EQ(ao.groups()[0].padded, 512);                  // 263 rounded to 2 x 128
+  EXPECT_EQ(ao.groups()[1].padded, 256);                  // 5 rounded to 2 x 128
+  EXPECT_EQ(ao.held_state_values(0, 0), 512 / 2);         // full extent: two codes a byte
+  EXPECT_EQ(ao.held_state_values(0, 1), 512 / 128);
+  EXPECT_EQ(ao.bytes().at(Category::kOptimizerState), 2 * (256 + 4 * 4) + 2 * (128 + 4 * 2));
+}
+
+TEST(StorePlan, StateFormatRulesAreCheckedNamingTheFormat) {
+  StorePlan plan(infos(), options());
+  StateFormat straddling = blockwise8();
+  straddling.blocks_per_tensor = false;
+  expect_error<Error>([&] { plan.set_state_format(straddling, GroupSelector()); }, {"'test_blockwise8'", "blocks_per_tensor"});
+  StateFormat odd = blockwise8();
+  odd.tensors[1].per_value = 100;
+  expect_error<Error>([&] { plan.set_state_format(odd, GroupSelector()); }, {"'exp_avg.absmax'", "does not divide the block of 256"});
+  StateFormat missing = blockwise8();
+  missing.tensors.resize(2);
+  expect_error<Error>([&] { plan.set_state_format(missing, GroupSelector()); }, {"no tensor for the optimizer's state 'exp_avg_sq'"});
+  StateFormat twice = blockwise8();
+  twice.tensors[1].name = "exp_avg";
+  expect_error<Error>([&] { plan.set_state_format(twice, GroupSelector()); }, {"a name of its own", "'exp_avg'"});
+  EXPECT_TRUE(StateFormat::plain(at::kBFloat16, {"exp_avg"}).is_plain());
+  EXPECT_FALSE(blockwise8().is_plain());
+}
+
+// The store allocates every tensor of a format once, counted to the byte as planned, and slices a
+// parameter's state by value: its codes, and the absmax of its own blocks.
+TEST(ParamStore, AQuantizedStateFormatIsAllocatedAndSlicedByValue) {
+  memory::install_tracking_allocator();
+  const std::vector<ParamInfo> ps = infos();
+  auto tensors = tensors_for(ps, 3);
+  for (int rank : {0, 1}) {
+    StorePlan plan(ps, options(rank, 2));
+    plan.set_extent(StoreBuffer::kState, Extent::kPartition);
+    plan.set_state_format(blockwise8(), "decay");
+    const int64_t planned = plan.bytes().category(Category::kOptimizerState);
+    const int64_t before = memory::live().category(Category::kOptimizerState);
+    ParamStore store(std::move(plan), tensors, at::kCPU);
+    EXPECT_EQ(memory::live().category(Category::kOptimizerState) - before, planned);
+    const ParamStore::Group& g = store.groups()[0];
+    ASSERT_EQ(g.state.size(), 4u);
+    EXPECT_EQ(g.state[0].scalar_type(), at::kByte);
+    EXPECT_EQ(g.state[0].numel(), 512);  // 1024 padded, 2 ranks
+    EXPECT_EQ(g.state[1].numel(), 2);
+    // Rank 0 holds a.weight and b.weight ([0, 512)), rank 1 c.weight ([512, 519)).
+    const int b = static_cast<int>(store.plan().find("b.weight"));
+    const int c = static_cast<int>(store.plan().find("c.weight"));
+    auto [codes, first] = store.slice(b, StoreBuffer::kState, 0);
+    auto [absmax, first_block] = store.slice(b, StoreBuffer::kState, 1);
+    auto [c_absmax, c_block] = store.slice(c, StoreBuffer::kState, 3);
+    EXPECT_EQ(first, 0);
+    EXPECT_EQ(first_block, 0);
+    EXPECT_EQ(codes.numel(), rank == 0 ? 13 : 0);
+    EXPECT_EQ(absmax.numel(), rank == 0 ? 1 : 0);
+    EXPECT_EQ(c_absmax.numel(), rank == 1 ? 1 : 0);
+    if (rank == 0) {
+      EXPECT_EQ(absmax.data_ptr<float>(), g.state[1].data_ptr<float>() + 1);  // b's block is the second
+    } else {
+      EXPECT_EQ(c_absmax.data_ptr<float>(), g.state[3].data_ptr<float>());
+    }
+  }
+}
+
+// The built-in step has kernels for plain formats only: any other is refused naming the group and
+// the format, until a plugin that brings its step replaces the optimizer.
+TEST(ParamStore, TheBuiltInStepRefusesAFormatItHasNoKernelFor) {
+  const std::vector<ParamInfo> ps = infos();
+  StorePlan plan(ps, options());
+  EXPECT_NO_THROW(check_step_formats(plan));
+  plan.set_state_format(blockwise8(), "decay");
+  expect_error<Error>([&] { check_step_formats(plan); }, {"group 'decay'", "'test_blockwise8'", "build_optimizer"});
+  // The step itself refuses too (a plugin's wrapper that delegates to it).
+  OptimizerConfig cfg;
+  auto store = std::make_shared<ParamStore>(std::move(plan), tensors_for(ps, 2), at::kCPU);
+  auto optimizer = make_optimizer(cfg, store);
+  expect_error<Error>([&] { optimizer->step({1e-3, 1.0}); }, {"'test_blockwise8'"});
+}
+
+namespace {
+
+// infos() and a 4-bit base as a quantizing plugin plans it: q.weight's 16 values as 8 bytes of
+// packed codes, and its block's absmax in a module buffer.
+std::vector<ParamInfo> with_quantized_base() {
+  std::vector<ParamInfo> ps = infos();
+  ps.push_back({"q.weight", {8, 1}, at::kByte, false, true});
+  return ps;
+}
+
+FrozenLayout nf4_layout() {
+  FrozenLayout l;
+  l.format = "nf4";
+  l.tensors = {{"q.weight", at::kByte, {8, 1}, Category::kQuantState},
+               {"q.weight_absmax", at::kFloat, {1}, Category::kQuantState}};
+  return l;
+}
+
+}  // namespace
+
+// A frozen slot holds several tensors with their own dtypes and categories: a quantized base is
+// never cast by set_compute_dtype (a plain frozen weight is), its codes and scales count as
+// quant_state, and every frozen slot follows the frozen placement. Bad layouts name the parameter.
+TEST(StorePlan, FrozenSlotsKeepTheirLayout) {
+  const std::vector<ParamInfo> ps = with_quantized_base();
+  StorePlan plan(ps, options());
+  const int q = static_cast<int>(plan.find("q.weight"));
+  const int frozen = static_cast<int>(plan.find("frozen.weight"));
+  EXPECT_EQ(plan.frozen_layout(frozen).tensors.size(), 1u);
+  EXPECT_EQ(plan.frozen_layout(frozen).format, "");
+  plan.set_author("quant");
+  plan.set_frozen_layout(q, nf4_layout());
+  plan.set_author("precision");
+  plan.set_compute_dtype(at::kBFloat16);
+  plan.set_master_weights(true);
+  EXPECT_EQ(plan.frozen_layout(frozen).tensors[0].dtype, at::kBFloat16);
+  EXPECT_EQ(plan.slots()[static_cast<size_t>(frozen)].param.dtype, at::kBFloat16);
+  EXPECT_EQ(plan.frozen_layout(q).tensors[0].dtype, at::kByte);
+  EXPECT_EQ(plan.frozen_layout(q).tensors[1].dtype, at::kFloat);
+  memory::Table t = plan.bytes();
+  EXPECT_EQ(t.at(Category::kWeights), 2 * (64 + 16) + 2 * 16);  // groups' bf16 copies + the 4x4
+  EXPECT_EQ(t.at(Category::kQuantState), 8 + 4);
+  plan.set_author("zero");
+  plan.set_frozen_placement(Placement::kHost);
+  t = plan.bytes();
+  EXPECT_EQ(t.at(Category::kQuantState, Placement::kHost), 12);
+  EXPECT_EQ(t.at(Category::kWeights, Placement::kHost), 2 * 16);
+  EXPECT_NE(plan.describe().find("1 nf4"), std::string::npos) << plan.describe();
+
+  FrozenLayout wrong = nf4_layout();
+  wrong.tensors[0].shape = {16};
+  expect_error<Error>([&] { plan.set_frozen_layout(q, wrong); }, {"'q.weight'", "first tensor must be the parameter"});
+  wrong = nf4_layout();
+  wrong.tensors[1].name = "frozen.weight";
+  expect_error<Error>([&] { plan.set_frozen_layout(q, wrong); }, {"'frozen.weight'", "parameter of its own"});
+  wrong = nf4_layout();
+  wrong.extent = Extent::kPartition;
+  expect_error<Error>([&] { plan.set_frozen_layout(q, wrong); }, {"stage 3"});
+  expect_error<Error>([&] { plan.set_frozen_layout(static_cast<int>(plan.find("a.weight")), nf4_layout()); }, {"'a.weight'", "trainable"});
+  plan.set_author("other");
+  expect_error<Error>([&] { plan.set_frozen_layout(q, FrozenLayout{"fp4", nf4_layout().tensors}); },
+                      {"'quant'", "'other'", "frozen layout of 'q.weight'", "nf4", "fp4"});
+}
+
+// The store binds a layout's module buffers by name, moves nothing it need not, and counts every
+// tensor in its category: what the plan said, to the byte. A buffer no layout names, or a named
+// one the model lacks, is an error naming it.
+TEST(ParamStore, FrozenTensorsAreBoundAndCountedAsPlanned) {
+  memory::install_tracking_allocator();
+  const std::vector<ParamInfo> ps = with_quantized_base();
+  auto make_plan = [&] {
+    StorePlan plan(ps, options());
+    plan.set_frozen_layout(static_cast<int>(plan.find("q.weight")), nf4_layout());
+    return plan;
+  };
+  auto params = [&] {
+    std::vector<std::pair<std::string, at::Tensor>> out = tensors_for(infos(), 4);
+    out.emplace_back("q.weight", at::arange(8, at::kByte).view({8, 1}));
+    return out;
+  };
+  const at::Tensor absmax = at::full({1}, 0.25f);
+  const int64_t before = memory::live().category(Category::kQuantState);
+  ParamStore store(make_plan(), params(), {{"q.weight_absmax", absmax}}, at::kCPU);
+  EXPECT_EQ(memory::live().category(Category::kQuantState) - before, store.plan().bytes().category(Category::kQuantState));
+  const std::vector<at::Tensor>& q = store.frozen_tensors(static_cast<int>(store.plan().find("q.weight")));
+  ASSERT_EQ(q.size(), 2u);
+  EXPECT_TRUE(q[1].is_same(absmax));
+  EXPECT_EQ(q[0].scalar_type(), at::kByte);
+  expect_error<Error>([&] { ParamStore(make_plan(), params(), at::kCPU); }, {"'q.weight_absmax'", "model lacks"});
+  expect_error<Error>([&] {
+    ParamStore(make_plan(), params(), {{"q.weight_absmax", absmax}, {"rotary.inv_freq", at::ones({4})}}, at::kCPU);
+  }, {"module buffer 'rotary.inv_freq'", "no frozen parameter's layout"});
+  expect_error<Error>([&] { ParamStore(make_plan(), params(), {{"q.weight_absmax", at::ones({2})}}, at::kCPU); },
+                      {"'q.weight_absmax'", "(2)", "layout says fp32 (1)"});
 }

@@ -6,11 +6,13 @@
 #include <algorithm>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "../data/test_util.h"
+#include "test_formats.h"
 #include "checkpoint/store_checkpoint.h"
 #include "io/safetensors.h"
 #include "memrt/error.h"
@@ -285,4 +287,125 @@ TEST(StoreCheckpoint, TheStepContinuesBitForBitAfterALoad) {
     for (size_t k = 0; k < 2; ++k)
       EXPECT_TRUE(at::equal(resumed_store->groups()[g].state[k], straight_store->groups()[g].state[k]));
   }
+}
+
+// A quantized state format saves each of its tensors in shards of whole blocks and loads on any
+// world size and extent value for value: every parameter's codes and its blocks' scales. Loading it
+// into a run that keeps another format is refused naming both.
+TEST(StoreCheckpoint, AQuantizedStateFormatLoadsOnAnyWorldSizeValueForValue) {
+  const Truth t = truth();
+  const StateFormat format = memrt::test::blockwise8();
+  // What a parameter's state tensor k holds, all its values: codes and absmax as functions of its
+  // name and their position.
+  auto expected = [&](const ParamSlot& ps, int k) {
+    const StateTensor& t = format.tensors[static_cast<size_t>(k)];
+    const int64_t seed = static_cast<int64_t>(std::hash<std::string>{}(ps.param.name) % 97) + 10 * k;
+    const at::Tensor i = at::arange((ps.numel + t.per_value - 1) / t.per_value, at::kLong) + seed;
+    return t.dtype == at::kByte ? (i % 251).to(at::kByte) : i.to(at::kFloat) * 0.5;
+  };
+  auto make = [&](int rank, int world, Extent state, const StateFormat& f) {
+    StorePlan plan(infos(), options(rank, world));
+    plan.set_extent(StoreBuffer::kState, state);
+    plan.set_state_format(f, "decay");
+    std::vector<std::pair<std::string, at::Tensor>> params;
+    for (const ParamInfo& p : infos()) params.emplace_back(p.name, t.weight.at(p.name).clone().set_requires_grad(p.trainable));
+    return ParamStore(std::move(plan), params, at::kCPU);
+  };
+  memrt::test::TempDir dir;
+  for (int r = 0; r < 2; ++r) {
+    ParamStore s = make(r, 2, Extent::kPartition, format);
+    for (int slot : s.plan().groups()[0].slots) {
+      const ParamSlot& ps = s.plan().slots()[static_cast<size_t>(slot)];
+      for (int k = 0; k < 4; ++k) {
+        auto [view, first] = s.slice(slot, StoreBuffer::kState, k);
+        view.copy_(expected(ps, k).narrow(0, first, view.numel()));
+      }
+    }
+    write_safetensors(dir.file(r == 0 ? "rank0.safetensors" : "rank1.safetensors"), store_shard_tensors(s));
+    if (r == 0) std::ofstream(dir.file(kStoreLayoutFile)) << store_layout_json(s);
+  }
+  Files files(dir);
+  const SavedStore saved(dir.str(), std::ref(files));
+  EXPECT_EQ(saved.state_format("b.weight").name, "test_blockwise8");
+  for (int world : {1, 3, 4}) {
+    for (Extent state : {Extent::kFull, Extent::kPartition}) {
+      for (int r = 0; r < world; ++r) {
+        ParamStore s = make(r, world, state, format);
+        load_store(s, saved);
+        for (int slot : s.plan().groups()[0].slots) {
+          const ParamSlot& ps = s.plan().slots()[static_cast<size_t>(slot)];
+          for (int k = 0; k < 4; ++k) {
+            auto [view, first] = s.slice(slot, StoreBuffer::kState, k);
+            EXPECT_TRUE(at::equal(view, expected(ps, k).narrow(0, first, view.numel())))
+                << ps.param.name << " tensor " << k << " rank " << r << " of " << world;
+          }
+        }
+      }
+    }
+  }
+  ParamStore fp32 = make_store(0, 1, Layout{}, t.weight);
+  expect_error<FileError>([&] { load_store(fp32, saved); },
+                          {"store.json", "'test_blockwise8' in the checkpoint", "'fp32' in this run"});
+}
+
+// Frozen parameters are saved once in all, each by the rank its name spreads it to, with the module
+// buffers of its layout; they load whole on any world size, and a layout other than the
+// checkpoint's is refused naming both.
+TEST(StoreCheckpoint, FrozenSlotsAreSpreadOverRanksAndLoadWithTheirBuffers) {
+  const Truth t = truth();
+  std::vector<ParamInfo> ps = infos();
+  for (int i = 0; i < 6; ++i) ps.push_back({"base." + std::to_string(i) + ".weight", {8, 1}, at::kByte, false, true});
+  auto layout_of = [](const std::string& name) {
+    FrozenLayout l;
+    l.format = "nf4";
+    l.tensors = {{name, at::kByte, {8, 1}, memory::Category::kQuantState},
+                 {name + "_absmax", at::kFloat, {1}, memory::Category::kQuantState}};
+    return l;
+  };
+  auto code = [](int i) { return (at::arange(8, at::kLong) * (i + 3) % 256).to(at::kByte).view({8, 1}); };
+  auto make = [&](int rank, int world, bool quantized, bool blank = false) {
+    StorePlan plan(ps, options(rank, world));
+    std::vector<std::pair<std::string, at::Tensor>> params, buffers;
+    for (const ParamInfo& p : infos()) {
+      const at::Tensor& w = t.weight.at(p.name);
+      params.emplace_back(p.name, (blank ? at::zeros_like(w) : w.clone()).set_requires_grad(p.trainable));
+    }
+    for (int i = 0; i < 6; ++i) {
+      const std::string name = "base." + std::to_string(i) + ".weight";
+      params.emplace_back(name, blank ? at::zeros({8, 1}, at::kByte) : code(i));
+      if (!quantized) continue;
+      plan.set_frozen_layout(static_cast<int>(plan.find(name)), layout_of(name));
+      buffers.emplace_back(name + "_absmax", at::full({1}, blank ? 0.f : 0.5f * static_cast<float>(i)));
+    }
+    return ParamStore(std::move(plan), params, buffers, at::kCPU);
+  };
+  memrt::test::TempDir dir;
+  std::set<std::string> saved_by[2];
+  for (int r = 0; r < 2; ++r) {
+    ParamStore s = make(r, 2, true);
+    for (const auto& [name, tensor] : store_shard_tensors(s))
+      if (name.rfind("store/frozen/", 0) == 0) saved_by[r].insert(name.substr(13));
+    write_safetensors(dir.file(r == 0 ? "rank0.safetensors" : "rank1.safetensors"), store_shard_tensors(s));
+    if (r == 0) std::ofstream(dir.file(kStoreLayoutFile)) << store_layout_json(s);
+  }
+  // Every frozen tensor once in all, both ranks writing some (7 parameters, 6 with a buffer).
+  EXPECT_EQ(saved_by[0].size() + saved_by[1].size(), 7u + 6u);
+  EXPECT_FALSE(saved_by[0].empty());
+  EXPECT_FALSE(saved_by[1].empty());
+  for (const std::string& name : saved_by[0]) EXPECT_EQ(saved_by[1].count(name), 0u) << name;
+  Files files(dir);
+  const SavedStore saved(dir.str(), std::ref(files));
+  for (int world : {1, 3}) {
+    ParamStore s = make(0, world, true, true);  // zeros until loaded
+    load_store(s, saved);
+    for (int i = 0; i < 6; ++i) {
+      const auto& tensors = s.frozen_tensors(static_cast<int>(s.plan().find("base." + std::to_string(i) + ".weight")));
+      EXPECT_TRUE(at::equal(tensors[0], code(i))) << i;
+      EXPECT_EQ(tensors[1].item<float>(), 0.5f * static_cast<float>(i)) << i;
+    }
+    EXPECT_TRUE(at::equal(s.param(static_cast<int>(s.plan().find("frozen.weight"))), t.weight.at("frozen.weight")));
+  }
+  ParamStore plain = make(0, 1, false, true);
+  expect_error<FileError>([&] { load_store(plain, saved); },
+                          {"store.json", "'base.", "kept as 'nf4' in the checkpoint", "as a plain weight in this run"});
 }

@@ -10,7 +10,8 @@
 //               runs the same phase on a plan built from shapes, so estimate and run agree.
 //   ParamStore  the allocated buffers: each once, counted in its memory category and placement.
 //               Trainable module parameters are views of their group's compute buffer; frozen
-//               ones keep their own storage, in their compute dtype.
+//               ones keep their own storage (with the module buffers their FrozenLayout names),
+//               plain ones in the compute dtype.
 //
 // Buffers of a group (StoreBuffer):
 //   kCompute  what forward reads; a module parameter is a view of its range.
@@ -20,12 +21,19 @@
 //             compute: a flat buffer the host adds each .grad into as autograd hands it over (and
 //             all-reduces). Extent partition: a flat buffer of this rank's partition that a
 //             gradient-partitioning plugin (ZeRO-2) reduces into.
-//   kState    the optimizer's state, one flat buffer per StorePlan::state_names() entry: fp32, or
-//             bf16 (set_state_dtype: DeepSpeed's bf16_optimizer_states).
+//   kState    the optimizer's state in the group's StateFormat: one flat tensor per state tensor
+//             of the format — per StorePlan::state_names() entry in fp32 or bf16 (set_state_dtype:
+//             DeepSpeed's bf16_optimizer_states), or codes and per-block scales of a quantized
+//             format a plugin sets (set_state_format).
 //
-// Layout of group g (N ranks, A the alignment in elements):
-//   | p_0 | p_1 | ... | p_k | pad |   padded = round_up(sum numel, N * A); rank r owns the
-//   element range [r * padded / N, (r + 1) * padded / N). Padding is zeros and stays zeros.
+// Layout of group g (N ranks, A its alignment in elements), its parameters in segment order (the
+// embedding, block 0, ..., the head; model order within a segment):
+//   | p_0 | p_1 | ... | p_k | pad |   padded = round_up(end of p_k, N * A); rank r owns the
+//   element range [r * padded / N, (r + 1) * padded / N). Padding is zeros and stays zeros. With
+//   a blockwise state format (blocks_per_tensor) each parameter starts on a block boundary.
+//
+// ABI: plugins built against an older 2.x header index slots(), groups() and these structs inline,
+// so their layouts never change within major 2; what 2.3 added lives behind member functions.
 #pragma once
 
 #include <array>
@@ -89,10 +97,10 @@ struct ParamSlot {
 };
 
 struct StoreGroup {
-  std::string name;  // "decay", "no_decay", or a plugin's (add_group)
+  std::string name;  // "decay", "no_decay", or a plugin's or the host's (add_group)
   double weight_decay = 0.0;
   double lr_scale = 1.0;   // the step's learning rate is the schedule's times this
-  std::vector<int> slots;  // StorePlan::slots() indices, in layout (model) order
+  std::vector<int> slots;  // StorePlan::slots() indices, in layout (segment, then model) order
   int64_t numel = 0;       // elements of its parameters
   int64_t padded = 0;      // numel rounded up to world_size * alignment
   std::array<BufferLayout, kNumStoreBuffers> buffers;
@@ -110,6 +118,72 @@ struct GroupSpec {
   double lr_scale = 1.0;
 };
 
+// Which groups a setter of the plan applies to: every group (the default), the group of one name,
+// or those a predicate accepts. A selector that matches no group is an error naming the groups.
+class GroupSelector {
+ public:
+  GroupSelector() = default;  // every group
+  GroupSelector(std::string name);  // NOLINT(google-explicit-constructor): plan.set_x(v, "lora_B")
+  GroupSelector(const char* name) : GroupSelector(std::string(name)) {}  // NOLINT
+  // `description` names the selection in errors ("groups of 8-bit state").
+  GroupSelector(std::string description, std::function<bool(const StoreGroup&)> match);
+
+  bool every() const { return !match_; }
+  bool matches(const StoreGroup& g) const { return !match_ || match_(g); }
+  const std::string& description() const { return description_; }  // "every group", "group 'x'"
+
+ private:
+  std::string description_ = "every group";
+  std::function<bool(const StoreGroup&)> match_;
+};
+
+// One tensor of an optimizer state format: `per_value` consecutive elements of the group share one
+// value, so it holds ceil(n / per_value) values of `dtype` for n elements. 1: one value per
+// element (fp32 and bf16 moments, 8-bit codes); 2: two 4-bit codes in a byte; B: one per block of
+// B (a block's absmax).
+struct StateTensor {
+  std::string name;  // in checkpoints: a state name ("exp_avg") or one with a suffix ("exp_avg.absmax")
+  at::ScalarType dtype = at::kFloat;
+  int64_t per_value = 1;
+};
+
+// How a group keeps its optimizer state. `plain` formats (fp32, bf16) are one tensor per state name
+// with one value per element; quantized formats (a plugin's) are several tensors per state name.
+// `block` is the quantization block in elements; every tensor's per_value divides it. With
+// `blocks_per_tensor` (bitsandbytes and torchao: each tensor's first element starts a block) every
+// parameter of the group starts on a block boundary; a format with blocks must have it, so a
+// parameter's state is its own and re-partitions by name.
+struct StateFormat {
+  std::string name = "fp32";  // "fp32", "bf16", or the plugin's ("bnb_blockwise8", "ao4", ...)
+  std::vector<StateTensor> tensors;
+  int64_t block = 1;
+  bool blocks_per_tensor = false;
+
+  // One tensor per state name, named after it, one value of `dtype` per element.
+  static StateFormat plain(at::ScalarType dtype, const std::vector<std::string>& state_names);
+  bool is_plain() const;  // block 1 and every tensor one fp32 or bf16 value per element
+};
+
+// One tensor of a frozen slot: the parameter itself, or a module buffer that travels with it (a
+// quantized weight's per-block scales), by the name the model's state dict gives it.
+struct FrozenTensor {
+  std::string name;
+  at::ScalarType dtype = at::kFloat;
+  std::vector<int64_t> shape;
+  memory::Category category = memory::Category::kWeights;  // kQuantState for codes and scales
+};
+
+// How a frozen parameter is kept. Its tensors, the parameter first; `format` "" is a plain weight
+// (one floating tensor, cast by set_compute_dtype for every group), anything else (a plugin's
+// "nf4") is never cast. Replicated (extent full; a partitioned frozen base is ZeRO-3's, not built)
+// on the device or in host memory.
+struct FrozenLayout {
+  std::string format;
+  std::vector<FrozenTensor> tensors;
+  Extent extent = Extent::kFull;
+  memory::Placement placement = memory::Placement::kDevice;
+};
+
 struct StoreOptions {
   std::string optimizer = "AdamW";  // "Adam", "AdamW", "SGD": which state buffers
   double momentum = 0.0;            // SGD: a momentum buffer only when != 0
@@ -122,7 +196,12 @@ class StorePlan {
  public:
   // One slot per parameter in the given order; trainable ones in the "decay" or "no_decay" group.
   // Every trainable parameter must be floating point; a group's parameters must share a dtype.
+  // Every parameter is in segment 0.
   StorePlan(const std::vector<ParamInfo>& params, const StoreOptions& options);
+  // The same with each parameter's segment (parallel to `params`: SegmentContext::index, -1 the
+  // embedding, i block i, the number of blocks the head): groups are laid out in segment order.
+  StorePlan(const std::vector<ParamInfo>& params, const StoreOptions& options,
+            const std::vector<int64_t>& segments);
 
   const std::vector<ParamSlot>& slots() const { return slots_; }
   const std::vector<StoreGroup>& groups() const { return groups_; }
@@ -154,21 +233,57 @@ class StorePlan {
   // than the compute copy: fp32 accumulation) rather than autograd's own .grad per parameter.
   bool flat_grad(int g) const;
 
+  // ---- ABI 2.3 ----
+  int64_t segment(int slot) const;
+  // Group g's elements of the parameters of `segment`: one contiguous range (empty when the
+  // segment has none in g): what ZeRO-3 gathers and a step in backward steps.
+  ElementRange segment_range(int g, int64_t segment) const;
+  // The slots (trainable and frozen) of `segment`, in layout order.
+  std::vector<int> segment_slots(int64_t segment) const;
+  const StateFormat& state_format(int g) const;
+  // Group g's alignment: alignment() and its state format's block (so no block straddles two
+  // ranks); its padded length is a multiple of world_size() times it.
+  int64_t group_alignment(int g) const;
+  // Values this rank holds of state tensor k of group g's format (0 when the group keeps none).
+  int64_t held_state_values(int g, int k) const;
+  int group_index(const std::string& name) const;  // -1 if none
+  // A frozen slot's layout: by default its parameter alone, plain, in its (compute) dtype, as
+  // weights on the device. Throws for a trainable slot.
+  const FrozenLayout& frozen_layout(int slot) const;
+
   // ---- the setters plugins call in plan_store ----
   // Moves the trainable parameters spec.select accepts into a new group (laid out after the others,
   // in model order; a group left empty disappears) and returns its index. Its buffers start as the
   // moved parameters' group had them. An unknown or empty selection, a name in use, or parameters
   // of two compute dtypes are errors naming the group.
   int add_group(const GroupSpec& spec);
-  // Each applies to every group (and set_compute_dtype to floating frozen parameters too). Who
-  // called is recorded: a second plugin setting one axis to another value is an error naming both.
-  void set_compute_dtype(at::ScalarType dtype);     // fp32, bf16 or fp16
+  // Each applies to the groups `groups` selects, every group by default (set_compute_dtype for
+  // every group also casts the floating frozen parameters). Who called is recorded per group: a
+  // second plugin setting one axis of one group to another value is an error naming both.
+  void set_compute_dtype(at::ScalarType dtype, const GroupSelector& groups);  // fp32, bf16, fp16
   // fp32 masters; needs a 16-bit compute dtype. Set explicitly off, bf16 weights are updated in
   // place (DeepSpeed's bf16_master_weights_and_grads): the step computes in fp32 and rounds.
+  void set_master_weights(bool on, const GroupSelector& groups);
+  // Adam's moments in fp32 (the default) or bf16: the plain format of that dtype.
+  void set_state_dtype(at::ScalarType dtype, const GroupSelector& groups);
+  // A quantized (or any) format: checked (StateFormat's rules); the groups' alignment grows to its
+  // block (group_alignment) and blocks_per_tensor lays their parameters out on block boundaries.
+  void set_state_format(const StateFormat& format, const GroupSelector& groups = GroupSelector());
+  // A frozen slot's tensors and format (a quantizing plugin: the codes, then the buffers that hold
+  // its scales): the first tensor is the slot's parameter as planned (name, dtype, shape); names
+  // are unique and no other slot's. Recorded per slot like the groups' axes.
+  void set_frozen_layout(int slot, FrozenLayout layout);
+  // Where every frozen slot is kept (device or host memory).
+  void set_frozen_placement(memory::Placement placement);
+  void set_grad_dtype(at::ScalarType dtype, const GroupSelector& groups);  // grad_accum_dtype
+  void set_extent(StoreBuffer b, Extent extent, const GroupSelector& groups);  // kCompute: full only
+  void set_placement(StoreBuffer b, memory::Placement placement, const GroupSelector& groups);
+  // Every group (and, before 2.3, the only form): the same as with GroupSelector().
+  void set_compute_dtype(at::ScalarType dtype);
   void set_master_weights(bool on);
-  void set_state_dtype(at::ScalarType dtype);       // Adam's moments: fp32 (default) or bf16
-  void set_grad_dtype(at::ScalarType dtype);        // DeepSpeed's data_types.grad_accum_dtype
-  void set_extent(StoreBuffer b, Extent extent);    // kCompute: full only (stage 3 is not built)
+  void set_state_dtype(at::ScalarType dtype);
+  void set_grad_dtype(at::ScalarType dtype);
+  void set_extent(StoreBuffer b, Extent extent);
   void set_placement(StoreBuffer b, memory::Placement placement);
   void require_alignment(int64_t elements);         // the alignment becomes the lcm
   // Whether the settings make a store the step can run (the host calls it after every plugin's
@@ -179,7 +294,7 @@ class StorePlan {
 
   // This rank's bytes of every buffer the store allocates, by (category, placement): compute ->
   // weights (frozen parameters included), master -> master_weights, grad (flat) -> gradients,
-  // state -> optimizer_state.
+  // state (every tensor of its format) -> optimizer_state.
   memory::Table bytes() const;
   // One line per group, for the start-up log.
   std::string describe() const;
@@ -188,7 +303,11 @@ class StorePlan {
   void set_author(std::string author) { author_ = std::move(author); }
 
  private:
-  void record(const std::string& axis, const std::string& value);
+  void record_key(const std::string& key, const std::string& value);
+  void record(const StoreGroup& g, const std::string& axis, const std::string& value);
+  const std::string* recorded(const StoreGroup& g, const std::string& axis) const;
+  // The groups `groups` selects (an error naming the groups when none).
+  std::vector<int> selected(const GroupSelector& groups, const char* setter) const;
   void relayout();
   BufferLayout& buffer(StoreGroup& g, StoreBuffer b) { return g.buffers[static_cast<size_t>(b)]; }
 
@@ -199,6 +318,10 @@ class StorePlan {
   int64_t alignment_ = 16;  // 64 bytes of fp32: every partition starts on a cache line
   std::string author_;
   std::map<std::string, std::pair<std::string, std::string>> set_by_;  // axis -> (value, plugin)
+  // ---- added in ABI 2.3, after every member an older plugin's inline accessors read ----
+  std::vector<int64_t> segments_;      // per slot
+  std::vector<StateFormat> formats_;   // per group
+  std::vector<FrozenLayout> frozen_;   // per slot (empty for a trainable one)
 };
 
 // The allocated store.
@@ -208,14 +331,22 @@ class ParamStore {
     at::Tensor compute;  // (padded) in the compute dtype; module parameters are views of it
     at::Tensor master;   // fp32, (held) elements; undefined without masters
     at::Tensor grad;     // flat partition gradient; undefined when autograd's .grad is the grad
-    std::vector<at::Tensor> state;  // one per StorePlan::state_names(), fp32, (held) elements
+    // One per tensor of the group's StateFormat (plain formats: per StorePlan::state_names()),
+    // StorePlan::held_state_values() values each.
+    std::vector<at::Tensor> state;
   };
 
   // Allocates every buffer of `plan` once and fills it from `params` (the model's parameters, the
   // plan's names in any order, fp32 or any floating dtype): masters from the values before they
   // are cast, compute buffers cast from them, state zeros. Each trainable parameter then becomes
-  // (set_data) a view of its range of the compute buffer, each floating frozen one is cast to the
-  // compute dtype. Throws memrt::Error naming a parameter the plan and `params` disagree on.
+  // (set_data) a view of its range of the compute buffer; a plain frozen one is cast to the compute
+  // dtype. Every frozen slot's tensors (its parameter and the `buffers` its layout names: the
+  // model's named buffers) are moved to its placement and counted in their categories. Throws
+  // memrt::Error naming a parameter the plan and `params` disagree on, a buffer no layout names,
+  // or a layout's tensor the model lacks or holds in another dtype or shape.
+  ParamStore(StorePlan plan, const std::vector<std::pair<std::string, at::Tensor>>& params,
+             const std::vector<std::pair<std::string, at::Tensor>>& buffers, at::Device device);
+  // No module buffers.
   ParamStore(StorePlan plan, const std::vector<std::pair<std::string, at::Tensor>>& params,
              at::Device device);
 
@@ -228,13 +359,22 @@ class ParamStore {
   // Slot i's elements in buffer b as this rank holds them, in the parameter's flat order:
   // {view, first}: `view` covers the parameter's elements [first, first + view.numel()). For a
   // full buffer that is the whole parameter; for a partition the part of it this rank owns
-  // (numel 0 when none). b is kCompute, kMaster, kGrad (flat only) or kState (state index k).
+  // (numel 0 when none). b is kCompute, kMaster, kGrad (flat only) or kState (tensor k of the
+  // group's format). For a state tensor of per_value v, view and first count values: the values
+  // covering those elements, the first being the parameter's value `first`.
   std::pair<at::Tensor, int64_t> slice(int slot, StoreBuffer b, int state = 0) const;
 
+  // ---- ABI 2.3 ----
+  // A frozen slot's tensors, as its layout lists them (the parameter first).
+  const std::vector<at::Tensor>& frozen_tensors(int slot) const;
+
  private:
+  void place_frozen(const std::vector<std::pair<std::string, at::Tensor>>& buffers, at::Device device);
+
   StorePlan plan_;
   std::vector<Group> groups_;
   std::vector<at::Tensor> params_;
+  std::vector<std::vector<at::Tensor>> frozen_;  // per slot (2.3)
 };
 
 }  // namespace memrt

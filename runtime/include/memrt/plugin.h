@@ -133,6 +133,11 @@ struct SegmentContext {
   int64_t micro_step;           // 0 .. grad_accum_steps-1
   const RunInfo& run;
   Communicator& comm;
+  // ABI 2.3. The store's slots of the parameters this segment owns (StorePlan::segment(slot) ==
+  // index, in layout order: per group one range, StorePlan::segment_range), and of those it reads
+  // but another segment owns (the head's tied token embedding, owned by the embedding).
+  const std::vector<int>& slots;
+  const std::vector<int>& shared;
 };
 
 // run_segment() wrappers form a chain: each may run `next` differently (under no_grad with a
@@ -348,12 +353,14 @@ class Plugin {
 // them only on plugins built with that minor or later; context structs only grow at their end.
 // ABI 2.0: the parameter store (plan_store, Optimizer::step(StepScalars), StepContext::grad_scale;
 // checkpoints save the store). 2.1: OptimizerContext::grad_hooks, a writable store there.
-// 2.2: Plugin::plan_params (ParamPlanContext), ConfigNode::as_names. The host refuses a plugin whose ABI
+// 2.2: Plugin::plan_params (ParamPlanContext), ConfigNode::as_names. 2.3: the store's per-group
+// setters (GroupSelector), state formats (StateFormat), segment order (StorePlan::segment_range)
+// and SegmentContext::slots / ::shared. The host refuses a plugin whose ABI
 // major differs, whose ABI minor is newer than the host's, or whose LibTorch version, C++ ABI flag or CUDA flag differ from its own
 // — plugins pass at::Tensor and nn::Module across the boundary, the same contract as PyTorch C++
 // extensions.
 #define MEMRT_PLUGIN_ABI_MAJOR 2
-#define MEMRT_PLUGIN_ABI_MINOR 2
+#define MEMRT_PLUGIN_ABI_MINOR 3
 #define MEMRT_PLUGIN_ENTRY_SYMBOL "memrt_plugin_entry"
 
 extern "C" {

@@ -30,16 +30,33 @@ std::string shard_name(const std::string& group, const std::string& buffer) {
   return "store/" + group + "/" + buffer;
 }
 
-std::string frozen_name(const std::string& param) { return "store/frozen/" + param; }
+std::string frozen_name(const std::string& tensor) { return "store/frozen/" + tensor; }
 
-// Group g's saved buffers, in the order store.json lists them: the exact weight, then the state.
-// The weight is the master when there is one, else the compute buffer (held whole in stages <= 2).
-std::vector<std::pair<std::string, at::Tensor>> saved_buffers(const ParamStore& store, int g) {
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The rank that saves (and, loading one share per rank, reads) a frozen parameter's tensors: spread
+// by name (FNV-1a, the same on every rank and build), so no rank writes the whole frozen base.
+int frozen_owner(const std::string& name, int world_size) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
+  return static_cast<int>(h % static_cast<uint64_t>(world_size));
+}
+
+struct SavedBuffer {
+  std::string name;
+  at::Tensor tensor;
+  int64_t per_value = 1;  // elements per value (a state tensor of a quantized format)
+};
+
+// Group g's saved buffers, in the order store.json lists them: the exact weight, then every tensor
+// of the state format. The weight is the master when there is one, else the compute buffer (held
+// whole in stages <= 2).
+std::vector<SavedBuffer> saved_buffers(const ParamStore& store, int g) {
   const ParamStore::Group& group = store.groups()[static_cast<size_t>(g)];
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  out.emplace_back(kWeight, group.master.defined() ? group.master : group.compute);
-  for (size_t k = 0; k < store.plan().state_names().size(); ++k)
-    out.emplace_back(store.plan().state_names()[k], group.state[k]);
+  std::vector<SavedBuffer> out;
+  out.push_back({kWeight, group.master.defined() ? group.master : group.compute, 1});
+  const std::vector<StateTensor>& tensors = store.plan().state_format(g).tensors;
+  for (size_t k = 0; k < group.state.size(); ++k) out.push_back({tensors[k].name, group.state[k], tensors[k].per_value});
   return out;
 }
 
@@ -65,7 +82,7 @@ std::string store_layout_json(const ParamStore& store) {
   w.Key("format");
   w.String("memrt-store");
   w.Key("version");
-  w.Int(1);
+  w.Int(2);
   w.Key("world_size");
   w.Int(plan.world_size());
   w.Key("state");
@@ -85,10 +102,27 @@ std::string store_layout_json(const ParamStore& store) {
     w.Int64(group.padded);
     w.Key("buffers");
     w.StartObject();
-    for (const auto& [name, t] : saved_buffers(store, g)) {
-      w.Key(name.c_str());
-      w.String(dtype_name(t.scalar_type()).c_str());
+    for (const SavedBuffer& b : saved_buffers(store, g)) {
+      w.Key(b.name.c_str());
+      w.String(dtype_name(b.tensor.scalar_type()).c_str());
     }
+    w.EndObject();
+    const StateFormat& format = plan.state_format(g);
+    w.Key("state_format");
+    w.StartObject();
+    w.Key("name");
+    w.String(format.name.c_str());
+    w.Key("block");
+    w.Int64(format.block);
+    w.Key("blocks_per_tensor");
+    w.Bool(format.blocks_per_tensor);
+    w.Key("per_value");
+    w.StartObject();
+    for (const StateTensor& t : format.tensors) {
+      w.Key(t.name.c_str());
+      w.Int64(t.per_value);
+    }
+    w.EndObject();
     w.EndObject();
     w.Key("params");
     w.StartArray();
@@ -108,9 +142,29 @@ std::string store_layout_json(const ParamStore& store) {
   for (size_t i = 0; i < plan.slots().size(); ++i) {
     const ParamSlot& s = plan.slots()[i];
     if (s.group >= 0) continue;
+    const std::vector<at::Tensor>& tensors = store.frozen_tensors(static_cast<int>(i));
     begin_param(s.param);
     w.Key("dtype");
-    w.String(dtype_name(store.param(static_cast<int>(i)).scalar_type()).c_str());
+    w.String(dtype_name(tensors.front().scalar_type()).c_str());
+    w.Key("rank");
+    w.Int(frozen_owner(s.param.name, plan.world_size()));
+    w.Key("format");
+    w.String(plan.frozen_layout(static_cast<int>(i)).format.c_str());
+    w.Key("buffers");  // the layout's other tensors, saved beside the parameter
+    w.StartArray();
+    for (size_t k = 1; k < tensors.size(); ++k) {
+      w.StartObject();
+      w.Key("name");
+      w.String(plan.frozen_layout(static_cast<int>(i)).tensors[k].name.c_str());
+      w.Key("dtype");
+      w.String(dtype_name(tensors[k].scalar_type()).c_str());
+      w.Key("shape");
+      w.StartArray();
+      for (int64_t d : tensors[k].sizes()) w.Int64(d);
+      w.EndArray();
+      w.EndObject();
+    }
+    w.EndArray();
     w.EndObject();
   }
   w.EndArray();
@@ -124,17 +178,20 @@ std::vector<std::pair<std::string, at::Tensor>> store_shard_tensors(const ParamS
   for (int g = 0; g < static_cast<int>(plan.groups().size()); ++g) {
     const StoreGroup& group = plan.groups()[static_cast<size_t>(g)];
     const auto [first, last] = plan.partition(g);  // this rank's share of the group
-    for (const auto& [name, t] : saved_buffers(store, g)) {
-      // A partition buffer holds exactly this share; a full one is narrowed to it.
-      const bool whole = t.numel() == group.padded;
-      out.emplace_back(shard_name(group.name, name),
-                       whole ? t.narrow(0, first, last - first) : t);
+    for (const SavedBuffer& b : saved_buffers(store, g)) {
+      // A partition buffer holds exactly this share; a full one is narrowed to it. Partitions
+      // start and end on value boundaries (the plan's alignment).
+      const bool whole = b.tensor.numel() == group.padded / b.per_value;
+      out.emplace_back(shard_name(group.name, b.name),
+                       whole ? b.tensor.narrow(0, first / b.per_value, (last - first) / b.per_value) : b.tensor);
     }
   }
-  if (plan.rank() == 0) {
-    for (size_t i = 0; i < plan.slots().size(); ++i)
-      if (plan.slots()[i].group < 0)
-        out.emplace_back(frozen_name(plan.slots()[i].param.name), store.param(static_cast<int>(i)));
+  for (size_t i = 0; i < plan.slots().size(); ++i) {
+    const ParamSlot& s = plan.slots()[i];
+    if (s.group >= 0 || frozen_owner(s.param.name, plan.world_size()) != plan.rank()) continue;
+    const FrozenLayout& layout = plan.frozen_layout(static_cast<int>(i));
+    const std::vector<at::Tensor>& tensors = store.frozen_tensors(static_cast<int>(i));
+    for (size_t k = 0; k < tensors.size(); ++k) out.emplace_back(frozen_name(layout.tensors[k].name), tensors[k]);
   }
   return out;
 }
@@ -152,8 +209,9 @@ SavedStore::SavedStore(const std::string& dir, std::function<const SafetensorsFi
   if (d.HasParseError() || !d.IsObject()) throw bad("not a JSON object");
   if (!d.HasMember("format") || !d["format"].IsString() || std::string(d["format"].GetString()) != "memrt-store")
     throw bad("\"format\" is not \"memrt-store\"");
-  if (!d.HasMember("version") || !d["version"].IsInt() || d["version"].GetInt() != 1)
-    throw bad("\"version\" is not 1, the only store layout this memrt reads");
+  if (!d.HasMember("version") || !d["version"].IsInt() || d["version"].GetInt() < 1 || d["version"].GetInt() > 2)
+    throw bad("\"version\" is not 1 or 2, the store layouts this memrt reads");
+  const int version = d["version"].GetInt();
   if (!d.HasMember("world_size") || !d["world_size"].IsInt() || d["world_size"].GetInt() < 1)
     throw bad("no positive integer \"world_size\"");
   world_size_ = d["world_size"].GetInt();
@@ -186,7 +244,7 @@ SavedStore::SavedStore(const std::string& dir, std::function<const SafetensorsFi
         !g["padded"].IsInt64() || !g.HasMember("numel") || !g["numel"].IsInt64() ||
         !g.HasMember("params") || !g["params"].IsArray() || !g.HasMember("buffers") || !g["buffers"].IsObject())
       throw bad("a group lacks \"name\", \"numel\", \"padded\", \"buffers\" or \"params\"");
-    Group group{g["name"].GetString(), g["padded"].GetInt64(), g["numel"].GetInt64(), {}};
+    Group group{g["name"].GetString(), g["padded"].GetInt64(), g["numel"].GetInt64(), {}, {}};
     if (group.padded < 0) throw bad("group '" + group.name + "': \"padded\" is negative");
     if (group.numel < 0 || group.numel > group.padded)
       throw bad("group '" + group.name + "': \"numel\" is not between 0 and \"padded\"");
@@ -194,10 +252,38 @@ SavedStore::SavedStore(const std::string& dir, std::function<const SafetensorsFi
       if (!b.value.IsString()) throw bad("group '" + group.name + "': a buffer's dtype is not a string");
       group.dtypes[b.name.GetString()] = b.value.GetString();
     }
-    for (const std::string& b : saved_buffer_names())
-      if (!group.dtypes.count(b)) throw bad("group '" + group.name + "' lists no buffer \"" + b + "\"");
+    if (!group.dtypes.count(kWeight)) throw bad("group '" + group.name + "' lists no buffer \"weight\"");
     if (group.padded % world_size_ != 0)
       throw bad("group '" + group.name + "': \"padded\" does not split across " + std::to_string(world_size_) + " ranks");
+    // The state format: version 1 kept one tensor per state name, one value per element.
+    StateFormat& f = group.format;
+    if (version == 1) {
+      for (const std::string& state : state_names_) f.tensors.push_back({state, at::kFloat, 1});
+    } else {
+      if (!g.HasMember("state_format") || !g["state_format"].IsObject()) throw bad("group '" + group.name + "' has no \"state_format\"");
+      const auto& sf = g["state_format"];
+      if (!sf.HasMember("name") || !sf["name"].IsString() || !sf.HasMember("block") || !sf["block"].IsInt64() ||
+          sf["block"].GetInt64() < 1 || !sf.HasMember("blocks_per_tensor") || !sf["blocks_per_tensor"].IsBool() ||
+          !sf.HasMember("per_value") || !sf["per_value"].IsObject())
+        throw bad("group '" + group.name + "': \"state_format\" lacks \"name\", \"block\", \"blocks_per_tensor\" or \"per_value\"");
+      f.name = sf["name"].GetString();
+      f.block = sf["block"].GetInt64();
+      f.blocks_per_tensor = sf["blocks_per_tensor"].GetBool();
+      for (const auto& t : sf["per_value"].GetObject()) {
+        if (!t.value.IsInt64() || t.value.GetInt64() < 1 || f.block % t.value.GetInt64() != 0 ||
+            (group.padded / world_size_) % t.value.GetInt64() != 0)
+          throw bad("group '" + group.name + "': state tensor '" + t.name.GetString() +
+                    "' has a \"per_value\" that does not divide the block and the share of a rank");
+        f.tensors.push_back({t.name.GetString(), at::kFloat, t.value.GetInt64()});
+      }
+    }
+    for (StateTensor& t : f.tensors) {
+      auto dtype = group.dtypes.find(t.name);
+      if (dtype == group.dtypes.end()) throw bad("group '" + group.name + "' lists no buffer \"" + t.name + "\"");
+      if (auto type = safetensors_dtype(dtype->second)) t.dtype = *type;
+    }
+    if (version == 1 && !f.tensors.empty()) f.name = f.tensors.front().dtype == at::kBFloat16 ? "bf16" : "fp32";
+    if (f.block > 1 && !f.blocks_per_tensor) throw bad("group '" + group.name + "': blocks of a state format must start at each parameter");
     for (const auto& v : g["params"].GetArray()) {
       if (!v.IsObject() || !v.HasMember("name") || !v["name"].IsString()) throw bad("a parameter has no \"name\"");
       const std::string name = v["name"].GetString();
@@ -208,6 +294,8 @@ SavedStore::SavedStore(const std::string& dir, std::function<const SafetensorsFi
         throw bad("parameter '" + name + "' has no \"offset\"");
       p.offset = v["offset"].GetInt64();
       const int64_t offset = p.offset;
+      if (group.format.blocks_per_tensor && offset % group.format.block != 0)
+        throw bad("parameter '" + name + "' does not start on a block of its group's state format");
       add(name, std::move(p));
       if (params_.at(name).numel > group.numel - offset)
         throw bad("parameter '" + name + "' ends beyond its group's \"numel\"");
@@ -219,17 +307,26 @@ SavedStore::SavedStore(const std::string& dir, std::function<const SafetensorsFi
     if (!v.IsObject() || !v.HasMember("name") || !v["name"].IsString() || !v.HasMember("dtype") ||
         !v["dtype"].IsString())
       throw bad("a frozen parameter has no \"name\" or \"dtype\"");
+    const std::string name = v["name"].GetString();
     Param p;
-    p.shape = read_shape(v, v["name"].GetString());
+    p.shape = read_shape(v, name);
     p.dtype = v["dtype"].GetString();
-    add(v["name"].GetString(), std::move(p));
+    if (version >= 2) {  // version 1: rank 0 saved every frozen parameter, alone
+      if (!v.HasMember("rank") || !v["rank"].IsInt() || v["rank"].GetInt() < 0 || v["rank"].GetInt() >= world_size_ ||
+          !v.HasMember("format") || !v["format"].IsString() || !v.HasMember("buffers") || !v["buffers"].IsArray())
+        throw bad("frozen parameter '" + name + "' lacks a \"rank\" of the saving world, a \"format\" or \"buffers\"");
+      p.rank = v["rank"].GetInt();
+      p.format = v["format"].GetString();
+      for (const auto& b : v["buffers"].GetArray()) {
+        if (!b.IsObject() || !b.HasMember("name") || !b["name"].IsString() || !b.HasMember("dtype") || !b["dtype"].IsString())
+          throw bad("a buffer of frozen parameter '" + name + "' has no \"name\" or \"dtype\"");
+        Buffer buffer{b["name"].GetString(), b["dtype"].GetString(), read_shape(b, b["name"].GetString()), 1};
+        for (int64_t dim : buffer.shape) buffer.numel *= dim;
+        p.buffers.push_back(std::move(buffer));
+      }
+    }
+    add(name, std::move(p));
   }
-}
-
-std::vector<std::string> SavedStore::saved_buffer_names() const {
-  std::vector<std::string> out = {kWeight};
-  out.insert(out.end(), state_names_.begin(), state_names_.end());
-  return out;
 }
 
 std::vector<std::string> SavedStore::param_names() const {
@@ -250,7 +347,7 @@ void SavedStore::read(const std::string& param, const std::string& buffer, int64
   if (it == params_.end()) throw FileError(path_, "lists no parameter '" + param + "'");
   const Param& p = it->second;
   const int64_t n = dst.numel();
-  TORCH_CHECK(first >= 0 && first + n <= p.numel && dst.is_contiguous(), "SavedStore::read: bad range");
+  TORCH_CHECK(first >= 0 && dst.is_contiguous(), "SavedStore::read: bad range");
   at::Tensor out = dst.view({-1});
   auto shard = [&](int rank, const std::string& name, int64_t numel, const std::string& dtype) {
     const SafetensorsFile& file = rank_file_(rank);
@@ -264,17 +361,26 @@ void SavedStore::read(const std::string& param, const std::string& buffer, int64
     return t.view({-1});
   };
   if (p.group < 0) {
-    if (buffer != kWeight)
-      throw FileError(path_, "parameter '" + param + "' is frozen: it has no optimizer state '" + buffer + "'");
-    out.copy_(shard(0, frozen_name(param), p.numel, p.dtype).narrow(0, first, n));
-    return;
+    if (buffer == kWeight) {
+      TORCH_CHECK(first + n <= p.numel, "SavedStore::read: bad range");
+      out.copy_(shard(p.rank, frozen_name(param), p.numel, p.dtype).narrow(0, first, n));
+      return;
+    }
+    for (const Buffer& b : p.buffers) {  // a module buffer of its layout, whole
+      if (b.name != buffer) continue;
+      TORCH_CHECK(first == 0 && n == b.numel, "SavedStore::read: a frozen parameter's buffer is read whole");
+      out.copy_(shard(p.rank, frozen_name(b.name), b.numel, b.dtype));
+      return;
+    }
+    throw FileError(path_, "frozen parameter '" + param + "' has no buffer '" + buffer + "' (nor optimizer state)");
   }
-  if (buffer != kWeight && std::find(state_names_.begin(), state_names_.end(), buffer) == state_names_.end())
-    throw FileError(path_, "holds no optimizer state '" + buffer + "'");
   const Group& g = groups_[static_cast<size_t>(p.group)];
-  const int64_t share = g.padded / world_size_;
-  // The elements' positions in the group, [a, b), split over the shards that hold them.
-  const int64_t a = p.offset + first, b = a + n;
+  const int64_t v = g.per_value(buffer);
+  if (v == 0) throw FileError(path_, "holds no buffer '" + buffer + "' of group '" + g.name + "'");
+  TORCH_CHECK(first + n <= ceil_div(p.numel, v), "SavedStore::read: bad range");
+  // Values of the buffer: the group's share of each rank and the parameter's first, [a, b).
+  const int64_t share = g.padded / world_size_ / v;
+  const int64_t a = p.offset / v + first, b = a + n;
   for (int64_t pos = a; pos < b;) {
     const int rank = static_cast<int>(pos / share);
     const int64_t end = std::min(b, (rank + 1) * share);
@@ -282,6 +388,27 @@ void SavedStore::read(const std::string& param, const std::string& buffer, int64
     out.narrow(0, pos - a, end - pos).copy_(src.narrow(0, pos - rank * share, end - pos));
     pos = end;
   }
+}
+
+int64_t SavedStore::Group::per_value(const std::string& buffer) const {
+  if (buffer == kWeight) return 1;
+  for (const StateTensor& t : format.tensors)
+    if (t.name == buffer) return t.per_value;
+  return 0;
+}
+
+const std::string& SavedStore::frozen_format(const std::string& param) const { return params_.at(param).format; }
+
+std::vector<std::string> SavedStore::frozen_buffers(const std::string& param) const {
+  std::vector<std::string> out;
+  for (const Buffer& b : params_.at(param).buffers) out.push_back(b.name);
+  return out;
+}
+
+const StateFormat& SavedStore::state_format(const std::string& param) const {
+  static const StateFormat kNone;
+  const Param& p = params_.at(param);
+  return p.group < 0 ? kNone : groups_[static_cast<size_t>(p.group)].format;
 }
 
 int64_t load_store(ParamStore& store, const SavedStore& saved, LoadShare share) {
@@ -312,26 +439,58 @@ int64_t load_store(ParamStore& store, const SavedStore& saved, LoadShare share) 
                                       c10::str(at::IntArrayRef(saved.shape(s.param.name))) + " in the checkpoint, " +
                                       c10::str(at::IntArrayRef(s.param.shape)) + " in this run"));
     if (s.group < 0) {
-      if (!partition_only || plan.rank() == 0) saved.read(s.param.name, kWeight, 0, store.param(slot));
+      // The same format and buffers (a plain weight converts between dtypes, and may have been
+      // trained), read whole by every rank, or by the one that then broadcasts them
+      // (complete_loaded_store).
+      const FrozenLayout& layout = plan.frozen_layout(slot);
+      std::vector<std::string> buffers;
+      for (size_t k = 1; k < layout.tensors.size(); ++k) buffers.push_back(layout.tensors[k].name);
+      const bool plain = layout.format.empty() && buffers.empty();
+      if (saved.trainable(s.param.name) ? !plain
+                                        : saved.frozen_format(s.param.name) != layout.format ||
+                                              saved.frozen_buffers(s.param.name) != buffers) {
+        auto as = [](const std::string& format) { return format.empty() ? std::string("a plain weight") : "'" + format + "'"; };
+        throw FileError(saved.path(), fix("parameter '" + s.param.name + "' is " +
+                                        (saved.trainable(s.param.name) ? std::string("trained") : "kept as " + as(saved.frozen_format(s.param.name))) +
+                                        " in the checkpoint and kept frozen as " + as(layout.format) + " in this run"));
+      }
+      if (partition_only && frozen_owner(s.param.name, plan.world_size()) != plan.rank()) continue;
+      const std::vector<at::Tensor>& tensors = store.frozen_tensors(slot);
+      saved.read(s.param.name, kWeight, 0, tensors.front());
+      for (size_t k = 1; k < tensors.size(); ++k) saved.read(s.param.name, buffers[k - 1], 0, tensors[k]);
       continue;
     }
     if (!saved.trainable(s.param.name))
       throw FileError(saved.path(), fix("parameter '" + s.param.name + "' was frozen in the checkpoint's run and is trained in this one"));
+    // The state's format must be the checkpoint's, or both plain (fp32 and bf16 moments convert).
+    const StateFormat& mine = plan.state_format(s.group);
+    const StateFormat& theirs = saved.state_format(s.param.name);
+    const bool plain = mine.is_plain() && theirs.is_plain();
+    bool same = plain || (mine.name == theirs.name && mine.block == theirs.block &&
+                          mine.tensors.size() == theirs.tensors.size());
+    for (size_t k = 0; same && !plain && k < mine.tensors.size(); ++k)
+      same = mine.tensors[k].name == theirs.tensors[k].name && mine.tensors[k].per_value == theirs.tensors[k].per_value &&
+             mine.tensors[k].dtype == theirs.tensors[k].dtype;
+    if (!same)
+      throw FileError(saved.path(), fix("parameter '" + s.param.name + "' keeps its optimizer state as '" + theirs.name +
+                                      "' in the checkpoint and as '" + mine.name + "' in this run"));
     // What this rank reads of buffer b: what it holds of the parameter, or only the part in its
     // partition. The compute copy is rounded from the exact weight as the step's write-back rounds.
+    // Positions count values of the buffer (v elements each; the parameter starts on a value).
     const ElementRange wanted = partition_only ? plan.range(slot) & plan.partition(s.group) : plan.range(slot);
-    auto load = [&](StoreBuffer b, int k, const std::string& name) {
+    auto load = [&](StoreBuffer b, int k, const std::string& name, int64_t v) {
+      if (wanted.empty()) return;
       const auto [view, first] = store.slice(slot, b, k);
-      const ElementRange held{s.offset + first, s.offset + first + view.numel()};
-      const ElementRange part = held & wanted;
+      const ElementRange held{first, first + view.numel()};
+      const ElementRange part = held & ElementRange{(wanted.begin - s.offset) / v, ceil_div(wanted.end - s.offset, v)};
       if (!part.empty())
-        saved.read(s.param.name, name, part.begin - s.offset, view.narrow(0, part.begin - held.begin, part.size()));
+        saved.read(s.param.name, name, part.begin, view.narrow(0, part.begin - first, part.size()));
     };
-    load(StoreBuffer::kCompute, 0, kWeight);
+    load(StoreBuffer::kCompute, 0, kWeight, 1);
     const ParamStore::Group& g = store.groups()[static_cast<size_t>(s.group)];
-    if (g.master.defined()) load(StoreBuffer::kMaster, 0, kWeight);
-    for (size_t k = 0; k < plan.state_names().size(); ++k)
-      load(StoreBuffer::kState, static_cast<int>(k), plan.state_names()[k]);
+    if (g.master.defined()) load(StoreBuffer::kMaster, 0, kWeight, 1);
+    for (size_t k = 0; k < g.state.size(); ++k)
+      load(StoreBuffer::kState, static_cast<int>(k), mine.tensors[k].name, mine.tensors[k].per_value);
   }
   for (const std::string& name : saved.param_names())
     if (!planned.count(name))
@@ -346,20 +505,21 @@ void complete_loaded_store(ParamStore& store, Communicator& comm) {
   for (int g = 0; g < static_cast<int>(plan.groups().size()); ++g) {
     ParamStore::Group& group = store.groups()[static_cast<size_t>(g)];
     const ElementRange mine = plan.partition(g);
-    std::vector<at::Tensor*> full = {&group.compute};
+    std::vector<std::pair<at::Tensor*, int64_t>> full = {{&group.compute, 1}};  // buffer, per value
     if (group.master.defined() && plan.groups()[static_cast<size_t>(g)].buffer(StoreBuffer::kMaster).extent == Extent::kFull)
-      full.push_back(&group.master);
+      full.emplace_back(&group.master, 1);
     if (plan.groups()[static_cast<size_t>(g)].buffer(StoreBuffer::kState).extent == Extent::kFull)
-      for (at::Tensor& t : group.state) full.push_back(&t);
-    for (at::Tensor* t : full) {
-      const at::Tensor part = t->narrow(0, mine.begin, mine.size()).clone();  // all_gather's input
+      for (size_t k = 0; k < group.state.size(); ++k)
+        full.emplace_back(&group.state[k], plan.state_format(g).tensors[k].per_value);
+    for (auto [t, v] : full) {
+      const at::Tensor part = t->narrow(0, mine.begin / v, mine.size() / v).clone();  // all_gather's input
       comm.all_gather(*t, part);
     }
   }
   for (size_t i = 0; i < plan.slots().size(); ++i) {
     if (plan.slots()[i].group >= 0) continue;
-    at::Tensor p = store.param(static_cast<int>(i));
-    comm.broadcast(p, 0);
+    const int owner = frozen_owner(plan.slots()[i].param.name, plan.world_size());
+    for (at::Tensor t : store.frozen_tensors(static_cast<int>(i))) comm.broadcast(t, owner);
   }
 }
 

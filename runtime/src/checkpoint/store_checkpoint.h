@@ -2,19 +2,28 @@
 // saved as shards of flat buffers with a layout file, loadable on any number of ranks.
 //
 // What is saved of each group: "weight" — the parameters' exact values, i.e. the fp32 master when
-// the group has one, else the compute buffer — and each optimizer state buffer (exp_avg, ...).
-// Whatever a buffer's extent in the run (full or partition), the checkpoint splits it evenly: of
-// N saving ranks, rank r writes elements [r * padded / N, (r + 1) * padded / N) of every saved
-// buffer as "store/<group>/<buffer>", so replicated buffers are written once in all and every
-// rank writes an equal share. Frozen parameters are written whole by rank 0 as
-// "store/frozen/<name>". Rank 0 writes store.json, the layout (abridged; the main job's):
+// the group has one, else the compute buffer — and each tensor of its optimizer state format
+// (exp_avg, ...; a quantized format's codes and scales). Whatever a buffer's extent in the run
+// (full or partition), the checkpoint splits it evenly: of N saving ranks, rank r writes elements
+// [r * padded / N, (r + 1) * padded / N) of every saved buffer (a state tensor of one value per v
+// elements: values [r * padded / N / v, ...)) as "store/<group>/<buffer>", so replicated buffers
+// are written once in all and every rank writes an equal share. Frozen parameters are written
+// whole, with the module buffers their layout names, as "store/frozen/<tensor name>", each by one
+// rank chosen by its name (spread, so no rank writes the whole frozen base). Rank 0 writes
+// store.json, the layout (abridged; the main job's):
 //
-//   {"format": "memrt-store", "version": 1, "world_size": N, "state": ["exp_avg", "exp_avg_sq"],
+//   {"format": "memrt-store", "version": 2, "world_size": N, "state": ["exp_avg", "exp_avg_sq"],
 //    "groups": [{"name": "decay", "numel": 3257856, "padded": 3257856,
 //                "buffers": {"weight": "F32", "exp_avg": "F32", "exp_avg_sq": "F32"},
+//                "state_format": {"name": "fp32", "block": 1, "blocks_per_tensor": false,
+//                                 "per_value": {"exp_avg": 1, "exp_avg_sq": 1}},
 //                "params": [{"name": "transformer.wte.weight", "shape": [256, 256],
 //                            "offset": 0}, ...]}, ...],
-//    "frozen": [{"name": ..., "shape": [...], "dtype": "BF16"}]}
+//    "frozen": [{"name": ..., "shape": [...], "dtype": "BF16", "rank": 1, "format": "",
+//                "buffers": [{"name": ..., "dtype": "F32", "shape": [...]}]}]}
+//
+// Version 1 (before state formats) has no "state_format" (one F32 or BF16 tensor per state name)
+// and saved every frozen parameter, alone, in rank 0's file.
 //
 // Loading matches parameters by name, so another world size, alignment, group composition or
 // precision re-partitions on load: each rank copies the elements it holds from whichever shards
@@ -59,28 +68,42 @@ class SavedStore {
   std::vector<std::string> param_names() const;
   bool trainable(const std::string& param) const;
   const std::vector<int64_t>& shape(const std::string& param) const;
-  // Copies elements [first, first + dst.numel()) of `param`'s flat `buffer` ("weight", or a
-  // state name of a trainable parameter) into `dst` (contiguous, any floating dtype and device:
-  // converted as copy_ does). FileError naming the rank file and tensor when a shard is missing
-  // or has the wrong size.
+  // Copies values [first, first + dst.numel()) of `param`'s flat `buffer` ("weight", or a tensor
+  // of a trainable parameter's state format, whose values may each cover several elements) into
+  // `dst` (contiguous, any dtype and device: converted as copy_ does). FileError naming the rank
+  // file and tensor when a shard is missing or has the wrong size.
   void read(const std::string& param, const std::string& buffer, int64_t first, at::Tensor dst) const;
+  // A trainable parameter's group's state format (tensor dtypes as saved); empty for a frozen one.
+  const StateFormat& state_format(const std::string& param) const;
+  // A frozen parameter's layout as saved: its format ("" plain) and its module buffers' names,
+  // each readable whole as read(param, buffer, 0, dst).
+  const std::string& frozen_format(const std::string& param) const;
+  std::vector<std::string> frozen_buffers(const std::string& param) const;
 
  private:
+  struct Buffer {  // a frozen parameter's module buffer
+    std::string name, dtype;
+    std::vector<int64_t> shape;
+    int64_t numel = 1;
+  };
   struct Param {
     std::vector<int64_t> shape;
     int64_t numel = 0;
     int group = -1;  // -1: frozen
     int64_t offset = 0;
     std::string dtype;  // frozen: the saved tensor's safetensors dtype
+    int rank = 0;       // frozen: the rank file holding its tensors
+    std::string format;
+    std::vector<Buffer> buffers;
   };
   struct Group {
     std::string name;
     int64_t padded = 0;
     int64_t numel = 0;
     std::map<std::string, std::string> dtypes;  // saved buffer -> safetensors dtype
+    StateFormat format;
+    int64_t per_value(const std::string& buffer) const;  // 0: no such buffer
   };
-  // "weight", then the state names: what every group saves.
-  std::vector<std::string> saved_buffer_names() const;
   std::string path_;  // store.json
   std::function<const SafetensorsFile&(int)> rank_file_;
   int world_size_ = 1;
@@ -92,9 +115,10 @@ class SavedStore {
 // What load_store reads of each buffer.
 enum class LoadShare {
   kHeld,       // everything this rank holds: full buffers whole, frozen parameters (one process)
-  kPartition,  // of every buffer only this rank's partition (plan.partition), and the frozen
-               // parameters on rank 0 only: a rank reads 1/N of the checkpoint (on the saving
-               // world size, its own file); complete_loaded_store() fills in the rest
+  kPartition,  // of every buffer only this rank's partition (plan.partition), and of the frozen
+               // parameters those the name spreads to this rank: a rank reads 1/N of the
+               // checkpoint (on the saving world size, its own file); complete_loaded_store()
+               // fills in the rest
 };
 
 // Fills `store` from `saved`, parameters matched by name. Another world size, alignment or group
@@ -103,8 +127,8 @@ enum class LoadShare {
 int64_t load_store(ParamStore& store, const SavedStore& saved, LoadShare share = LoadShare::kHeld);
 
 // After load_store(..., kPartition) on every rank: all-gathers each full-extent buffer's partitions
-// (compute copies; masters and state where they are replicated) and broadcasts the frozen
-// parameters from rank 0.
+// (compute copies; masters and state where they are replicated) and broadcasts each frozen
+// parameter's tensors from the rank that read them.
 void complete_loaded_store(ParamStore& store, Communicator& comm);
 
 }  // namespace memrt

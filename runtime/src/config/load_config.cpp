@@ -118,6 +118,9 @@ const std::vector<std::pair<std::string, std::vector<std::string>>> kYamlKeys = 
     {"gradient_accumulation_steps", {"gradient_accumulation_steps"}},
     {"learning_rate", {"learning_rate"}},
     {"weight_decay", {"weight_decay"}},
+    {"lr_groups", {"lr_groups"}},
+    {"embedding_lr", {"embedding_lr"}},
+    {"embedding_lr_scale", {"embedding_lr_scale"}},
     {"adam_beta1", {"adam_beta1"}},
     {"adam_beta2", {"adam_beta2"}},
     {"adam_epsilon", {"adam_epsilon"}},
@@ -327,6 +330,7 @@ struct Loader {
   double resolve_value(ConfigReader& r, const char* key, const char* yaml_key, double hf_default,
                        double ds_default, bool resolve_absent_from_yaml = true);
   void resolve_optimizer(const ConfigNode* opt);
+  void resolve_group_rules();
   void resolve_scheduler(const ConfigNode* sch);
   void resolve_precision(const ConfigNode* fp16, const ConfigNode* bf16, const ConfigNode* dtypes);
   void resolve_zero(const ConfigNode* zero);
@@ -737,9 +741,50 @@ void Loader::resolve_optimizer(const ConfigNode* opt) {
     }
   }
   if (o.lr <= 0) throw ConfigError(yaml_file, "learning_rate", "must be positive, got " + num_text(o.lr));
+  resolve_group_rules();
   if (o.beta1 < 0 || o.beta1 >= 1 || o.beta2 < 0 || o.beta2 >= 1) {
     throw ConfigError(opt ? opt->file() : yaml_file, opt ? "optimizer.params.betas" : "adam_beta1",
                       "betas must be in [0, 1), got [" + num_text(o.beta1) + ", " + num_text(o.beta2) + "]");
+  }
+}
+
+// axolotl's per-group learning rates: embedding_lr_scale / embedding_lr and lr_groups, applied by
+// the host's store plan (store/host_groups.h).
+void Loader::resolve_group_rules() {
+  GroupRules& g = cfg.optimizer.groups;
+  g.file = yaml_file;
+  auto positive = [](const ConfigNode& n) {
+    const double v = n.as_double();
+    if (!(v > 0)) throw n.error("must be a positive number, got " + num_text(v));
+    return v;
+  };
+  if (const ConfigNode* n = yv("embedding_lr_scale")) g.embedding_lr_scale = positive(*n);
+  if (const ConfigNode* n = yv("embedding_lr")) g.embedding_lr = positive(*n);
+  if (g.embedding_lr_scale > 0 && g.embedding_lr > 0) {
+    diag.warnings.push_back(where(*yv("embedding_lr")) + " is ignored: embedding_lr_scale is set, and "
+                            "axolotl applies the scale when both are");
+  }
+  const ConfigNode* groups = yv("lr_groups");
+  if (!groups || groups->is_null()) return;
+  if (!groups->is_array()) throw groups->error("must be a list of {name, modules, lr}");
+  static const std::set<std::string> reserved = {"decay", "no_decay", "embeddings"};
+  for (const ConfigNode& item : groups->as_array()) {
+    ConfigReader r(item, diag);
+    LrGroup group;
+    group.name = r.required<std::string>("name");
+    const ConfigNode* modules = r.child("modules");
+    const ConfigNode* lr = r.child("lr");
+    r.finish();  // an unknown key first: a misspelt "modules" is named as such
+    if (!modules) throw item.error("has no \"modules\": the list of name parts whose parameters join the group");
+    group.modules = modules->as_names();
+    if (group.modules.empty()) throw modules->error("is empty: name at least one module");
+    if (!lr) throw item.error("has no \"lr\": the group's learning rate");
+    group.lr = positive(*lr);
+    if (group.name.empty() || reserved.count(group.name) ||
+        std::any_of(g.lr_groups.begin(), g.lr_groups.end(), [&](const LrGroup& x) { return x.name == group.name; }))
+      throw item.error("has name \"" + group.name + "\": each lr_group needs a name of its own, other than "
+                       "decay, no_decay and embeddings (the store's groups)");
+    g.lr_groups.push_back(std::move(group));
   }
 }
 
@@ -1442,6 +1487,21 @@ std::string resolved_config_json(const TrainConfig& cfg) {
     opt.set("bias_correction", ConfigNode::boolean(o.bias_correction));
     opt.set("adam_w_mode", ConfigNode::boolean(o.adam_w_mode));
     if (o.bf16_stochastic_round) opt.set("bf16_stochastic_round", ConfigNode::boolean(true));
+  }
+  if (o.groups.embedding_lr_scale > 0) opt.set("embedding_lr_scale", num(o.groups.embedding_lr_scale));
+  else if (o.groups.embedding_lr > 0) opt.set("embedding_lr", num(o.groups.embedding_lr));
+  if (!o.groups.lr_groups.empty()) {
+    ConfigNode groups = ConfigNode::array();
+    for (const LrGroup& g : o.groups.lr_groups) {
+      ConfigNode item = ConfigNode::object();
+      item.set("name", str(g.name));
+      ConfigNode modules = ConfigNode::array();
+      for (const std::string& m : g.modules) modules.push_back(str(m));
+      item.set("modules", modules);
+      item.set("lr", num(g.lr));
+      groups.push_back(item);
+    }
+    opt.set("lr_groups", groups);
   }
   root.set("optimizer", opt);
 

@@ -13,6 +13,24 @@
 
 namespace memrt {
 
+// One of axolotl's `lr_groups`: the decaying parameters whose name contains one of `modules`
+// train at learning rate `lr` (relative to the optimizer's, the schedule scales both alike).
+struct LrGroup {
+  std::string name;
+  std::vector<std::string> modules;
+  double lr = 0.0;
+};
+
+// The host's per-group rules beyond decay / no decay (store/host_groups.h): axolotl's train.yaml
+// keys. Any of them switches to axolotl's grouping (embeddings without weight decay).
+struct GroupRules {
+  double embedding_lr_scale = 0.0;  // 0: unset
+  double embedding_lr = 0.0;        // 0: unset; embedding_lr_scale wins when both are set
+  std::vector<LrGroup> lr_groups;
+  std::string file;  // the train.yaml that set them, for errors
+  bool any() const { return embedding_lr_scale > 0 || embedding_lr > 0 || !lr_groups.empty(); }
+};
+
 struct OptimizerConfig {
   std::string type = "AdamW";  // canonical: "Adam", "AdamW", "SGD"
   double lr = 1e-3;
@@ -32,6 +50,7 @@ struct OptimizerConfig {
   // Built from the ds_config's optimizer section (DeepSpeed: weight decay on every trainable
   // parameter) rather than from train.yaml (Hugging Face: no decay on biases and norm weights).
   bool from_ds_config = false;
+  GroupRules groups;
 };
 
 struct SchedulerConfig {

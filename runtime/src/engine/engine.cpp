@@ -32,7 +32,7 @@
 #include "optim/grad_clip.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizers.h"
-#include "store/decay.h"
+#include "store/host_groups.h"
 
 namespace memrt {
 namespace {
@@ -106,7 +106,7 @@ std::vector<at::Tensor> full_flat_grads(const ParamStore& store) {
 }
 
 // The model's parameters as a plan sees them: trainable as requires_grad says, decay by
-// store/decay.h.
+// store/host_groups.h.
 std::vector<ParamInfo> model_params(CausalLM& model, bool decay_all) {
   std::vector<ParamInfo> out;
   for (const auto& item : model.named_parameters(/*recurse=*/true)) {
@@ -178,8 +178,8 @@ RunInfo make_run_info(const TrainConfig& cfg, int rank, int world_size, int loca
 EstimateReport estimate_memory(const TrainConfig& cfg, const RunInfo& run, PluginHost& plugins) {
   HostPlanOptions options;
   options.store = store_options(cfg.optimizer);
-  options.decay_all = cfg.optimizer.from_ds_config;
-  std::vector<ParamInfo> params = shape_params(run.shape, options.decay_all);
+  options.optimizer = cfg.optimizer;
+  std::vector<ParamInfo> params = shape_params(run.shape, cfg.optimizer.from_ds_config);
   plugins.plan_params(params, run);
   memory::MemoryEstimate plan = host_memory_plan(run, options, params);
   EstimateReport report;
@@ -269,13 +269,15 @@ void Engine::setup() {
   // The parameter store, planned from the model as the transforms left it and by every plugin,
   // then allocated once; the optimizer steps over it.
   {
-    std::vector<std::pair<std::string, at::Tensor>> named;
+    std::vector<std::pair<std::string, at::Tensor>> named, buffers;
     for (const auto& item : model_->named_parameters(/*recurse=*/true))
       named.emplace_back(item.key(), item.value());
+    for (const auto& item : model_->named_buffers(/*recurse=*/true))
+      buffers.emplace_back(item.key(), item.value());
     StoreOptions options = store_options(cfg_.optimizer);
     options.rank = run_.rank;
     options.world_size = run_.world_size;
-    StorePlan plan(planned, options);
+    StorePlan plan = host_store_plan(planned, param_segments(planned, run_.shape.n_layer), options, cfg_.optimizer);
     if (plan.groups().empty()) {
       throw Error("the model has no trainable parameters after the plugins' model transforms; "
                   "nothing to train");
@@ -283,12 +285,13 @@ void Engine::setup() {
     plugins_.plan_store(plan, run_);
     plan.check();
     if (main) log_ << "parameter store:\n" << plan.describe();
-    store_ = std::make_shared<ParamStore>(std::move(plan), named, run_.device);
+    store_ = std::make_shared<ParamStore>(std::move(plan), named, buffers, run_.device);
     for (size_t i = 0; i < store_->plan().slots().size(); ++i)
       if (store_->plan().slots()[i].group >= 0) trainable_.push_back(store_->param(static_cast<int>(i)));
 
     memory::Scope optimizer_scope(Category::kOptimizerState);
     optimizer_ = make_optimizer(cfg_.optimizer, store_);
+    const Optimizer* built = optimizer_.get();
     // A flat gradient of full extent (another dtype than the compute one: fp32 accumulation) takes
     // each parameter's gradient as autograd hands it over; the host's callback runs first.
     GradHookTable hooks(*store_);
@@ -305,6 +308,7 @@ void Engine::setup() {
     OptimizerContext opt_ctx{*model_, *store_, optimizer_, run_, *dist_, hooks};
     plugins_.each("build_optimizer", -1, [&](Plugin& p) { p.build_optimizer(opt_ctx); });
     if (!optimizer_) throw Error("a plugin's build_optimizer left no optimizer");
+    if (optimizer_.get() == built) check_step_formats(store_->plan());
     hooks.install();
   }
 
@@ -330,12 +334,13 @@ void Engine::setup() {
     return out;
   };
   segments_.clear();
-  segments_.push_back({SegmentKind::kEmbedding, -1, nullptr, tensors(model_->embedding_parameters())});
+  segments_.push_back({SegmentKind::kEmbedding, -1, nullptr, tensors(model_->embedding_parameters()), {}, {}});
   for (int64_t i = 0; i < model_->num_blocks(); ++i)
-    segments_.push_back({SegmentKind::kBlock, i, &model_->block(i), model_->block(i).parameters()});
+    segments_.push_back({SegmentKind::kBlock, i, &model_->block(i), model_->block(i).parameters(), {}, {}});
   std::vector<at::Tensor> head = tensors(model_->final_parameters());
   if (run_.shape.tie_embeddings) head.push_back(segments_.front().params.front());  // token embedding
-  segments_.push_back({SegmentKind::kHead, model_->num_blocks(), nullptr, std::move(head)});
+  segments_.push_back({SegmentKind::kHead, model_->num_blocks(), nullptr, std::move(head), {}, {}});
+  assign_segment_slots();
 
   if (main) {
     std::filesystem::create_directories(cfg_.output_dir);
@@ -351,13 +356,50 @@ void Engine::setup() {
   }
 }
 
+// Each segment's store slots: those of its parameters the plan places in it (by name, as the
+// estimate did: memory::param_segment) and those it reads from another (the head's tied embedding).
+// A parameter the model keeps in one segment and the plan in another would be gathered or stepped
+// with the wrong segment: an error naming it.
+void Engine::assign_segment_slots() {
+  const StorePlan& plan = store_->plan();
+  std::unordered_map<const c10::TensorImpl*, int> slot_of;
+  for (int i = 0; i < static_cast<int>(plan.slots().size()); ++i)
+    slot_of[store_->param(i).unsafeGetTensorImpl()] = i;
+  auto where = [&](int64_t index) {
+    return index < 0 ? std::string("the embedding")
+                     : index == model_->num_blocks() ? std::string("the head") : "block " + std::to_string(index);
+  };
+  for (Segment& seg : segments_) {
+    for (const at::Tensor& p : seg.params) {
+      auto it = slot_of.find(p.unsafeGetTensorImpl());
+      if (it == slot_of.end()) throw Error("segment " + where(seg.index) + " reads a parameter that is not in the parameter store");
+      (plan.segment(it->second) == seg.index ? seg.slots : seg.shared).push_back(it->second);
+    }
+    std::vector<int> planned = plan.segment_slots(seg.index);
+    std::vector<int> owned = seg.slots;
+    std::sort(planned.begin(), planned.end());
+    std::sort(owned.begin(), owned.end());
+    for (int slot : planned) {
+      if (std::binary_search(owned.begin(), owned.end(), slot)) continue;
+      throw Error("parameter '" + plan.slots()[static_cast<size_t>(slot)].param.name + "' is named as a "
+                  "parameter of " + where(seg.index) + " (memory::param_segment) but the model does not "
+                  "compute it there; a plugin that adds parameters names them after the module they sit in");
+    }
+    seg.slots = plan.segment_slots(seg.index);  // layout order
+    seg.slots.erase(std::remove_if(seg.slots.begin(), seg.slots.end(),
+                                   [&](int slot) { return !std::binary_search(owned.begin(), owned.end(), slot); }),
+                    seg.slots.end());
+  }
+}
+
 // ---- one segment: before/after hooks, wrapper chain ---------------------------------------------
 at::Tensor Engine::run_segment(const Segment& segment, const at::Tensor& x, SegmentFn body,
                                int64_t micro) {
   // The chain may run again after this function returns (a recompute in backward calls `next`
   // from its autograd node), so every link owns the context it passes on.
-  auto shared = std::make_shared<SegmentContext>(SegmentContext{
-      segment.kind, segment.index, segment.block, segment.params, step_, micro, run_, *dist_});
+  auto shared = std::make_shared<SegmentContext>(SegmentContext{segment.kind, segment.index, segment.block,
+                                                                segment.params, step_, micro, run_, *dist_,
+                                                                segment.slots, segment.shared});
   SegmentContext& ctx = *shared;
   plugins_.each("before_segment_forward", step_, [&](Plugin& p) { p.before_segment_forward(ctx); });
   SegmentFn fn = std::move(body);
@@ -376,7 +418,7 @@ void Engine::advance_backward_events(int64_t upto, int64_t micro) {
   const int64_t n = static_cast<int64_t>(segments_.size());
   for (; backward_events_fired_ < upto && backward_events_fired_ < 2 * n; ++backward_events_fired_) {
     const Segment& s = segments_[n - 1 - backward_events_fired_ / 2];
-    SegmentContext ctx{s.kind, s.index, s.block, s.params, step_, micro, run_, *dist_};
+    SegmentContext ctx{s.kind, s.index, s.block, s.params, step_, micro, run_, *dist_, s.slots, s.shared};
     if (backward_events_fired_ % 2 == 0) {
       plugins_.each("before_segment_backward", step_, [&](Plugin& p) { p.before_segment_backward(ctx); });
     } else {

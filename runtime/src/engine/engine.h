@@ -76,6 +76,7 @@ class Engine {
   void train_step(TrainSummary& summary);
   double micro_step(int64_t micro);
   struct Segment;
+  void assign_segment_slots();
   at::Tensor run_segment(const Segment& segment, const at::Tensor& x, SegmentFn body, int64_t micro);
   // Per-segment backward phases, fired in order as the gradient reaches each segment boundary.
   void advance_backward_events(int64_t upto, int64_t micro);
@@ -111,6 +112,8 @@ class Engine {
     int64_t index;
     Block* block;
     std::vector<at::Tensor> params;
+    std::vector<int> slots;   // the store's slots it owns (SegmentContext::slots)
+    std::vector<int> shared;  // and those it reads but another segment owns
   };
   std::vector<Segment> segments_;  // forward order: embedding, blocks, head
   int64_t backward_events_fired_ = 0;

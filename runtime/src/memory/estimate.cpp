@@ -4,7 +4,7 @@
 #include <algorithm>
 
 #include "models/model_factory.h"
-#include "store/decay.h"
+#include "store/host_groups.h"
 
 namespace memrt {
 namespace memory {
@@ -173,6 +173,12 @@ std::vector<ParamInfo> shape_params(const ModelShape& shape, bool decay_all) {
   return out;
 }
 
+std::vector<int64_t> param_segments(const std::vector<ParamInfo>& params, int64_t n_layer) {
+  std::vector<int64_t> out;
+  for (const ParamInfo& p : params) out.push_back(memory::param_segment(p.name, n_layer));
+  return out;
+}
+
 memory::MemoryEstimate host_memory_plan(const RunInfo& run, const HostPlanOptions& options,
                                         const std::vector<ParamInfo>& params) {
   using memory::Category;
@@ -200,7 +206,7 @@ memory::MemoryEstimate host_memory_plan(const RunInfo& run, const HostPlanOption
   StoreOptions store = options.store;
   store.rank = run.rank;
   store.world_size = run.world_size;
-  e.store = std::make_shared<StorePlan>(params, store);
+  e.store = std::make_shared<StorePlan>(host_store_plan(params, param_segments(params, L), store, options.optimizer));
   t = e.store->bytes();  // weights and optimizer state, as the default layout allocates them
   if (run.world_size > 1) {  // the all-reduce's staging buffers: up to two buckets, kept
     const int64_t grads = trainable * b;

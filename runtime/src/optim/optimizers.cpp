@@ -192,6 +192,7 @@ class AdamOptimizer final : public StoreOptimizer {
 
   void step(const StepScalars& scalars) override {
     const StorePlan& plan = store_->plan();
+    check_step_formats(plan);  // also when a wrapper delegates to this step
     const float factor = static_cast<float>(scalars.grad_factor);
     count_updates();
     for_each_range([&](int slot, const at::Tensor& grad, int64_t first, int64_t n) {
@@ -242,6 +243,7 @@ class SgdOptimizer final : public StoreOptimizer {
 
   void step(const StepScalars& scalars) override {
     const StorePlan& plan = store_->plan();
+    check_step_formats(plan);
     at::NoGradGuard no_grad;
     count_updates();
     for_each_range([&](int slot, const at::Tensor& grad, int64_t first, int64_t n) {
@@ -305,6 +307,16 @@ void check_config(const OptimizerConfig& cfg) {
 }
 
 }  // namespace
+
+void check_step_formats(const StorePlan& plan) {
+  for (int g = 0; g < static_cast<int>(plan.groups().size()); ++g) {
+    const StateFormat& f = plan.state_format(g);
+    if (f.is_plain()) continue;
+    throw Error("optimizer: group '" + plan.groups()[static_cast<size_t>(g)].name + "' keeps its state as '" +
+                f.name + "', which the built-in fused step has no kernel for (it steps fp32 and bf16 "
+                "moments); the plugin that set that format must replace the optimizer in build_optimizer");
+  }
+}
 
 at::Device step_device(const StoreGroup& group, at::Device compute) {
   for (StoreBuffer b : {StoreBuffer::kMaster, StoreBuffer::kState}) {

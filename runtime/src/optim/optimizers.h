@@ -30,6 +30,11 @@ StoreOptions store_options(const OptimizerConfig& cfg);
 // group's weight decay is the store's.
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, std::shared_ptr<ParamStore> store);
 
+// The built-in step's kernels take the plain state formats (fp32, bf16 moments): an Error naming the
+// group and its format otherwise, saying that the plugin that set the format brings the step. The
+// host calls it when the optimizer it built is still the one that will step (after build_optimizer).
+void check_step_formats(const StorePlan& plan);
+
 // Where group `group`'s step runs: on the host when its masters or optimizer state are host
 // buffers (offload_optimizer: the step's read-modify-write stays where those bytes are, and only
 // the compute write-back and, without a host gradient buffer, the gradient cross over), else on

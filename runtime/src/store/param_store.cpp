@@ -62,12 +62,50 @@ Category category_of(StoreBuffer b) {
   return Category::kOther;
 }
 
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// How a per-group axis is recorded: "compute dtype of group 'decay'".
+std::string group_suffix(const std::string& group) { return " of group '" + group + "'"; }
+
 }  // namespace
+
+// ---- selectors and formats ------------------------------------------------------------------------
+
+GroupSelector::GroupSelector(std::string name)
+    : description_("group '" + name + "'"),
+      match_([name = std::move(name)](const StoreGroup& g) { return g.name == name; }) {}
+
+GroupSelector::GroupSelector(std::string description, std::function<bool(const StoreGroup&)> match)
+    : description_(std::move(description)), match_(std::move(match)) {
+  if (!match_) throw Error("parameter store: a group selector needs a predicate (" + description_ + ")");
+}
+
+StateFormat StateFormat::plain(at::ScalarType dtype, const std::vector<std::string>& state_names) {
+  StateFormat f;
+  f.name = dtype_name(dtype);
+  for (const std::string& s : state_names) f.tensors.push_back({s, dtype, 1});
+  return f;
+}
+
+bool StateFormat::is_plain() const {
+  if (block != 1) return false;
+  for (const StateTensor& t : tensors)
+    if (t.per_value != 1 || (t.dtype != at::kFloat && t.dtype != at::kBFloat16)) return false;
+  return true;
+}
 
 // ---- the plan -------------------------------------------------------------------------------------
 
 StorePlan::StorePlan(const std::vector<ParamInfo>& params, const StoreOptions& options)
-    : options_(options) {
+    : StorePlan(params, options, std::vector<int64_t>(params.size(), 0)) {}
+
+StorePlan::StorePlan(const std::vector<ParamInfo>& params, const StoreOptions& options,
+                     const std::vector<int64_t>& segments)
+    : options_(options), segments_(segments) {
+  if (segments.size() != params.size()) {
+    throw Error("parameter store: " + std::to_string(segments.size()) + " segments given for " +
+                std::to_string(params.size()) + " parameters");
+  }
   if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size) {
     throw Error("parameter store: rank " + std::to_string(options.rank) + " of world size " +
                 std::to_string(options.world_size) + " is not a rank of that world");
@@ -124,6 +162,12 @@ StorePlan::StorePlan(const std::vector<ParamInfo>& params, const StoreOptions& o
     for (ParamSlot& s : slots_)
       if (s.group >= 0) s.group = 1 - s.group;
   }
+  formats_.assign(groups_.size(), StateFormat::plain(at::kFloat, state_names_));
+  frozen_.resize(slots_.size());
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const ParamInfo& p = slots_[i].param;
+    if (slots_[i].group < 0) frozen_[i].tensors = {{p.name, p.dtype, p.shape, Category::kWeights}};
+  }
   relayout();
 }
 
@@ -138,25 +182,49 @@ int StorePlan::add_group(const GroupSpec& spec) {
   added.name = spec.name;
   added.weight_decay = spec.weight_decay;
   added.lr_scale = spec.lr_scale;
+  int origin = -1;  // the group the first selected parameter leaves: its layout is the new group's
   for (size_t i = 0; i < slots_.size(); ++i) {
     ParamSlot& s = slots_[i];
     if (s.group < 0 || !spec.select(s.param)) continue;
     const StoreGroup& from = groups_[static_cast<size_t>(s.group)];
-    if (added.slots.empty()) {
+    if (origin < 0) {
+      origin = s.group;
       added.buffers = from.buffers;
-    } else if (added.buffer(StoreBuffer::kCompute).dtype != from.buffer(StoreBuffer::kCompute).dtype) {
-      throw Error(where + " selects parameters of two compute dtypes ('" + s.param.name + "' is " +
-                  dtype_name(from.buffer(StoreBuffer::kCompute).dtype) + "); a group has one");
+    } else if (s.group != origin) {
+      const StoreGroup& first = groups_[static_cast<size_t>(origin)];
+      bool same = formats_[static_cast<size_t>(origin)].name == formats_[static_cast<size_t>(s.group)].name;
+      for (StoreBuffer b : kAllBuffers) {
+        const BufferLayout& x = first.buffer(b);
+        const BufferLayout& y = from.buffer(b);
+        same = same && x.present == y.present && x.dtype == y.dtype && x.extent == y.extent &&
+               x.placement == y.placement;
+      }
+      if (!same) {
+        throw Error(where + " selects parameters of groups '" + first.name + "' and '" + from.name +
+                    "' ('" + s.param.name + "'), whose buffers or state formats differ; a group has "
+                    "one layout: select from one of them, or make their layouts agree first");
+      }
     }
     added.slots.push_back(static_cast<int>(i));
   }
   if (added.slots.empty()) throw Error(where + " selects no trainable parameter");
-  record("group " + spec.name, "added");
+  record_key("group " + spec.name, "added");
+  // The new group's axes were set by whoever set them for the group its parameters came from.
+  const std::string from_suffix = group_suffix(groups_[static_cast<size_t>(origin)].name);
+  std::vector<std::pair<std::string, std::pair<std::string, std::string>>> inherited;
+  for (const auto& [key, value] : set_by_) {
+    if (key.size() > from_suffix.size() &&
+        key.compare(key.size() - from_suffix.size(), from_suffix.size(), from_suffix) == 0)
+      inherited.emplace_back(key.substr(0, key.size() - from_suffix.size()) + group_suffix(spec.name), value);
+  }
+  set_by_.insert(inherited.begin(), inherited.end());
   const int index = static_cast<int>(groups_.size());
   for (int i : added.slots) slots_[static_cast<size_t>(i)].group = index;
   groups_.push_back(std::move(added));
+  formats_.push_back(formats_[static_cast<size_t>(origin)]);
   // Every group keeps the slots still in it; empty ones go, and the slots' indices follow.
   std::vector<StoreGroup> kept;
+  std::vector<StateFormat> kept_formats;
   std::vector<int> renumber(groups_.size(), -1);
   for (size_t g = 0; g < groups_.size(); ++g) {
     StoreGroup& group = groups_[g];
@@ -167,8 +235,10 @@ int StorePlan::add_group(const GroupSpec& spec) {
     if (group.slots.empty()) continue;
     renumber[g] = static_cast<int>(kept.size());
     kept.push_back(std::move(group));
+    kept_formats.push_back(std::move(formats_[g]));
   }
   groups_ = std::move(kept);
+  formats_ = std::move(kept_formats);
   for (ParamSlot& s : slots_)
     if (s.group >= 0) s.group = renumber[static_cast<size_t>(s.group)];
   relayout();
@@ -176,16 +246,71 @@ int StorePlan::add_group(const GroupSpec& spec) {
 }
 
 void StorePlan::relayout() {
-  const int64_t unit = alignment_ * options_.world_size;
-  for (StoreGroup& g : groups_) {
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    StoreGroup& g = groups_[gi];
+    const int64_t unit = group_alignment(static_cast<int>(gi)) * options_.world_size;
+    // Segment order: one segment's parameters are one range of every buffer; model order within it.
+    std::stable_sort(g.slots.begin(), g.slots.end(), [&](int a, int b) {
+      return segments_[static_cast<size_t>(a)] < segments_[static_cast<size_t>(b)];
+    });
+    const StateFormat& f = formats_[gi];
+    const int64_t start = f.blocks_per_tensor ? f.block : 1;
     g.numel = 0;
     for (int i : g.slots) {
       ParamSlot& s = slots_[static_cast<size_t>(i)];
-      s.offset = g.numel;
-      g.numel += s.numel;
+      s.offset = ceil_div(g.numel, start) * start;  // gaps are padding: zeros that stay zeros
+      g.numel = s.offset + s.numel;
     }
-    g.padded = (g.numel + unit - 1) / unit * unit;
+    g.padded = ceil_div(g.numel, unit) * unit;
   }
+}
+
+int64_t StorePlan::segment(int slot) const { return segments_.at(static_cast<size_t>(slot)); }
+
+ElementRange StorePlan::segment_range(int g, int64_t segment) const {
+  ElementRange out{0, 0};
+  bool any = false;
+  for (int i : groups_.at(static_cast<size_t>(g)).slots) {
+    if (segments_[static_cast<size_t>(i)] != segment) continue;
+    const ElementRange r = range(i);
+    if (!any) out.begin = r.begin;
+    out.end = r.end;
+    any = true;
+  }
+  return out;
+}
+
+std::vector<int> StorePlan::segment_slots(int64_t segment) const {
+  std::vector<int> out;
+  for (const StoreGroup& g : groups_)
+    for (int i : g.slots)
+      if (segments_[static_cast<size_t>(i)] == segment) out.push_back(i);
+  for (size_t i = 0; i < slots_.size(); ++i)
+    if (slots_[i].group < 0 && segments_[i] == segment) out.push_back(static_cast<int>(i));
+  return out;
+}
+
+const StateFormat& StorePlan::state_format(int g) const { return formats_.at(static_cast<size_t>(g)); }
+
+int64_t StorePlan::group_alignment(int g) const {
+  return std::lcm(alignment_, formats_.at(static_cast<size_t>(g)).block);
+}
+
+int64_t StorePlan::held_state_values(int g, int k) const {
+  const int64_t elements = held_numel(g, StoreBuffer::kState);
+  return ceil_div(elements, formats_.at(static_cast<size_t>(g)).tensors.at(static_cast<size_t>(k)).per_value);
+}
+
+const FrozenLayout& StorePlan::frozen_layout(int slot) const {
+  const ParamSlot& s = slots_.at(static_cast<size_t>(slot));
+  if (s.group >= 0) throw Error("parameter store: '" + s.param.name + "' is trainable; it has no frozen layout");
+  return frozen_[static_cast<size_t>(slot)];
+}
+
+int StorePlan::group_index(const std::string& name) const {
+  for (size_t g = 0; g < groups_.size(); ++g)
+    if (groups_[g].name == name) return static_cast<int>(g);
+  return -1;
 }
 
 int64_t StorePlan::find(const std::string& name) const {
@@ -230,64 +355,175 @@ bool StorePlan::flat_grad(int g) const {
   return l.extent == Extent::kPartition || l.dtype != group.buffer(StoreBuffer::kCompute).dtype;
 }
 
-void StorePlan::record(const std::string& axis, const std::string& value) {
+void StorePlan::record_key(const std::string& key, const std::string& value) {
   if (author_.empty()) return;  // the host's defaults
-  auto it = set_by_.find(axis);
+  auto it = set_by_.find(key);
   if (it != set_by_.end() && it->second.second != author_) {
     if (it->second.first == value) return;  // agrees with the plugin that set it first
     throw Error("parameter store: plugins '" + it->second.second + "' and '" + author_ +
-                "' both set the store's " + axis + ", to " + it->second.first + " and to " +
+                "' both set the store's " + key + ", to " + it->second.first + " and to " +
                 value + "; only one plugin may decide it: drop one of them from the config or "
                 "make their settings agree");
   }
-  set_by_[axis] = {value, author_};
+  set_by_[key] = {value, author_};
 }
 
-void StorePlan::set_compute_dtype(at::ScalarType dtype) {
+void StorePlan::record(const StoreGroup& g, const std::string& axis, const std::string& value) {
+  record_key(axis + group_suffix(g.name), value);
+}
+
+const std::string* StorePlan::recorded(const StoreGroup& g, const std::string& axis) const {
+  auto it = set_by_.find(axis + group_suffix(g.name));
+  return it == set_by_.end() ? nullptr : &it->second.first;
+}
+
+std::vector<int> StorePlan::selected(const GroupSelector& groups, const char* setter) const {
+  std::vector<int> out;
+  for (size_t g = 0; g < groups_.size(); ++g)
+    if (groups.matches(groups_[g])) out.push_back(static_cast<int>(g));
+  if (out.empty() && !groups.every()) {
+    std::string names;
+    for (const StoreGroup& g : groups_) names += (names.empty() ? "'" : ", '") + g.name + "'";
+    throw Error(std::string("parameter store: ") + setter + " for " + groups.description() +
+                " selects no group; the groups are " + names);
+  }
+  return out;
+}
+
+void StorePlan::set_compute_dtype(at::ScalarType dtype, const GroupSelector& groups) {
   if (dtype != at::kFloat && !is_16bit(dtype)) {
     throw Error(std::string("parameter store: compute dtype ") + c10::toString(dtype) +
                 " is not one the step takes (fp32, bf16, fp16)");
   }
-  record("compute dtype", dtype_name(dtype));
-  const bool grad_follows = set_by_.count("gradient dtype") == 0;
-  for (StoreGroup& g : groups_) {
+  for (int gi : selected(groups, "set_compute_dtype")) {
+    StoreGroup& g = groups_[static_cast<size_t>(gi)];
+    record(g, "compute dtype", dtype_name(dtype));
     buffer(g, StoreBuffer::kCompute).dtype = dtype;
-    if (grad_follows) buffer(g, StoreBuffer::kGrad).dtype = dtype;
+    if (!recorded(g, "gradient dtype")) buffer(g, StoreBuffer::kGrad).dtype = dtype;  // follows
   }
-  for (ParamSlot& s : slots_)
-    if (s.group < 0 && at::isFloatingType(s.param.dtype)) s.param.dtype = dtype;
+  if (!groups.every()) return;
+  for (size_t i = 0; i < slots_.size(); ++i) {  // plain frozen weights; never a quantized base's
+    ParamSlot& s = slots_[i];
+    if (s.group >= 0 || !frozen_[i].format.empty() || !at::isFloatingType(s.param.dtype)) continue;
+    s.param.dtype = dtype;
+    frozen_[i].tensors.front().dtype = dtype;
+  }
 }
 
-void StorePlan::set_master_weights(bool on) {
-  record("master weights", on ? "on" : "off");
-  for (StoreGroup& g : groups_) buffer(g, StoreBuffer::kMaster).present = on;
+void StorePlan::set_frozen_layout(int slot, FrozenLayout layout) {
+  const ParamSlot& s = slots_.at(static_cast<size_t>(slot));
+  const std::string where = "parameter store: frozen layout '" + layout.format + "' of '" + s.param.name + "'";
+  if (s.group >= 0) throw Error(where + ": the parameter is trainable; only frozen ones have a layout");
+  if (layout.tensors.empty() || layout.tensors.front().name != s.param.name ||
+      layout.tensors.front().dtype != s.param.dtype || layout.tensors.front().shape != s.param.shape) {
+    throw Error(where + ": its first tensor must be the parameter as planned (" + dtype_name(s.param.dtype) +
+                " " + shape_str(s.param.shape) + "); plan_params sets the parameter's dtype and shape");
+  }
+  if (layout.extent != Extent::kFull)
+    throw Error(where + ": partitioned frozen weights (ZeRO stage 3) are not built yet");
+  std::unordered_set<std::string> names;
+  for (const FrozenTensor& t : layout.tensors) {
+    if (!names.insert(t.name).second) throw Error(where + " names tensor '" + t.name + "' twice");
+    if (&t != &layout.tensors.front() && find(t.name) >= 0)
+      throw Error(where + " names '" + t.name + "', which is a parameter of its own; its other tensors are module buffers");
+    for (int64_t d : t.shape)
+      if (d < 0) throw Error(where + ": tensor '" + t.name + "' has a negative dimension");
+  }
+  record_key("frozen layout of '" + s.param.name + "'", layout.format.empty() ? "plain" : layout.format);
+  frozen_[static_cast<size_t>(slot)] = std::move(layout);
 }
 
-void StorePlan::set_state_dtype(at::ScalarType dtype) {
+void StorePlan::set_frozen_placement(Placement placement) {
+  record_key("frozen placement", memory::to_string(placement));
+  for (size_t i = 0; i < slots_.size(); ++i)
+    if (slots_[i].group < 0) frozen_[i].placement = placement;
+}
+
+void StorePlan::set_master_weights(bool on, const GroupSelector& groups) {
+  for (int gi : selected(groups, "set_master_weights")) {
+    StoreGroup& g = groups_[static_cast<size_t>(gi)];
+    record(g, "master weights", on ? "on" : "off");
+    buffer(g, StoreBuffer::kMaster).present = on;
+  }
+}
+
+void StorePlan::set_state_dtype(at::ScalarType dtype, const GroupSelector& groups) {
   if (dtype != at::kFloat && dtype != at::kBFloat16) {
     throw Error(std::string("parameter store: optimizer state in ") + c10::toString(dtype) +
                 " is not a format the step takes (fp32, bf16)");
   }
-  record("optimizer state dtype", dtype_name(dtype));
-  for (StoreGroup& g : groups_) buffer(g, StoreBuffer::kState).dtype = dtype;
+  set_state_format(StateFormat::plain(dtype, state_names_), groups);
 }
 
-void StorePlan::set_grad_dtype(at::ScalarType dtype) {
-  record("gradient dtype", dtype_name(dtype));
-  for (StoreGroup& g : groups_) buffer(g, StoreBuffer::kGrad).dtype = dtype;
+void StorePlan::set_state_format(const StateFormat& format, const GroupSelector& groups) {
+  const std::string where = "parameter store: state format '" + format.name + "'";
+  if (format.name.empty()) throw Error("parameter store: a state format needs a name");
+  if (format.tensors.empty() && !state_names_.empty())
+    throw Error(where + " has no tensors for the optimizer's state");
+  if (format.block < 1) throw Error(where + ": block must be at least one element");
+  if (format.block > 1 && !format.blocks_per_tensor) {
+    throw Error(where + " has blocks of " + std::to_string(format.block) + " elements but not "
+                "blocks_per_tensor: a block straddling two parameters could not be re-partitioned "
+                "by name; start blocks at each parameter (blocks_per_tensor = true)");
+  }
+  std::unordered_set<std::string> names;
+  for (const StateTensor& t : format.tensors) {
+    if (t.name.empty() || !names.insert(t.name).second)
+      throw Error(where + ": every tensor needs a name of its own ('" + t.name + "')");
+    if (t.per_value < 1 || format.block % t.per_value != 0) {
+      throw Error(where + ": tensor '" + t.name + "' has one value per " + std::to_string(t.per_value) +
+                  " elements, which does not divide the block of " + std::to_string(format.block));
+    }
+  }
+  for (const std::string& state : state_names_) {  // every state name has its tensors
+    bool found = false;
+    for (const StateTensor& t : format.tensors)
+      found = found || t.name == state || t.name.compare(0, state.size() + 1, state + ".") == 0;
+    if (!found) throw Error(where + " has no tensor for the optimizer's state '" + state + "'");
+  }
+  for (int gi : selected(groups, "set_state_format")) {
+    StoreGroup& g = groups_[static_cast<size_t>(gi)];
+    record(g, "optimizer state format", format.name);
+    formats_[static_cast<size_t>(gi)] = format;
+    if (!format.tensors.empty()) buffer(g, StoreBuffer::kState).dtype = format.tensors.front().dtype;
+  }
+  relayout();
 }
 
-void StorePlan::set_extent(StoreBuffer b, Extent extent) {
+void StorePlan::set_grad_dtype(at::ScalarType dtype, const GroupSelector& groups) {
+  for (int gi : selected(groups, "set_grad_dtype")) {
+    StoreGroup& g = groups_[static_cast<size_t>(gi)];
+    record(g, "gradient dtype", dtype_name(dtype));
+    buffer(g, StoreBuffer::kGrad).dtype = dtype;
+  }
+}
+
+void StorePlan::set_extent(StoreBuffer b, Extent extent, const GroupSelector& groups) {
   if (b == StoreBuffer::kCompute && extent == Extent::kPartition) {
     throw Error("parameter store: partitioned compute weights (ZeRO stage 3) are not built yet");
   }
-  record(std::string(to_string(b)) + " extent", to_string(extent));
-  for (StoreGroup& g : groups_) buffer(g, b).extent = extent;
+  for (int gi : selected(groups, "set_extent")) {
+    StoreGroup& g = groups_[static_cast<size_t>(gi)];
+    record(g, std::string(to_string(b)) + " extent", to_string(extent));
+    buffer(g, b).extent = extent;
+  }
 }
 
+void StorePlan::set_placement(StoreBuffer b, Placement placement, const GroupSelector& groups) {
+  for (int gi : selected(groups, "set_placement")) {
+    StoreGroup& g = groups_[static_cast<size_t>(gi)];
+    record(g, std::string(to_string(b)) + " placement", memory::to_string(placement));
+    buffer(g, b).placement = placement;
+  }
+}
+
+void StorePlan::set_compute_dtype(at::ScalarType dtype) { set_compute_dtype(dtype, GroupSelector()); }
+void StorePlan::set_master_weights(bool on) { set_master_weights(on, GroupSelector()); }
+void StorePlan::set_state_dtype(at::ScalarType dtype) { set_state_dtype(dtype, GroupSelector()); }
+void StorePlan::set_grad_dtype(at::ScalarType dtype) { set_grad_dtype(dtype, GroupSelector()); }
+void StorePlan::set_extent(StoreBuffer b, Extent extent) { set_extent(b, extent, GroupSelector()); }
 void StorePlan::set_placement(StoreBuffer b, Placement placement) {
-  record(std::string(to_string(b)) + " placement", memory::to_string(placement));
-  for (StoreGroup& g : groups_) buffer(g, b).placement = placement;
+  set_placement(b, placement, GroupSelector());
 }
 
 void StorePlan::require_alignment(int64_t elements) {
@@ -300,8 +536,8 @@ void StorePlan::check() const {
   for (const StoreGroup& g : groups_) {
     const at::ScalarType c = g.buffer(StoreBuffer::kCompute).dtype;
     const bool master = g.buffer(StoreBuffer::kMaster).present;
-    auto set_off = set_by_.find("master weights");
-    const bool in_place = c == at::kBFloat16 && set_off != set_by_.end() && set_off->second.first == "off";
+    const std::string* set_off = recorded(g, "master weights");
+    const bool in_place = c == at::kBFloat16 && set_off && *set_off == "off";
     if (is_16bit(c) && !master && !in_place) {
       throw Error(std::string("parameter store: group '") + g.name + "' computes in " +
                   dtype_name(c) + " without fp32 master weights; the optimizer step updates " +
@@ -327,12 +563,23 @@ memory::Table StorePlan::bytes() const {
     const StoreGroup& group = groups_[static_cast<size_t>(g)];
     for (StoreBuffer b : kAllBuffers) {
       const BufferLayout& l = group.buffer(b);
-      const int64_t copies = b == StoreBuffer::kState ? static_cast<int64_t>(state_names_.size()) : 1;
-      t.at(category_of(b), l.placement) += copies * held_numel(g, b) * elem_size(l.dtype);
+      if (b != StoreBuffer::kState) {
+        t.at(category_of(b), l.placement) += held_numel(g, b) * elem_size(l.dtype);
+        continue;
+      }
+      const StateFormat& f = formats_[static_cast<size_t>(g)];
+      for (size_t k = 0; k < f.tensors.size() && l.present; ++k)
+        t.at(category_of(b), l.placement) += held_state_values(g, static_cast<int>(k)) * elem_size(f.tensors[k].dtype);
     }
   }
-  for (const ParamSlot& s : slots_)
-    if (s.group < 0) t.at(Category::kWeights) += s.numel * elem_size(s.param.dtype);
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].group >= 0) continue;
+    for (const FrozenTensor& f : frozen_[i].tensors) {
+      int64_t numel = 1;
+      for (int64_t d : f.shape) numel *= d;
+      t.at(f.category, frozen_[i].placement) += numel * elem_size(f.dtype);
+    }
+  }
   return t;
 }
 
@@ -347,7 +594,8 @@ std::string StorePlan::describe() const {
     for (StoreBuffer b : kAllBuffers) {
       const BufferLayout& l = group.buffer(b);
       if (!l.present || (b == StoreBuffer::kState && state_names_.empty())) continue;
-      os << "; " << to_string(b) << " " << dtype_name(l.dtype) << " ";
+      os << "; " << to_string(b) << " "
+         << (b == StoreBuffer::kState ? formats_[static_cast<size_t>(g)].name : dtype_name(l.dtype)) << " ";
       if (b == StoreBuffer::kGrad && !flat_grad(g)) {
         os << "per tensor";
       } else {
@@ -357,9 +605,21 @@ std::string StorePlan::describe() const {
     }
     os << "\n";
   }
-  int64_t frozen = 0;
-  for (const ParamSlot& s : slots_) frozen += s.group < 0 ? s.numel : 0;
-  if (frozen > 0) os << "  frozen: " << frozen << " elements\n";
+  int64_t frozen = 0, tensors = 0, on_host = 0;
+  std::map<std::string, int> formats;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].group >= 0) continue;
+    frozen += slots_[i].numel;
+    tensors += static_cast<int64_t>(frozen_[i].tensors.size());
+    on_host += frozen_[i].placement == Placement::kHost ? 1 : 0;
+    if (!frozen_[i].format.empty()) ++formats[frozen_[i].format];
+  }
+  if (frozen > 0) {
+    os << "  frozen: " << frozen << " elements in " << tensors << " tensors";
+    for (const auto& [format, n] : formats) os << "; " << n << " " << format;
+    if (on_host > 0) os << "; on host";
+    os << "\n";
+  }
   return os.str();
 }
 
@@ -367,6 +627,10 @@ std::string StorePlan::describe() const {
 
 ParamStore::ParamStore(StorePlan plan, const std::vector<std::pair<std::string, at::Tensor>>& params,
                        at::Device device)
+    : ParamStore(std::move(plan), params, {}, device) {}
+
+ParamStore::ParamStore(StorePlan plan, const std::vector<std::pair<std::string, at::Tensor>>& params,
+                       const std::vector<std::pair<std::string, at::Tensor>>& buffers, at::Device device)
     : plan_(std::move(plan)) {
   plan_.check();
   std::unordered_map<std::string, const at::Tensor*> by_name;
@@ -416,13 +680,7 @@ ParamStore::ParamStore(StorePlan plan, const std::vector<std::pair<std::string, 
   for (size_t i = 0; i < plan_.slots().size(); ++i) {
     const ParamSlot& s = plan_.slots()[i];
     at::Tensor& p = params_[i];
-    if (s.group < 0) {
-      if (p.is_floating_point() && p.scalar_type() != s.param.dtype) {
-        memory::Scope scope(Category::kWeights);
-        p.set_data(p.to(s.param.dtype));
-      }
-      continue;
-    }
+    if (s.group < 0) continue;  // below, with the module buffers
     Group& out = groups_[static_cast<size_t>(s.group)];
     const at::Tensor flat = p.detach().reshape({-1});
     if (out.master.defined()) {
@@ -433,13 +691,71 @@ ParamStore::ParamStore(StorePlan plan, const std::vector<std::pair<std::string, 
     range.copy_(flat);
     p.set_data(range.view(s.param.shape));
   }
+  place_frozen(buffers, device);
   for (int g = 0; g < static_cast<int>(plan_.groups().size()); ++g) {
-    for (size_t k = 0; k < plan_.state_names().size(); ++k) {
+    const BufferLayout& l = plan_.groups()[static_cast<size_t>(g)].buffer(StoreBuffer::kState);
+    if (!l.present) continue;
+    const std::vector<StateTensor>& tensors = plan_.state_format(g).tensors;
+    for (size_t k = 0; k < tensors.size(); ++k) {
+      BufferLayout t = l;
+      t.dtype = tensors[k].dtype;
       groups_[static_cast<size_t>(g)].state.push_back(
-          alloc(plan_.groups()[static_cast<size_t>(g)].buffer(StoreBuffer::kState),
-                plan_.held_numel(g, StoreBuffer::kState), Category::kOptimizerState));
+          alloc(t, plan_.held_state_values(g, static_cast<int>(k)), Category::kOptimizerState));
     }
   }
+}
+
+// Every frozen slot's tensors as its layout says: a plain weight cast to its planned dtype, each
+// tensor moved to the layout's placement and counted in its category; every module buffer belongs
+// to one layout.
+void ParamStore::place_frozen(const std::vector<std::pair<std::string, at::Tensor>>& buffers, at::Device device) {
+  std::unordered_map<std::string, at::Tensor> by_name;
+  for (const auto& [name, t] : buffers) by_name.emplace(name, t);
+  std::unordered_set<std::string> named;
+  frozen_.resize(plan_.slots().size());
+  for (size_t i = 0; i < plan_.slots().size(); ++i) {
+    if (plan_.slots()[i].group >= 0) continue;
+    const FrozenLayout& layout = plan_.frozen_layout(static_cast<int>(i));
+    const at::Device where = layout.placement == Placement::kHost ? at::Device(at::kCPU) : device;
+    for (size_t k = 0; k < layout.tensors.size(); ++k) {
+      const FrozenTensor& f = layout.tensors[k];
+      at::Tensor t;
+      if (k == 0) {
+        t = params_[i];
+      } else {
+        auto it = by_name.find(f.name);
+        if (it == by_name.end()) {
+          throw Error("parameter store: the frozen layout of '" + plan_.slots()[i].param.name +
+                      "' names module buffer '" + f.name + "', which the model lacks");
+        }
+        t = it->second;
+        named.insert(f.name);
+      }
+      if (k == 0 && layout.format.empty() && t.is_floating_point() && t.scalar_type() != f.dtype) {
+        t.set_data(t.to(f.dtype));  // a plain frozen weight in the compute dtype
+      }
+      if (t.scalar_type() != f.dtype || t.sizes().vec() != f.shape) {
+        throw Error("parameter store: '" + f.name + "' is " + dtype_name(t.scalar_type()) + " " +
+                    shape_str(t.sizes().vec()) + " but its frozen layout says " + dtype_name(f.dtype) + " " +
+                    shape_str(f.shape));
+      }
+      if (t.device() != where) t.set_data(t.to(where));
+      memory::claim(t, f.category, layout.placement);
+      frozen_[i].push_back(t);
+    }
+  }
+  for (const auto& [name, t] : buffers) {
+    if (named.count(name)) continue;
+    throw Error("parameter store: module buffer '" + name + "' belongs to no frozen parameter's layout; a "
+                "plugin that registers a buffer names it in that parameter's FrozenLayout (plan_store: "
+                "set_frozen_layout), so that it is counted, placed and saved with it");
+  }
+}
+
+const std::vector<at::Tensor>& ParamStore::frozen_tensors(int slot) const {
+  const ParamSlot& s = plan_.slots().at(static_cast<size_t>(slot));
+  if (s.group >= 0) throw Error("parameter store: '" + s.param.name + "' is trainable; it has no frozen tensors");
+  return frozen_[static_cast<size_t>(slot)];
 }
 
 std::pair<at::Tensor, int64_t> ParamStore::slice(int slot, StoreBuffer b, int state) const {
@@ -462,9 +778,13 @@ std::pair<at::Tensor, int64_t> ParamStore::slice(int slot, StoreBuffer b, int st
   }
   const BufferLayout& l = plan_.groups()[static_cast<size_t>(s.group)].buffer(b);
   const int64_t begin = l.extent == Extent::kFull ? 0 : plan_.partition(s.group).begin;
-  const ElementRange held = plan_.range(slot) & ElementRange{begin, begin + buf->numel()};
+  // Elements per value: 1, except for a state tensor of a quantized format. The parameter starts
+  // on a value boundary (blocks_per_tensor), and so does every partition (the alignment).
+  const int64_t v = b == StoreBuffer::kState ? plan_.state_format(s.group).tensors.at(static_cast<size_t>(state)).per_value : 1;
+  const ElementRange held = plan_.range(slot) & ElementRange{begin, begin + plan_.held_numel(s.group, b)};
   if (held.empty()) return {buf->narrow(0, 0, 0), 0};
-  return {buf->narrow(0, held.begin - begin, held.size()), held.begin - s.offset};
+  const int64_t first = (held.begin - begin) / v;
+  return {buf->narrow(0, first, ceil_div(held.end - begin, v) - first), (held.begin - s.offset) / v};
 }
 
 }  // namespace memrt
