@@ -174,10 +174,11 @@ class ZeroPlugin final : public memrt::Plugin {
   void hand_over(int slot, at::Tensor& grad) {
     const memrt::StorePlan& plan = store_->plan();
     const memrt::ElementRange mine = plan.range(slot);
-    const at::Tensor flat = grad.reshape({-1});
+    at::Tensor flat = grad.reshape({-1});
     at::NoGradGuard no_grad;
-    for (int b : bucket_of_[static_cast<size_t>(slot)]) {
-      Bucket& bucket = buckets_[static_cast<size_t>(b)];
+    const std::vector<int>& buckets = bucket_of_[static_cast<size_t>(slot)];
+    for (size_t i = 0; i < buckets.size(); ++i) {
+      Bucket& bucket = buckets_[static_cast<size_t>(buckets[i])];
       stage(bucket);
       // The parameter's elements inside this bucket, each to its owner's share.
       for (int r = 0; r < comm_->world_size(); ++r) {
@@ -187,11 +188,16 @@ class ZeroPlugin final : public memrt::Plugin {
         bucket.staging.narrow(0, r * bucket.width + (part.begin - share.begin), part.size())
             .copy_(flat.narrow(0, part.begin - mine.begin, part.size()));
       }
+      // All of the gradient is in buckets now: it goes before any reduction (no rank holds a
+      // gradient it does not own), so a reduction's buffers never sit beside it.
+      if (i + 1 == buckets.size()) {
+        flat = at::Tensor();
+        grad = at::Tensor();
+      }
       // Reduced as soon as it may be, before the parameter's next bucket is staged: a parameter
       // spanning several buckets holds one staging at a time.
       if (--bucket.pending == 0) flush_ready();
     }
-    grad = at::Tensor();  // after backward, no rank holds a gradient it does not own
   }
 
   // Reduces, in order, every complete bucket whose predecessors are reduced.
@@ -217,10 +223,12 @@ class ZeroPlugin final : public memrt::Plugin {
     stage(bucket);
     at::Tensor mine;
     {
+      // The output, and whatever the backend allocates on this thread (Gloo's reduce-scatter
+      // copies its input): communication buffers, not the activations of the backward around it.
       memrt::memory::Scope scope(Category::kCommBuffers);
       mine = at::empty({bucket.width}, bucket.staging.options());
+      comm_->reduce_scatter_sum(mine, bucket.staging);
     }
-    comm_->reduce_scatter_sum(mine, bucket.staging);
     bucket.staging = at::Tensor();
     const memrt::ElementRange share = bucket.range & partition;
     if (!share.empty()) {
