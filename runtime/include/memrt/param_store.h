@@ -101,8 +101,8 @@ struct StoreGroup {
   double weight_decay = 0.0;
   double lr_scale = 1.0;   // the step's learning rate is the schedule's times this
   std::vector<int> slots;  // StorePlan::slots() indices, in layout (segment, then model) order
-  int64_t numel = 0;       // elements of its parameters
-  int64_t padded = 0;      // numel rounded up to world_size * alignment
+  int64_t numel = 0;       // up to its last parameter's end (gaps before block-aligned ones included)
+  int64_t padded = 0;      // numel rounded up to world_size * StorePlan::group_alignment
   std::array<BufferLayout, kNumStoreBuffers> buffers;
 
   const BufferLayout& buffer(StoreBuffer b) const { return buffers[static_cast<size_t>(b)]; }
@@ -246,16 +246,15 @@ class StorePlan {
   int64_t group_alignment(int g) const;
   // Values this rank holds of state tensor k of group g's format (0 when the group keeps none).
   int64_t held_state_values(int g, int k) const;
-  int group_index(const std::string& name) const;  // -1 if none
   // A frozen slot's layout: by default its parameter alone, plain, in its (compute) dtype, as
   // weights on the device. Throws for a trainable slot.
   const FrozenLayout& frozen_layout(int slot) const;
 
   // ---- the setters plugins call in plan_store ----
   // Moves the trainable parameters spec.select accepts into a new group (laid out after the others,
-  // in model order; a group left empty disappears) and returns its index. Its buffers start as the
-  // moved parameters' group had them. An unknown or empty selection, a name in use, or parameters
-  // of two compute dtypes are errors naming the group.
+  // in segment order; a group left empty disappears) and returns its index. Its buffers and state
+  // format start as the moved parameters' group had them. An unknown or empty selection, a name in
+  // use, or parameters of groups whose layouts differ are errors naming the group.
   int add_group(const GroupSpec& spec);
   // Each applies to the groups `groups` selects, every group by default (set_compute_dtype for
   // every group also casts the floating frozen parameters). Who called is recorded per group: a

@@ -307,12 +307,6 @@ const FrozenLayout& StorePlan::frozen_layout(int slot) const {
   return frozen_[static_cast<size_t>(slot)];
 }
 
-int StorePlan::group_index(const std::string& name) const {
-  for (size_t g = 0; g < groups_.size(); ++g)
-    if (groups_[g].name == name) return static_cast<int>(g);
-  return -1;
-}
-
 int64_t StorePlan::find(const std::string& name) const {
   for (size_t i = 0; i < slots_.size(); ++i)
     if (slots_[i].param.name == name) return static_cast<int64_t>(i);
