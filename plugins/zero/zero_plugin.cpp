@@ -223,8 +223,8 @@ class ZeroPlugin final : public memrt::Plugin {
     stage(bucket);
     at::Tensor mine;
     {
-      // The output, and whatever the backend allocates on this thread (Gloo's reduce-scatter
-      // copies its input): communication buffers, not the activations of the backward around it.
+      // The output, and whatever the backend allocates on this thread (with Gloo, as much again as
+      // the input, measured): communication buffers, not the activations of the backward around it.
       memrt::memory::Scope scope(Category::kCommBuffers);
       mine = at::empty({bucket.width}, bucket.staging.options());
       comm_->reduce_scatter_sum(mine, bucket.staging);

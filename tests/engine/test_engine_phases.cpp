@@ -242,6 +242,35 @@ TEST(EnginePhases, EachSegmentReadsExactlyItsRangesOfTheStore) {
   }
 }
 
+// A plugin that adds a parameter the model computes in no segment its name points to (a
+// top-level "extra.scale": by name the head's, but the head does not read it) is refused at
+// start, naming the parameter: the store would gather and step it with the wrong segment.
+class MisplacedParameter final : public Plugin {
+ public:
+  void plan_params(ParamPlanContext& c) override { c.params.push_back({"extra.scale", {4}, at::kFloat, true, true}); }
+  void transform_model(ModelContext& c) override {
+    auto extra = std::make_shared<torch::nn::Module>();
+    extra->register_parameter("scale", at::ones({4}));
+    c.model.register_module("extra", extra);
+  }
+};
+
+TEST(EnginePhases, AParameterOutsideTheSegmentItsNameSaysIsRefused) {
+  PluginHost host;
+  host.add("misplaced", "plugins[0]", std::make_unique<MisplacedParameter>());
+  host.order();
+  TrainConfig cfg = tiny_config("misplaced");
+  std::ostringstream log;
+  Engine engine(cfg, nullptr, std::move(host), log);
+  try {
+    engine.train();
+    ADD_FAILURE() << "a parameter outside its named segment was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'extra.scale' is named as a parameter of the head"), std::string::npos) << e.what();
+  }
+  fs::remove_all(cfg.output_dir);
+}
+
 // Activation checkpointing's pattern: a block runs under no_grad in forward and is recomputed,
 // with grad, inside backward.
 struct Recompute : public torch::autograd::Function<Recompute> {

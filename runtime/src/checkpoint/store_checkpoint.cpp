@@ -7,6 +7,7 @@
 #include <set>
 #include <sstream>
 
+#include <ATen/ceil_div.h>
 #include <ATen/core/grad_mode.h>
 #include <rapidjson/document.h>
 #include <rapidjson/prettywriter.h>
@@ -31,8 +32,6 @@ std::string shard_name(const std::string& group, const std::string& buffer) {
 }
 
 std::string frozen_name(const std::string& tensor) { return "store/frozen/" + tensor; }
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // The rank that saves (and, loading one share per rank, reads) a frozen parameter's tensors: spread
 // by name (FNV-1a, the same on every rank and build), so no rank writes the whole frozen base.
@@ -377,7 +376,7 @@ void SavedStore::read(const std::string& param, const std::string& buffer, int64
   const Group& g = groups_[static_cast<size_t>(p.group)];
   const int64_t v = g.per_value(buffer);
   if (v == 0) throw FileError(path_, "holds no buffer '" + buffer + "' of group '" + g.name + "'");
-  TORCH_CHECK(first + n <= ceil_div(p.numel, v), "SavedStore::read: bad range");
+  TORCH_CHECK(first + n <= at::ceil_div(p.numel, v), "SavedStore::read: bad range");
   // Values of the buffer: the group's share of each rank and the parameter's first, [a, b).
   const int64_t share = g.padded / world_size_ / v;
   const int64_t a = p.offset / v + first, b = a + n;
@@ -482,7 +481,7 @@ int64_t load_store(ParamStore& store, const SavedStore& saved, LoadShare share) 
       if (wanted.empty()) return;
       const auto [view, first] = store.slice(slot, b, k);
       const ElementRange held{first, first + view.numel()};
-      const ElementRange part = held & ElementRange{(wanted.begin - s.offset) / v, ceil_div(wanted.end - s.offset, v)};
+      const ElementRange part = held & ElementRange{(wanted.begin - s.offset) / v, at::ceil_div(wanted.end - s.offset, v)};
       if (!part.empty())
         saved.read(s.param.name, name, part.begin, view.narrow(0, part.begin - first, part.size()));
     };

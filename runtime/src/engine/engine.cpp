@@ -375,20 +375,15 @@ void Engine::assign_segment_slots() {
       if (it == slot_of.end()) throw Error("segment " + where(seg.index) + " reads a parameter that is not in the parameter store");
       (plan.segment(it->second) == seg.index ? seg.slots : seg.shared).push_back(it->second);
     }
-    std::vector<int> planned = plan.segment_slots(seg.index);
-    std::vector<int> owned = seg.slots;
-    std::sort(planned.begin(), planned.end());
-    std::sort(owned.begin(), owned.end());
-    for (int slot : planned) {
-      if (std::binary_search(owned.begin(), owned.end(), slot)) continue;
+    // What the model computes here is a subset of what the plan places here; equal, or an error.
+    std::sort(seg.slots.begin(), seg.slots.end());
+    for (int slot : plan.segment_slots(seg.index)) {
+      if (std::binary_search(seg.slots.begin(), seg.slots.end(), slot)) continue;
       throw Error("parameter '" + plan.slots()[static_cast<size_t>(slot)].param.name + "' is named as a "
                   "parameter of " + where(seg.index) + " (memory::param_segment) but the model does not "
                   "compute it there; a plugin that adds parameters names them after the module they sit in");
     }
-    seg.slots = plan.segment_slots(seg.index);  // layout order
-    seg.slots.erase(std::remove_if(seg.slots.begin(), seg.slots.end(),
-                                   [&](int slot) { return !std::binary_search(owned.begin(), owned.end(), slot); }),
-                    seg.slots.end());
+    seg.slots = plan.segment_slots(seg.index);  // the same slots, in layout order
   }
 }
 

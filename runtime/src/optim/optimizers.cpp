@@ -162,6 +162,13 @@ class StoreOptimizer : public Optimizer {
     }
   }
 
+  // The plan is fixed once the store exists: its formats are checked at the first step only.
+  void check_formats() {
+    if (formats_checked_) return;
+    check_step_formats(store_->plan());
+    formats_checked_ = true;
+  }
+
   void check_grad(const ParamSlot& s, const at::Tensor& p, const at::Tensor& grad) const {
     if (grad.is_sparse())
       throw Error("optimizer: parameter '" + s.param.name + "' has a sparse gradient; only dense ones are supported");
@@ -181,6 +188,7 @@ class StoreOptimizer : public Optimizer {
   std::shared_ptr<ParamStore> store_;
   std::vector<ParamGroup> groups_;
   std::vector<int64_t> steps_;  // per slot: updates received
+  bool formats_checked_ = false;
 };
 
 class AdamOptimizer final : public StoreOptimizer {
@@ -192,7 +200,7 @@ class AdamOptimizer final : public StoreOptimizer {
 
   void step(const StepScalars& scalars) override {
     const StorePlan& plan = store_->plan();
-    check_step_formats(plan);  // also when a wrapper delegates to this step
+    check_formats();  // also when a plugin's wrapper delegates to this step
     const float factor = static_cast<float>(scalars.grad_factor);
     count_updates();
     for_each_range([&](int slot, const at::Tensor& grad, int64_t first, int64_t n) {
@@ -243,7 +251,7 @@ class SgdOptimizer final : public StoreOptimizer {
 
   void step(const StepScalars& scalars) override {
     const StorePlan& plan = store_->plan();
-    check_step_formats(plan);
+    check_formats();  // also when a plugin's wrapper delegates to this step
     at::NoGradGuard no_grad;
     count_updates();
     for_each_range([&](int slot, const at::Tensor& grad, int64_t first, int64_t n) {

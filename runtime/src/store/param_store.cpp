@@ -7,6 +7,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include <ATen/ceil_div.h>
 #include <ATen/core/grad_mode.h>
 
 #include "memrt/error.h"
@@ -61,8 +62,6 @@ Category category_of(StoreBuffer b) {
   }
   return Category::kOther;
 }
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // How a per-group axis is recorded: "compute dtype of group 'decay'".
 std::string group_suffix(const std::string& group) { return " of group '" + group + "'"; }
@@ -258,10 +257,10 @@ void StorePlan::relayout() {
     g.numel = 0;
     for (int i : g.slots) {
       ParamSlot& s = slots_[static_cast<size_t>(i)];
-      s.offset = ceil_div(g.numel, start) * start;  // gaps are padding: zeros that stay zeros
+      s.offset = at::round_up(g.numel, start);  // gaps are padding: zeros that stay zeros
       g.numel = s.offset + s.numel;
     }
-    g.padded = ceil_div(g.numel, unit) * unit;
+    g.padded = at::round_up(g.numel, unit);
   }
 }
 
@@ -298,7 +297,7 @@ int64_t StorePlan::group_alignment(int g) const {
 
 int64_t StorePlan::held_state_values(int g, int k) const {
   const int64_t elements = held_numel(g, StoreBuffer::kState);
-  return ceil_div(elements, formats_.at(static_cast<size_t>(g)).tensors.at(static_cast<size_t>(k)).per_value);
+  return at::ceil_div(elements, formats_.at(static_cast<size_t>(g)).tensors.at(static_cast<size_t>(k)).per_value);
 }
 
 const FrozenLayout& StorePlan::frozen_layout(int slot) const {
@@ -778,7 +777,7 @@ std::pair<at::Tensor, int64_t> ParamStore::slice(int slot, StoreBuffer b, int st
   const ElementRange held = plan_.range(slot) & ElementRange{begin, begin + plan_.held_numel(s.group, b)};
   if (held.empty()) return {buf->narrow(0, 0, 0), 0};
   const int64_t first = (held.begin - begin) / v;
-  return {buf->narrow(0, first, ceil_div(held.end - begin, v) - first), (held.begin - s.offset) / v};
+  return {buf->narrow(0, first, at::ceil_div(held.end - begin, v) - first), (held.begin - s.offset) / v};
 }
 
 }  // namespace memrt
