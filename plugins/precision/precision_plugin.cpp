@@ -112,6 +112,10 @@ class PrecisionPlugin final : public memrt::Plugin {
         t.at(Category::kCommBuffers, pl) = t.at(Category::kCommBuffers, pl) / 4 * b;
     }
 
+    // Llama's rotary cos/sin tables are built in the compute dtype (the host planned fp32).
+    if (e.run->shape.arch == "llama")
+      t.at(Category::kOther) -= 2 * e.run->block_size * e.run->shape.head_dim() * (4 - b);
+
     // Activations in the compute dtype, at the same backward candidate as the plan before.
     const bool at_loss = e.activations.backward_peak == e.activations.backward_at_loss;
     e.compute_dtype = dtype_;

@@ -3,8 +3,9 @@
 // Stage 0 is plain data parallelism, done by the host (bucketed gradient all-reduce). Stage 1
 // partitions the fp32 masters and the optimizer state: each rank steps its partition of every
 // group, then the updated compute values are all-gathered. Stage 2 also partitions the
-// gradients: as backward hands each parameter's gradient over, it goes into a bucket and is
-// dropped; a full bucket is reduce-scattered into the owners' flat gradient partitions.
+// gradients: as backward hands each parameter's gradient over, it goes into a bucket (staged in
+// a buffer its segment's backward holds) and is dropped; a complete bucket is summed over the
+// ranks in place and each rank adds its share into its flat gradient partition.
 // docs/zero.md has the phases; the store (memrt/param_store.h) does the bookkeeping, so this
 // plugin sets extents and placements and moves bytes between ranks.
 #include <algorithm>
@@ -56,22 +57,30 @@ class ZeroPlugin final : public memrt::Plugin {
 
   bool reduces_gradients() const override { return opt_.stage >= 2; }
 
-  // Stage 2 estimate: no replicated gradients (the store's cells add the partition); in flight,
-  // at most the bucket being filled, its rank-major staging and the reduce-scatter's output.
+  // Stage 2 estimate: no replicated gradients (the store's cells add the partition) and, in
+  // estimate_planned_memory, the staging of the segment in backward.
   void estimate_memory(memrt::memory::MemoryEstimate& e) const override {
     if (opt_.stage < 2) return;
-    const int64_t b = static_cast<int64_t>(c10::elementSize(e.compute_dtype));
-    int64_t trainable = 0;
-    for (const auto& p : e.params) trainable += p.trainable ? p.numel : 0;
-    const int64_t n = e.run->world_size;
-    const int64_t bucket = std::min(opt_.reduce_bucket_size, trainable);
     for (Placement pl : {Placement::kDevice, Placement::kHost}) {
       e.table.at(Category::kGradients, pl) = 0;
       e.table.at(Category::kCommBuffers, pl) = 0;
     }
-    e.table.at(Category::kCommBuffers) = (n * bucket + bucket) * b;
     e.backward_grad_elements = 0;
     e.peak_in_backward = true;  // no full set of gradients ever exists at the step
+    e.refresh_activations();
+  }
+
+  // A segment's staging (per group its largest bucket in the compute dtype, and as much again in
+  // the partition's dtype and place where they differ) is alive through that segment's backward.
+  // Of backward's two candidate peaks, the loss's comes before the head's backward starts (nothing
+  // staged); the last block's has that block's staging beside it.
+  void estimate_planned_memory(memrt::memory::MemoryEstimate& e) const override {
+    if (opt_.stage < 2) return;
+    const memrt::memory::Table staging = staging_bytes(*e.store, e.run->shape.n_layer - 1, e.run->device);
+    memrt::memory::ActivationEstimate& a = e.activations;
+    const bool at_loss = a.backward_at_loss >= a.backward_in_last_block + staging.total();
+    a.backward_peak = at_loss ? a.backward_at_loss : a.backward_in_last_block;
+    if (!at_loss) e.table = e.table + staging;
     e.refresh_activations();
   }
 
@@ -106,135 +115,206 @@ class ZeroPlugin final : public memrt::Plugin {
   void build_optimizer(memrt::OptimizerContext& ctx) override {
     store_ = &ctx.store;
     comm_ = &ctx.comm;
-    if (opt_.stage >= 2) plan_buckets(ctx.run, ctx.grad_hooks);
+    device_ = ctx.run.device;
+    if (opt_.stage < 2) return;
+    buckets_ = plan_buckets(store_->plan());
+    bucket_of_.assign(store_->plan().slots().size(), {});
+    for (size_t b = 0; b < buckets_.size(); ++b)
+      for (int slot : buckets_[b].slots) bucket_of_[static_cast<size_t>(slot)].push_back(static_cast<int>(b));
+    staging_.assign(store_->groups().size(), Staging());
+    next_flush_ = 0;
+    // Each gradient, as soon as autograd has stored it, goes into its bucket(s) and is dropped.
+    for (int slot = 0; slot < static_cast<int>(bucket_of_.size()); ++slot)
+      if (!bucket_of_[static_cast<size_t>(slot)].empty())
+        ctx.grad_hooks.on_grad_ready(slot, [this, slot](at::Tensor& grad) { hand_over(slot, grad); });
+  }
+
+  // The segment's staging, one buffer per group of its largest bucket, reused bucket after bucket.
+  void before_segment_backward(memrt::SegmentContext& ctx) override {
+    if (opt_.stage < 2 || buckets_.empty()) return;
+    const memrt::StorePlan& plan = store_->plan();
+    memrt::memory::Scope scope(Category::kCommBuffers);
+    for (int g = 0; g < static_cast<int>(staging_.size()); ++g) {
+      const int64_t numel = largest_bucket(plan, g, ctx.index);
+      if (numel == 0) continue;
+      const memrt::ParamStore::Group& group = store_->groups()[static_cast<size_t>(g)];
+      Staging& st = staging_[static_cast<size_t>(g)];
+      st = Staging{ctx.index, at::empty({numel}, group.compute.options()), {}, -1};
+      if (converts(g)) {
+        memrt::memory::Scope on(Category::kCommBuffers, plan.groups()[static_cast<size_t>(g)].buffer(StoreBuffer::kGrad).placement);
+        st.convert = at::empty({numel}, group.grad.options());
+      }
+    }
+  }
+
+  // The segment's backward is over: its buckets are reduced now, in the same order on every rank,
+  // complete or not (a parameter that got no gradient on this rank leaves its part zeros).
+  void after_segment_backward(memrt::SegmentContext& ctx) override {
+    if (opt_.stage < 2 || buckets_.empty()) return;
+    while (next_flush_ < buckets_.size() && buckets_[next_flush_].segment >= ctx.index) flush(next_flush_++);
+    for (Staging& st : staging_)
+      if (st.segment == ctx.index) st = Staging();
   }
 
   void after_backward(memrt::MicroStepContext& /*ctx*/) override {
     if (opt_.stage < 2) return;
-    // Buckets still open hold a parameter that got no gradient on this rank this micro-step (its
-    // part is zeros): reduce them now, in the same order as every rank, so that every rank has
-    // reduced every bucket once.
-    while (next_flush_ < buckets_.size()) flush(buckets_[next_flush_++]);
+    // Segments whose backward never ran on this rank (no gradient reached them) still reduce, in
+    // the same order as every rank, so that every rank has reduced every bucket once.
+    while (next_flush_ < buckets_.size()) flush(next_flush_++);
+    for (Staging& st : staging_) st = Staging();
     for (Bucket& bucket : buckets_) bucket.pending = static_cast<int>(bucket.slots.size());
     next_flush_ = 0;
   }
 
  private:
-  // A contiguous range of one group's elements, reduced together. Buckets are laid out from the
-  // group's end, as backward produces gradients in reverse model order.
+  // A contiguous range of one group's elements, all of one segment, of at most reduce_bucket_size
+  // elements, reduced together. A segment's buckets are cut from its range's end, as backward
+  // produces gradients in reverse model order.
   struct Bucket {
     int group = 0;
+    int64_t segment = 0;
     memrt::ElementRange range;
     std::vector<int> slots;  // parameters overlapping it, last in the model first
     int pending = 0;         // of them, still to hand their gradient over this micro-step
-    int64_t width = 0;       // the largest share of one rank: each rank's slot in `staging`
-    at::Tensor staging;      // (world_size * width): rank r's share at [r * width, ...)
+    at::Tensor sum;          // its elements in layout order while open (a view of its staging)
+  };
+
+  // Per group, what the segment in backward stages into: one bucket at a time.
+  struct Staging {
+    int64_t segment = 0;
+    at::Tensor buffer;   // the group's largest bucket of the segment, compute dtype (comm_buffers)
+    at::Tensor convert;  // the same length in the gradient partition's dtype and place, when it differs
+    int owner = -1;      // the bucket using `buffer`, -1 when free
   };
 
   // Buckets in the order every rank reduces them: by their first parameter in the model, last
-  // first, which is the order backward completes them. A bucket is reduced once it is complete and
-  // every bucket before it has been, so the collectives line up across ranks even where a
-  // parameter gets no gradient on some rank (its bucket then waits for after_backward).
-  void plan_buckets(const memrt::RunInfo& run, memrt::GradHooks& hooks) {
-    const memrt::StorePlan& plan = store_->plan();
-    buckets_.clear();
+  // first, which is the order backward completes them (segments included: the model's parameters
+  // are in segment order). A bucket is reduced once it is complete and every bucket before it has
+  // been, or when its segment's backward ends, so the collectives line up across ranks even where a
+  // parameter gets no gradient on some rank. The estimate plans the same buckets from shapes.
+  std::vector<Bucket> plan_buckets(const memrt::StorePlan& plan) const {
+    std::vector<Bucket> out;
     for (int g = 0; g < static_cast<int>(plan.groups().size()); ++g) {
-      const memrt::StoreGroup& group = plan.groups()[static_cast<size_t>(g)];
-      Bucket current;
-      auto close = [&] {
-        if (current.slots.empty()) return;
-        for (int r = 0; r < run.world_size; ++r)
-          current.width = std::max(current.width, (current.range & plan.partition(g, r)).size());
-        current.pending = static_cast<int>(current.slots.size());
-        buckets_.push_back(current);
-        current = Bucket();
-      };
-      for (auto it = group.slots.rbegin(); it != group.slots.rend(); ++it) {
-        const memrt::ElementRange param = plan.range(*it);
-        if (current.slots.empty()) current = Bucket{g, param, {}, 0, 0, {}};
-        current.range.begin = param.begin;
-        current.slots.push_back(*it);
-        if (current.range.size() >= opt_.reduce_bucket_size) close();
+      const std::vector<int>& slots = plan.groups()[static_cast<size_t>(g)].slots;
+      for (size_t i = slots.size(); i > 0;) {  // segment by segment, from the group's end
+        const int64_t segment = plan.segment(slots[i - 1]);
+        const memrt::ElementRange whole = plan.segment_range(g, segment);
+        for (int64_t end = whole.end; end > whole.begin; end -= opt_.reduce_bucket_size) {
+          Bucket bucket{g, segment, {std::max(whole.begin, end - opt_.reduce_bucket_size), end}, {}, 0, {}};
+          for (size_t j = i; j > 0 && plan.segment(slots[j - 1]) == segment; --j)
+            if (!(plan.range(slots[j - 1]) & bucket.range).empty()) bucket.slots.push_back(slots[j - 1]);
+          bucket.pending = static_cast<int>(bucket.slots.size());
+          if (!bucket.slots.empty()) out.push_back(std::move(bucket));
+        }
+        while (i > 0 && plan.segment(slots[i - 1]) == segment) --i;
       }
-      close();
     }
-    std::stable_sort(buckets_.begin(), buckets_.end(),
+    std::stable_sort(out.begin(), out.end(),
                      [](const Bucket& a, const Bucket& b) { return a.slots.back() > b.slots.back(); });
-    bucket_of_.assign(plan.slots().size(), {});
-    for (size_t b = 0; b < buckets_.size(); ++b)
-      for (int slot : buckets_[b].slots) bucket_of_[static_cast<size_t>(slot)].push_back(static_cast<int>(b));
-    next_flush_ = 0;
-    // Each gradient, as soon as autograd has stored it, goes into its bucket(s) and is dropped.
-    for (int slot = 0; slot < static_cast<int>(plan.slots().size()); ++slot) {
-      if (plan.slots()[static_cast<size_t>(slot)].group < 0) continue;
-      hooks.on_grad_ready(slot, [this, slot](at::Tensor& grad) { hand_over(slot, grad); });
+    return out;
+  }
+
+  int64_t largest_bucket(const memrt::StorePlan& plan, int g, int64_t segment) const {
+    const int64_t numel = plan.segment_range(g, segment).size();
+    return std::min(numel, opt_.reduce_bucket_size);
+  }
+
+  // Whether group g's partition has another dtype than its compute copy (fp32 accumulation), or
+  // lies in other memory (offloaded from an accelerator), so that a reduced bucket goes through a
+  // conversion buffer.
+  static bool converts(const memrt::StorePlan& plan, int g, const c10::Device& device) {
+    const memrt::StoreGroup& group = plan.groups()[static_cast<size_t>(g)];
+    const memrt::BufferLayout& grad = group.buffer(StoreBuffer::kGrad);
+    const memrt::BufferLayout& compute = group.buffer(StoreBuffer::kCompute);
+    return grad.dtype != compute.dtype || (!device.is_cpu() && grad.placement != compute.placement);
+  }
+  bool converts(int g) const { return converts(store_->plan(), g, device_); }
+
+  // What segment `segment`'s backward stages, by cell (the estimate's term).
+  memrt::memory::Table staging_bytes(const memrt::StorePlan& plan, int64_t segment,
+                                     const c10::Device& device) const {
+    memrt::memory::Table t;
+    for (int g = 0; g < static_cast<int>(plan.groups().size()); ++g) {
+      const int64_t numel = largest_bucket(plan, g, segment);
+      if (numel == 0) continue;
+      const at::ScalarType compute = plan.groups()[static_cast<size_t>(g)].buffer(StoreBuffer::kCompute).dtype;
+      t.at(Category::kCommBuffers) += numel * static_cast<int64_t>(c10::elementSize(compute));
+      if (converts(plan, g, device)) {
+        const memrt::BufferLayout& grad = plan.groups()[static_cast<size_t>(g)].buffer(StoreBuffer::kGrad);
+        t.at(Category::kCommBuffers, grad.placement) += numel * static_cast<int64_t>(c10::elementSize(grad.dtype));
+      }
     }
+    return t;
   }
 
   void hand_over(int slot, at::Tensor& grad) {
-    const memrt::StorePlan& plan = store_->plan();
-    const memrt::ElementRange mine = plan.range(slot);
+    const memrt::ElementRange mine = store_->plan().range(slot);
     at::Tensor flat = grad.reshape({-1});
     at::NoGradGuard no_grad;
     const std::vector<int>& buckets = bucket_of_[static_cast<size_t>(slot)];
     for (size_t i = 0; i < buckets.size(); ++i) {
       Bucket& bucket = buckets_[static_cast<size_t>(buckets[i])];
-      stage(bucket);
-      // The parameter's elements inside this bucket, each to its owner's share.
-      for (int r = 0; r < comm_->world_size(); ++r) {
-        const memrt::ElementRange share = bucket.range & plan.partition(bucket.group, r);
-        const memrt::ElementRange part = share & mine;
-        if (part.empty()) continue;
-        bucket.staging.narrow(0, r * bucket.width + (part.begin - share.begin), part.size())
-            .copy_(flat.narrow(0, part.begin - mine.begin, part.size()));
-      }
+      open(buckets[i]);
+      const memrt::ElementRange part = bucket.range & mine;
+      bucket.sum.narrow(0, part.begin - bucket.range.begin, part.size())
+          .copy_(flat.narrow(0, part.begin - mine.begin, part.size()));
       // All of the gradient is in buckets now: it goes before any reduction (no rank holds a
-      // gradient it does not own), so a reduction's buffers never sit beside it.
+      // gradient it does not own).
       if (i + 1 == buckets.size()) {
         flat = at::Tensor();
         grad = at::Tensor();
       }
-      // Reduced as soon as it may be, before the parameter's next bucket is staged: a parameter
-      // spanning several buckets holds one staging at a time.
+      // Reduced as soon as it may be, before the parameter's next bucket is opened: a parameter
+      // spanning several buckets uses one staging at a time.
       if (--bucket.pending == 0) flush_ready();
     }
   }
 
+  // Bucket b's elements, zeros until gradients arrive: its group's staging when free and of b's
+  // segment, else (a gradient out of the usual order) a buffer of its own for as long as it is open.
+  void open(int b) {
+    Bucket& bucket = buckets_[static_cast<size_t>(b)];
+    if (bucket.sum.defined()) return;
+    Staging& st = staging_[static_cast<size_t>(bucket.group)];
+    if (st.buffer.defined() && st.owner < 0 && st.segment == bucket.segment) {
+      st.owner = b;
+      bucket.sum = st.buffer.narrow(0, 0, bucket.range.size()).zero_();
+      return;
+    }
+    memrt::memory::Scope scope(Category::kCommBuffers);
+    bucket.sum = at::zeros({bucket.range.size()}, store_->groups()[static_cast<size_t>(bucket.group)].compute.options());
+  }
+
   // Reduces, in order, every complete bucket whose predecessors are reduced.
   void flush_ready() {
-    while (next_flush_ < buckets_.size() && buckets_[next_flush_].pending == 0) flush(buckets_[next_flush_++]);
+    while (next_flush_ < buckets_.size() && buckets_[next_flush_].pending == 0) flush(next_flush_++);
   }
 
-  // The bucket's rank-major staging, zeros until gradients arrive (comm_buffers).
-  void stage(Bucket& bucket) {
-    if (bucket.staging.defined()) return;
-    memrt::memory::Scope scope(Category::kCommBuffers);
-    bucket.staging = at::zeros({comm_->world_size() * bucket.width},
-                               store_->groups()[static_cast<size_t>(bucket.group)].compute.options());
-  }
-
-  // Reduce-scatter the bucket: each rank adds the mean of every rank's share of it into its flat
-  // gradient partition (DeepSpeed averages over the data-parallel ranks).
-  void flush(Bucket& bucket) {
-    const int n = comm_->world_size();
+  // Sum the bucket over the ranks in place (with Gloo, the same traffic as its reduce-scatter,
+  // which all-reduces a copy), then add the mean of this rank's share into its flat gradient
+  // partition (DeepSpeed averages over the data-parallel ranks). Nothing is allocated.
+  void flush(size_t b) {
+    Bucket& bucket = buckets_[b];
     const memrt::ParamStore::Group& g = store_->groups()[static_cast<size_t>(bucket.group)];
     const memrt::ElementRange partition = store_->plan().partition(bucket.group);
     at::NoGradGuard no_grad;
-    stage(bucket);
-    at::Tensor mine;
-    {
-      // The output, and whatever the backend allocates on this thread (with Gloo, as much again as
-      // the input, measured): communication buffers, not the activations of the backward around it.
-      memrt::memory::Scope scope(Category::kCommBuffers);
-      mine = at::empty({bucket.width}, bucket.staging.options());
-      comm_->reduce_scatter_sum(mine, bucket.staging);
-    }
-    bucket.staging = at::Tensor();
+    open(static_cast<int>(b));
+    comm_->all_reduce_sum(bucket.sum);
     const memrt::ElementRange share = bucket.range & partition;
+    Staging& st = staging_[static_cast<size_t>(bucket.group)];
     if (!share.empty()) {
+      at::Tensor src = bucket.sum.narrow(0, share.begin - bucket.range.begin, share.size());
       at::Tensor dst = g.grad.narrow(0, share.begin - partition.begin, share.size());
-      dst.add_(mine.narrow(0, 0, share.size()).to(dst.options()), 1.0 / n);  // offloaded: to the host
+      if (converts(bucket.group)) {  // to the partition's dtype and place first
+        at::Tensor convert = st.owner == static_cast<int>(b) && st.convert.defined()
+                                 ? st.convert.narrow(0, 0, share.size())
+                                 : at::empty({share.size()}, dst.options());
+        src = convert.copy_(src);
+      }
+      dst.add_(src, 1.0 / comm_->world_size());
     }
+    if (st.owner == static_cast<int>(b)) st.owner = -1;
+    bucket.sum = at::Tensor();
   }
 
   memrt::zero::Options opt_;
@@ -243,6 +323,8 @@ class ZeroPlugin final : public memrt::Plugin {
   std::vector<Bucket> buckets_;              // in the order every rank reduces them
   size_t next_flush_ = 0;                    // buckets_[0, next_flush_) reduced this micro-step
   std::vector<std::vector<int>> bucket_of_;  // per slot: the buckets it overlaps
+  std::vector<Staging> staging_;             // per group
+  c10::Device device_{c10::kCPU};            // where the run computes
 };
 
 }  // namespace

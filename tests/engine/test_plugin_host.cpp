@@ -191,6 +191,7 @@ TEST(PluginHost, OrderIsByPriorityAndAfterPhasesReverse) {
 // there would jump past the end of its vtable.
 TEST(PluginAbi, APluginBuiltWithAnOlderMinorIsNeverCalledInALaterPhase) {
   EXPECT_EQ(phase_abi_minor("plan_params"), 2u);
+  EXPECT_EQ(phase_abi_minor("estimate_planned_memory"), 4u);
   EXPECT_EQ(phase_abi_minor("estimate_memory"), 0u);
   PluginHost host = PluginHost::load({spec("fixture_abi21", FIXTURE_ABI21, "plugins[0]")});
   ASSERT_EQ(host.plugins().size(), 1u);

@@ -77,6 +77,7 @@ struct Table {
   int64_t placement(Placement p) const;
   int64_t total() const { return placement(Placement::kDevice) + placement(Placement::kHost); }
   Table operator-(const Table& other) const;
+  Table operator+(const Table& other) const;
   bool operator==(const Table& other) const { return bytes == other.bytes; }
 };
 

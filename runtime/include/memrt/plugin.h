@@ -10,6 +10,8 @@
 //   params = the parameters from the model's shape (names, shapes, trainable, decay)
 //   for plugin in plugins:            plan_params(ParamPlanContext)        # freeze, add, replace
 //   for plugin in plugins:            estimate_memory(MemoryEstimate)      # its term of the memory plan
+//   for plugin in plugins:            plan_store(StorePlanContext)         # on the estimate's plan
+//   for plugin in plugins:            estimate_planned_memory(MemoryEstimate)  # terms of that layout
 //   model = build_model(...)          # blocks materialised one by one:
 //       for each block:               on_block_ready(BlockReady)           # quantize/partition early
 //   params = the built model's parameters
@@ -343,6 +345,13 @@ class Plugin {
   // Which parameters train, exist or are replaced (ParamPlanContext). Runs before
   // estimate_memory, which sees the result in MemoryEstimate::params and ::store.
   virtual void plan_params(ParamPlanContext& /*ctx*/) {}
+
+  // ---- ABI 2.4 ----
+
+  // The estimate's second pass, once every plugin's plan_store has laid out estimate.store (its
+  // groups, dtypes, placements and alignment as the run will have them): for terms that depend on
+  // that layout (ZeRO stage 2's buckets). Recorded in this plugin's term like estimate_memory.
+  virtual void estimate_planned_memory(memory::MemoryEstimate& /*estimate*/) const {}
 };
 
 }  // namespace memrt
@@ -355,12 +364,12 @@ class Plugin {
 // checkpoints save the store). 2.1: OptimizerContext::grad_hooks, a writable store there.
 // 2.2: Plugin::plan_params (ParamPlanContext), ConfigNode::as_names. 2.3: the store's per-group
 // setters (GroupSelector), state formats (StateFormat), segment order (StorePlan::segment_range)
-// and SegmentContext::slots / ::shared. The host refuses a plugin whose ABI
+// and SegmentContext::slots / ::shared. 2.4: Plugin::estimate_planned_memory. The host refuses a plugin whose ABI
 // major differs, whose ABI minor is newer than the host's, or whose LibTorch version, C++ ABI flag or CUDA flag differ from its own
 // — plugins pass at::Tensor and nn::Module across the boundary, the same contract as PyTorch C++
 // extensions.
 #define MEMRT_PLUGIN_ABI_MAJOR 2
-#define MEMRT_PLUGIN_ABI_MINOR 3
+#define MEMRT_PLUGIN_ABI_MINOR 4
 #define MEMRT_PLUGIN_ENTRY_SYMBOL "memrt_plugin_entry"
 
 extern "C" {

@@ -11,10 +11,12 @@
 
 #include <array>
 #include <charconv>
+#include <chrono>
 #include <cstdlib>
 #include <map>
 #include <optional>
 #include <sstream>
+#include <thread>
 #include <utility>
 
 #include "memrt/error.h"
@@ -229,7 +231,13 @@ struct DistContext::Impl {
     }
   }
 
-  // Waits for `work` (bounded) and turns any backend failure into a DistributedError.
+  // Waits for `work` (bounded) and turns any backend failure into a DistributedError. With Gloo,
+  // then waits for the backend to let go of it: Gloo's worker thread marks a work complete and only
+  // then drops its own reference (and with it the work's tensors), so without this a buffer memrt
+  // drops after a collective would be freed a moment later on another thread, and the memory
+  // report's peak would depend on which thread got there first. The worker lets go within
+  // microseconds of completing; the bound only keeps a slow one from stalling training. (NCCL's
+  // watchdog keeps works longer, and its tensors live in the caching allocator anyway.)
   void wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what) {
     try {
       // Gloo's own timeout fires first with its message; ours is the backstop.
@@ -238,6 +246,9 @@ struct DistContext::Impl {
     } catch (const std::exception& e) {
       fail(what, peer_message(e));
     }
+    if (backend_name != "Gloo") return;
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+    while (work.use_count() > 1 && std::chrono::steady_clock::now() < give_up) std::this_thread::yield();
   }
 
   // Runs `launch` (which starts a collective) and turns a synchronous failure into an error.
@@ -433,12 +444,25 @@ void DistContext::reduce_scatter_sum(at::Tensor& out, const at::Tensor& in) {
     return;
   }
   std::string what = "reduce_scatter_sum of " + describe(in);
-  at::Tensor src = in.contiguous().view({-1});                                 // (N * n,)
   at::Tensor dst = out.is_contiguous() ? out.view({-1}) : at::empty({out.numel()}, out.options());  // (n,)
-  c10d::ReduceScatterOptions opts;
-  opts.reduceOp = c10d::ReduceOp::SUM;
-  impl_->wait(impl_->start(what, [&] { return impl_->backend->_reduce_scatter_base(dst, src, opts); }),
-              what);
+  if (impl_->backend_name == "Gloo") {
+    // Gloo's reduce-scatter is an all-reduce of a copy of the input followed by a copy of this
+    // rank's slice (ProcessGroupGloo::reduce_scatter_tensor_coalesced), with the copy held by works
+    // its worker threads release on their own time. The same steps here, on a copy memrt owns:
+    // the same bytes on the wire and in memory, freed when this function returns.
+    at::Tensor sum = in.reshape({-1}).clone();  // (N * n,)
+    std::vector<at::Tensor> ts{sum};
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = c10d::ReduceOp::SUM;
+    impl_->wait(impl_->start(what, [&] { return impl_->backend->allreduce(ts, opts); }), what);
+    dst.copy_(sum.narrow(0, rank() * dst.numel(), dst.numel()));
+  } else {
+    at::Tensor src = in.contiguous().view({-1});  // (N * n,)
+    c10d::ReduceScatterOptions opts;
+    opts.reduceOp = c10d::ReduceOp::SUM;
+    impl_->wait(impl_->start(what, [&] { return impl_->backend->_reduce_scatter_base(dst, src, opts); }),
+                what);
+  }
   if (!out.is_contiguous()) out.copy_(dst.view(out.sizes()));
 }
 

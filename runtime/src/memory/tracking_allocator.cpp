@@ -277,4 +277,11 @@ Table Table::operator-(const Table& other) const {
   return d;
 }
 
+Table Table::operator+(const Table& other) const {
+  Table d;
+  for (size_t i = 0; i < bytes.size(); ++i)
+    for (size_t j = 0; j < bytes[i].size(); ++j) d.bytes[i][j] = bytes[i][j] + other.bytes[i][j];
+  return d;
+}
+
 }  // namespace memrt::memory

@@ -37,7 +37,7 @@ std::string yes_no(int v) { return v ? "on" : "off"; }
 
 uint32_t phase_abi_minor(const char* phase) {
   // The phases a minor after 2.0 appended to Plugin (memrt/plugin.h); every other phase is 2.0's.
-  static const std::pair<const char*, uint32_t> later[] = {{"plan_params", 2}};
+  static const std::pair<const char*, uint32_t> later[] = {{"plan_params", 2}, {"estimate_planned_memory", 4}};
   for (const auto& [name, minor] : later)
     if (std::string(name) == phase) return minor;
   return 0;
@@ -289,6 +289,11 @@ std::vector<memory::EstimateTerm> PluginHost::estimate_memory(memory::MemoryEsti
       last = now;
     });
     estimate.store->check();
+  }
+  for (size_t i = 0; i < plugins_.size(); ++i) {
+    const memory::Table before = estimate.table;
+    call(plugins_[i], "estimate_planned_memory", -1, [&](Plugin& q) { q.estimate_planned_memory(estimate); });
+    deltas[i] = deltas[i] + (estimate.table - before);
   }
   std::vector<memory::EstimateTerm> terms;
   for (size_t i = 0; i < plugins_.size(); ++i)
