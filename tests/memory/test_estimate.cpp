@@ -25,9 +25,6 @@ struct Case {
   int64_t micro_batch, block_size, grad_accum;
   const char* precision = nullptr;  // the precision plugin's options (JSON), or none
   const char* freeze = nullptr;     // plugins/lora's options (JSON): freeze tuning, or none
-  // Freeze tuning that leaves part of a segment frozen, or frozen blocks after a trained one: the
-  // activations are an upper bound (memrt/memory.h); every other cell stays exact.
-  bool activations_bound = false;
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -98,15 +95,20 @@ const Case kCases[] = {
      R"({"finetuning_type": "freeze", "freeze_trainable_layers": 2})"},
     {"llama_freeze_lm_head_untied", shape("llama", 2, 4, 2, 64, 256, 300, false), 2, 24, 1, nullptr,
      R"({"finetuning_type": "freeze", "freeze_trainable_layers": 1, "freeze_extra_modules": "lm_head"})"},
-    // Part of a segment frozen, or frozen blocks after trained ones: activations an upper bound.
+    // Part of a segment frozen, or frozen blocks after trained ones: op by op, a linear layer with a
+    // frozen weight keeps no input, a norm no statistics when its input needs no gradient.
     {"gpt2_freeze_first_block_accum", shape("gpt2", 2, 4, 4, 64, 512, 256, true), 3, 32, 2, nullptr,
-     R"({"finetuning_type": "freeze", "freeze_trainable_layers": -1})", true},
+     R"({"finetuning_type": "freeze", "freeze_trainable_layers": -1})"},
     {"gpt2_freeze_attn_and_ln_f", shape("gpt2", 3, 2, 2, 32, 64, 256, true), 2, 16, 1, nullptr,
-     R"({"finetuning_type": "freeze", "freeze_trainable_layers": 1, "freeze_trainable_modules": "attn", "freeze_extra_modules": "ln_f"})", true},
+     R"({"finetuning_type": "freeze", "freeze_trainable_layers": 1, "freeze_trainable_modules": "attn", "freeze_extra_modules": "ln_f"})"},
     {"llama_freeze_norms_untied_accum", shape("llama", 2, 4, 2, 64, 256, 300, false), 2, 24, 2, nullptr,
-     R"({"finetuning_type": "freeze", "freeze_trainable_layers": 1, "freeze_extra_modules": "norm"})", true},
+     R"({"finetuning_type": "freeze", "freeze_trainable_layers": 1, "freeze_extra_modules": "norm"})"},
     {"llama_freeze_mlp_tied_embedding", shape("llama", 3, 2, 2, 32, 96, 256, true), 2, 20, 1, nullptr,
-     R"({"finetuning_type": "freeze", "freeze_trainable_layers": 2, "freeze_trainable_modules": "mlp", "freeze_extra_modules": "embed_tokens"})", true},
+     R"({"finetuning_type": "freeze", "freeze_trainable_layers": 2, "freeze_trainable_modules": "mlp", "freeze_extra_modules": "embed_tokens"})"},
+    {"gpt2_freeze_mlp_accum", shape("gpt2", 2, 4, 4, 64, 512, 256, true), 3, 32, 2, nullptr,
+     R"({"finetuning_type": "freeze", "freeze_trainable_layers": 1, "freeze_trainable_modules": "mlp"})"},
+    {"llama_freeze_attention_untied", shape("llama", 2, 4, 2, 64, 256, 300, false), 2, 24, 1, nullptr,
+     R"({"finetuning_type": "freeze", "freeze_trainable_layers": 2, "freeze_trainable_modules": "self_attn"})"},
 };
 
 // The built-in plugins a case names, configured with its options (JSON).
@@ -154,18 +156,7 @@ TEST_P(EstimateMatchesMeasurement, ToTheByte) {
           << "the largest activations cell";
     }
   }
-  if (c.activations_bound) {
-    for (Category cat : memory::all_categories()) {
-      if (cat == Category::kActivations) {
-        EXPECT_GE(r.estimate.table.category(cat), r.measured.at_peak.category(cat)) << memory_table_text(r, 1);
-      } else {
-        EXPECT_EQ(r.measured.at_peak.category(cat), r.estimate.table.category(cat))
-            << memory::to_string(cat) << "\n" << memory_table_text(r, 1);
-      }
-    }
-    EXPECT_GE(r.estimate.peak_bytes(), r.measured.peak_bytes);
-    EXPECT_LT(r.estimate.peak_bytes(), 1.10 * static_cast<double>(r.measured.peak_bytes)) << memory_table_text(r, 1);
-  } else if (dtype == at::kFloat) {
+  if (dtype == at::kFloat) {
     for (Category cat : memory::all_categories()) {
       EXPECT_EQ(r.measured.at_peak.category(cat), r.estimate.table.category(cat))
           << memory::to_string(cat) << "\n" << memory_table_text(r, 1);

@@ -147,12 +147,13 @@ int64_t param_segment(const std::string& name, int64_t n_layer);
 // gradients are still in flight then (block_backward_bytes counts them).
 bool is_last_projection(const std::string& name, const std::string& arch);
 
-// The same, training only the trainable ones of `params` (the model's parameters as planned):
-// the segments before the first that trains keep only their output, a frozen LM-head weight keeps
-// no copy of the final norm's output, a frozen tied embedding holds no gradient through the last
-// block. Exact for whole segments frozen (freeze tuning of the last or first layers, a frozen
-// head); a block with only some of its modules frozen, or frozen blocks after a trained one, keep
-// less than this says (it is then an upper bound: docs/memory.md).
+// The same, training only the trainable ones of `params` (the model's parameters as planned), op
+// by op: a linear layer with a frozen weight keeps no input, a norm keeps its statistics only when
+// its input needs a gradient, the segments before the first that trains keep nothing, a frozen
+// tied embedding holds no gradient through the last block (docs/memory.md, "Frozen parameters").
+// Measured exact in fp32 for any set of frozen parameters (GPT-2, Llama); GPT-2 in 16 bits follows
+// the same rules; with dropout, or Llama in 16 bits, the rules of whole segments (exact when whole
+// segments are frozen, an upper bound otherwise).
 ActivationEstimate activation_estimate(const ModelShape& shape, int64_t micro_batch,
                                        int64_t block_size, at::ScalarType dtype,
                                        const std::vector<ParamEstimate>& params);

@@ -2,6 +2,8 @@
 #include "memory/estimate.h"
 
 #include <algorithm>
+#include <initializer_list>
+#include <set>
 
 #include "models/model_factory.h"
 #include "store/host_groups.h"
@@ -118,12 +120,109 @@ bool is_last_projection(const std::string& name, const std::string& arch) {
          name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
 }
 
-ActivationEstimate activation_estimate(const ModelShape& s, int64_t micro_batch, int64_t block_size,
-                                       at::ScalarType dtype, const std::vector<ParamEstimate>& params) {
-  ActivationEstimate a = activation_estimate(s, micro_batch, block_size, dtype);
+namespace {
+
+// Which parameters train: per block the names below the block's prefix ("attn.c_attn.weight",
+// "self_attn.q_proj.weight"), and the full names of the others.
+struct Trainable {
+  std::vector<std::set<std::string>> blocks;
+  std::set<std::string> outside;
+
+  Trainable(const std::vector<ParamEstimate>& params, int64_t n_layer) : blocks(static_cast<size_t>(n_layer)) {
+    for (const ParamEstimate& p : params) {
+      if (!p.trainable) continue;
+      const int64_t segment = param_segment(p.name, n_layer);
+      if (segment < 0 || segment >= n_layer) {
+        outside.insert(p.name);
+        continue;
+      }
+      const std::string index = "." + std::to_string(segment) + ".";
+      blocks[static_cast<size_t>(segment)].insert(p.name.substr(p.name.find(index) + index.size()));
+    }
+  }
+  bool any(int64_t block, std::initializer_list<const char*> names) const {
+    for (const char* n : names)
+      if (blocks[static_cast<size_t>(block)].count(n)) return true;
+    return false;
+  }
+  bool outside_any(std::initializer_list<const char*> names) const {
+    for (const char* n : names)
+      if (outside.count(n)) return true;
+    return false;
+  }
+};
+
+// One block under freezing: what its ops keep, per token, but its output (the next segment's norm
+// keeps that); whether its output needs a gradient; and backward's working memory in its MLP on
+// top of what it keeps (the last-block candidate), per micro-batch. An op keeps a tensor only for
+// a gradient it computes: a linear layer its input only when its weight trains, a norm's
+// statistics only when its input needs a gradient, an activation its input only when its output
+// needs one.
+struct BlockOps {
+  int64_t kept = 0;
+  bool out_grad = false;
+  int64_t backward = 0;
+};
+
+BlockOps gpt2_block(const ModelShape& s, const Trainable& t, int64_t i, bool in_grad, int64_t BT, int64_t b) {
+  const int64_t d = s.d_model, ff = s.d_ff, f = 4;
+  BlockOps o;
+  const bool g_ln1 = in_grad || t.any(i, {"ln_1.weight", "ln_1.bias"});
+  o.kept += g_ln1 ? 2 * b : 0;                                   // ln_1's mean and rstd
+  o.kept += t.any(i, {"attn.c_attn.weight"}) ? d * b : 0;        // ln_1's output, c_attn's input
+  const bool g_qkv = g_ln1 || t.any(i, {"attn.c_attn.weight", "attn.c_attn.bias"});
+  o.kept += g_qkv ? 3 * d * b + f * s.n_head : 0;               // q, k, v and the log-sum-exp
+  o.kept += g_qkv || t.any(i, {"attn.c_proj.weight"}) ? d * b : 0;  // the attention's output
+  const bool g_h1 = in_grad || g_qkv || t.any(i, {"attn.c_proj.weight", "attn.c_proj.bias"});
+  const bool g_ln2 = g_h1 || t.any(i, {"ln_2.weight", "ln_2.bias"});
+  o.kept += g_ln2 ? d * b + 2 * b : 0;                           // the residual; ln_2's mean, rstd
+  o.kept += t.any(i, {"mlp.c_fc.weight"}) ? d * b : 0;           // ln_2's output, c_fc's input
+  const bool g_fc = g_ln2 || t.any(i, {"mlp.c_fc.weight", "mlp.c_fc.bias"});
+  const bool proj_w = t.any(i, {"mlp.c_proj.weight"}), proj_b = t.any(i, {"mlp.c_proj.bias"});
+  o.kept += g_fc ? ff * b : 0;                                   // fc, GELU's input
+  o.kept += proj_w ? ff * b : 0;                                 // gelu(fc), c_proj's input
+  o.out_grad = g_fc || proj_w || proj_b;
+  // At c_proj's backward: the gradient of gelu(fc), with c_proj's weight and bias gradients; at
+  // GELU's: the gradients of its output and its input, c_proj having freed gelu(fc).
+  const int64_t at_proj = (g_fc ? BT * ff * b : 0) + (proj_w ? ff * d * b : 0) + (proj_b ? d * b : 0);
+  const int64_t at_gelu = g_fc ? 2 * BT * ff * b - (proj_w ? BT * ff * b : 0) : 0;
+  o.backward = std::max(at_proj, at_gelu);
+  return o;
+}
+
+// Llama in fp32. RMSNorm is composite: it keeps rstd (and its input, the previous segment's
+// output) for the input's gradient, x * rstd for the weight's.
+BlockOps llama_block(const ModelShape& s, const Trainable& t, int64_t i, bool in_grad, int64_t BT, int64_t b) {
+  const int64_t d = s.d_model, ff = s.d_ff, f = 4, kv = s.n_kv_head * s.head_dim();
+  BlockOps o;
+  const bool n1 = t.any(i, {"input_layernorm.weight"});
+  const bool qkv_w = t.any(i, {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"});
+  o.kept += (in_grad ? f : 0) + (n1 ? d * f : 0) + (qkv_w ? d * b : 0);  // rstd, x * rstd, output
+  const bool g_attn = in_grad || n1 || qkv_w;
+  o.kept += g_attn ? (d + 2 * kv) * b + f * s.n_head : 0;  // q and k after RoPE, v, log-sum-exp
+  const bool o_w = t.any(i, {"self_attn.o_proj.weight"});
+  o.kept += g_attn || o_w ? d * b : 0;                     // the attention's output
+  const bool g_h = g_attn || o_w || in_grad;
+  const bool n2 = t.any(i, {"post_attention_layernorm.weight"});
+  const bool gate_w = t.any(i, {"mlp.gate_proj.weight"}), up_w = t.any(i, {"mlp.up_proj.weight"});
+  o.kept += (g_h ? d * b + f : 0) + (n2 ? d * f : 0) + (gate_w || up_w ? d * b : 0);  // h, rstd, ...
+  const bool g_gate = g_h || n2 || gate_w, g_up = g_h || n2 || up_w;
+  const bool down_w = t.any(i, {"mlp.down_proj.weight"});
+  o.kept += g_gate ? 2 * ff * b : 0;  // gate (SiLU's input) and up (for silu(gate)'s gradient)
+  o.kept += g_up ? ff * b : 0;        // silu(gate), for up's gradient
+  o.kept += down_w ? ff * b : 0;      // the product, down_proj's input
+  o.out_grad = g_gate || g_up || down_w;
+  // The SwiGLU's backward: the product's gradient, then silu(gate)'s and up's, down_proj having
+  // freed the product (its weight's gradient is handed over by then).
+  o.backward = BT * ff * b * ((g_gate || g_up ? 1 : 0) + (g_gate ? 1 : 0) + (g_up ? 1 : 0) - (down_w ? 1 : 0));
+  return o;
+}
+
+// Whole segments frozen (docs/memory.md): the rules where the op-by-op model is not built (dropout;
+// Llama in 16 bits). Exact when whole segments are frozen, an upper bound otherwise.
+void freeze_segments(ActivationEstimate& a, const ModelShape& s, int64_t BT, at::ScalarType dtype,
+                     const std::vector<ParamEstimate>& params) {
   const int64_t L = s.n_layer;
-  // The first segment that trains (-1 the embedding, a block, L the head); whether the token
-  // embedding and the LM head's weight train (tied: one tensor).
   int64_t first_trained = L + 1;
   bool embedding_trains = false, head_weight_trains = false, final_norm_trains = false;
   for (const ParamEstimate& p : params) {
@@ -135,30 +234,67 @@ ActivationEstimate activation_estimate(const ModelShape& s, int64_t micro_batch,
     embedding_trains = embedding_trains || token_embedding;
     head_weight_trains = head_weight_trains || (s.tie_embeddings ? token_embedding : p.name == "lm_head.weight");
   }
-  const int64_t BT = micro_batch * block_size;
   const int64_t out = BT * s.d_model * static_cast<int64_t>(c10::elementSize(dtype));
-  const int64_t f = 4;  // what RMSNorm keeps in fp32 whatever the compute dtype
+  const int64_t f = 4;
   const bool llama = s.arch == "llama";
-  // The segments before the first that trains run without a graph and keep nothing. GPT-2: the
-  // first trained segment's LayerNorm keeps their last output (in the full model counted as that
-  // segment's output). Llama: its RMSNorm keeps x * rstd (counted in its own term) but neither
-  // the input nor rstd, which nothing asks the gradient of.
   const int64_t prefix_output = llama ? 0 : out;
   if (first_trained >= 0) a.embedding = first_trained == 0 ? prefix_output : 0;
   for (int64_t i = 0; i < std::min(first_trained, L); ++i)
     a.per_block[static_cast<size_t>(i)] = i == first_trained - 1 ? prefix_output : 0;
   if (llama && first_trained >= 0 && first_trained < L) a.per_block[static_cast<size_t>(first_trained)] -= BT * f;
-  // A frozen LM-head weight needs no copy of its input (the final norm's output) for backward;
-  // with Llama's final norm frozen too, nor of x * rstd. The last-block candidate is the head's
-  // term freed, so it moves by the same bytes.
   if (!head_weight_trains && first_trained <= L) {
     const int64_t saved = out + (llama && !final_norm_trains ? BT * s.d_model * f : 0);
     a.head -= saved;
     a.backward_in_last_block += saved;
   }
-  // A frozen tied embedding gets no gradient from the head to hold through the last block.
   if (s.tie_embeddings && !embedding_trains)
     a.backward_in_last_block -= s.vocab_size * s.d_model * static_cast<int64_t>(c10::elementSize(dtype));
+}
+
+}  // namespace
+
+ActivationEstimate activation_estimate(const ModelShape& s, int64_t micro_batch, int64_t block_size,
+                                       at::ScalarType dtype, const std::vector<ParamEstimate>& params) {
+  ActivationEstimate a = activation_estimate(s, micro_batch, block_size, dtype);
+  const int64_t BT = micro_batch * block_size;
+  const bool llama = s.arch == "llama";
+  const bool dropout = s.attn_pdrop > 0.0 || s.resid_pdrop > 0.0 || s.embd_pdrop > 0.0;
+  if (dropout || (llama && dtype != at::kFloat)) {
+    freeze_segments(a, s, BT, dtype, params);
+    a.backward_peak = std::max(a.backward_at_loss, a.backward_in_last_block);
+    return a;
+  }
+  // Op by op, segment after segment, whether each tensor has an op that keeps it.
+  const int64_t L = s.n_layer;
+  const int64_t b = static_cast<int64_t>(c10::elementSize(dtype)), f = 4, d = s.d_model;
+  const Trainable t(params, L);
+  const bool embedding = t.outside_any({"transformer.wte.weight", "model.embed_tokens.weight"});
+  const bool head_weight = s.tie_embeddings ? embedding : t.outside.count("lm_head.weight") > 0;
+  const bool final_norm = t.outside_any({"model.norm.weight", "transformer.ln_f.weight", "transformer.ln_f.bias"});
+  const bool position = t.outside.count("transformer.wpe.weight") > 0;
+  // Whether the segment after one whose output needs a gradient `grad` keeps that output: a
+  // LayerNorm whenever it has a gradient to compute, RMSNorm's x^2 only for its input's.
+  auto output_kept = [&](bool grad, bool norm_trains) { return grad || (!llama && norm_trains); };
+  bool grad = embedding || position;
+  a.embedding = (position ? block_size * 8 : 0);
+  int64_t* previous_output = &a.embedding;  // the term that counts the last segment's output
+  BlockOps last;
+  for (int64_t i = 0; i < L; ++i) {
+    const bool norm = llama ? t.any(i, {"input_layernorm.weight"}) : t.any(i, {"ln_1.weight", "ln_1.bias"});
+    *previous_output += output_kept(grad, norm) ? BT * d * b : 0;
+    last = llama ? llama_block(s, t, i, grad, BT, b) : gpt2_block(s, t, i, grad, BT, b);
+    a.per_block[static_cast<size_t>(i)] = BT * last.kept;
+    previous_output = &a.per_block[static_cast<size_t>(i)];
+    grad = grad || last.out_grad;
+  }
+  *previous_output += output_kept(grad, final_norm) ? BT * d * b : 0;
+  // The head: the final norm (GPT-2: mean and rstd; Llama: rstd, x * rstd), its output for the
+  // LM head's weight, the fp32 log-probabilities, and the loss's scalars.
+  const int64_t norm_kept = llama ? (grad ? f : 0) + (final_norm ? d * f : 0) : (grad || final_norm ? 2 * b : 0);
+  const int64_t head_kept = BT * (norm_kept + (head_weight ? d * b : 0) + f * s.vocab_size);
+  a.head = head_kept + 2 * f;
+  const int64_t tied_grad = s.tie_embeddings && embedding ? s.vocab_size * d * b : 0;
+  a.backward_in_last_block = last.backward + tied_grad - head_kept;
   a.backward_peak = std::max(a.backward_at_loss, a.backward_in_last_block);
   return a;
 }
