@@ -187,9 +187,9 @@ class ZeroPlugin final : public memrt::Plugin {
     int owner = -1;      // the bucket using `buffer`, -1 when free
   };
 
-  // Buckets in the order every rank reduces them: by their first parameter in the model, last
-  // first, which is the order backward completes them (segments included: the model's parameters
-  // are in segment order). A bucket is reduced once it is complete and every bucket before it has
+  // Buckets in the order every rank reduces them: segment by segment in backward's order, and in a
+  // segment by their first parameter in the model, last first, which is the order backward
+  // completes them. A bucket is reduced once it is complete and every bucket before it has
   // been, or when its segment's backward ends, so the collectives line up across ranks even where a
   // parameter gets no gradient on some rank. The estimate plans the same buckets from shapes.
   std::vector<Bucket> plan_buckets(const memrt::StorePlan& plan) const {
@@ -209,8 +209,9 @@ class ZeroPlugin final : public memrt::Plugin {
         while (i > 0 && plan.segment(slots[i - 1]) == segment) --i;
       }
     }
-    std::stable_sort(out.begin(), out.end(),
-                     [](const Bucket& a, const Bucket& b) { return a.slots.back() > b.slots.back(); });
+    std::stable_sort(out.begin(), out.end(), [](const Bucket& a, const Bucket& b) {
+      return a.segment != b.segment ? a.segment > b.segment : a.slots.back() > b.slots.back();
+    });
     return out;
   }
 
@@ -306,9 +307,14 @@ class ZeroPlugin final : public memrt::Plugin {
       at::Tensor src = bucket.sum.narrow(0, share.begin - bucket.range.begin, share.size());
       at::Tensor dst = g.grad.narrow(0, share.begin - partition.begin, share.size());
       if (converts(bucket.group)) {  // to the partition's dtype and place first
-        at::Tensor convert = st.owner == static_cast<int>(b) && st.convert.defined()
-                                 ? st.convert.narrow(0, 0, share.size())
-                                 : at::empty({share.size()}, dst.options());
+        at::Tensor convert;
+        if (st.owner == static_cast<int>(b) && st.convert.defined()) {
+          convert = st.convert.narrow(0, 0, share.size());
+        } else {
+          memrt::memory::Scope on(Category::kCommBuffers,
+                                  store_->plan().groups()[static_cast<size_t>(bucket.group)].buffer(StoreBuffer::kGrad).placement);
+          convert = at::empty({share.size()}, dst.options());
+        }
         src = convert.copy_(src);
       }
       dst.add_(src, 1.0 / comm_->world_size());
