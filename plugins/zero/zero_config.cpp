@@ -118,7 +118,8 @@ Options read_options(const ConfigNode& section, ConfigDiagnostics& diag, bool de
   read_offload(r, "offload_param", "cpu_offload_param", true, out.stage, stage, device_is_cpu, diag);
 
   // DeepSpeed settings whose result memrt gives by construction, whatever their value: stage 2
-  // always reduce-scatters (reduce_scatter) into one flat partition per group
+  // always reduces each bucket so that a rank keeps only its share (reduce_scatter), in one flat
+  // partition per group
   // (contiguous_gradients) and all-gathers the updated partitions (allgather_partitions);
   // unused parameters simply hand over no gradient. The rest are read by stage 3.
   if (const ConfigNode* n = r.child("overlap_comm"); n && !n->is_null() && n->as_bool() && out.stage >= 1) {

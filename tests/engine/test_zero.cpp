@@ -70,7 +70,7 @@ std::string ds_config(const Job& r) {
   if (r.accumulate_fp32) ds += R"("data_types": {"grad_accum_dtype": "fp32"}, )";
   ds += r.extra;
   ds += R"("zero_optimization": {"stage": )" + std::to_string(r.stage);
-  // Small buckets (elements): many reduce-scatters and chunked all-gathers per step, parameters
+  // Small buckets (elements): many bucket reductions and chunked all-gathers per step, parameters
   // larger than a bucket, and buckets straddling the ranks' partitions.
   if (r.stage > 0) ds += R"(, "reduce_bucket_size": 5000, "allgather_bucket_size": 3000)";
   if (r.offload) ds += R"(, "offload_optimizer": {"device": "cpu", "pin_memory": true})";
@@ -270,9 +270,9 @@ TEST(Zero, StageTwoReducesEveryBucketWhenARankGetsNoGradient) {
 
 // 16-bit: where a stage adds the ranks' gradients in the same order as stage 0's all-reduce, its
 // curve is stage 0's on the same ranks bit for bit — stage 1 (the same all-reduce), and stage 2 on
-// 2 ranks (a reduce-scatter of two values is the same sum, and the mean of it by 1/2 is exact,
-// except in fp16 into the fp32 partition of offload, below). On 4 ranks stage 2's reduce-scatter
-// adds four 16-bit values in another order, a rounding-level
+// 2 ranks (a bucket's all-reduce of two values is the same sum, and the mean of it by 1/2 is
+// exact, except in fp16 into the fp32 partition of offload, below). On 4 ranks stage 2's buckets
+// add four 16-bit values in another order than stage 0's, a rounding-level
 // perturbation like the one that separates stage 0 on 1, 2 and 4 ranks. How far such a
 // perturbation carries after 20 steps varies several-fold from draw to draw (bf16 stage 0 from 1
 // rank: 0.84e-4 on 4 ranks and 1.5e-4 on 2 on an AMD EPYC, 4.0e-4 and 3.1e-4 on an Intel Xeon),
@@ -424,7 +424,7 @@ TEST(Zero, StageTwoPeakIsEstimatedToTheByte) {
 // DeepSpeed's data_types.grad_accum_dtype "fp32" with bf16 weights, at every stage (DeepSpeed's
 // BF16_Optimizer below stage 2): each micro-step's bf16 gradient is added into an fp32 gradient —
 // the whole of it below stage 2, after the host's hook takes it from autograd, all-reduced in
-// fp32; under stage 2 reduce-scattered in bf16 and added into the rank's fp32 partition. 4 bytes
+// fp32; under stage 2 reduced in bf16 and this rank's share added into its fp32 partition. 4 bytes
 // per element of what the rank holds, measured as estimated; each curve over 2 micro-steps per
 // step stays within 4x the spread bf16 stage 0 shows against fp32.
 TEST(Zero, Bf16GradientsAccumulateInFp32AtEveryStage) {
