@@ -2,31 +2,30 @@
 // (the quant plugin defines the real ones; these only exercise the store's axes).
 #pragma once
 
+#include <string>
+
 #include "memrt/param_store.h"
 
 namespace memrt::test {
 
-// bitsandbytes' 8-bit Adam: per moment one u8 code per element and one fp32 absmax per block of
-// 256, blocks starting at each parameter's first element.
-inline StateFormat blockwise8() {
+// Adam's two moments as codes (`codes_per_byte` elements a byte) plus one fp32 scale per block,
+// blocks starting at each parameter's first element.
+inline StateFormat blockwise(const std::string& name, int64_t block, int64_t codes_per_byte, const std::string& scale) {
   StateFormat f;
-  f.name = "test_blockwise8";
-  f.block = 256;
+  f.name = name;
+  f.block = block;
   f.blocks_per_tensor = true;
-  f.tensors = {{"exp_avg", at::kByte, 1}, {"exp_avg.absmax", at::kFloat, 256},
-               {"exp_avg_sq", at::kByte, 1}, {"exp_avg_sq.absmax", at::kFloat, 256}};
+  for (const std::string moment : {"exp_avg", "exp_avg_sq"}) {
+    f.tensors.push_back({moment, at::kByte, codes_per_byte});
+    f.tensors.push_back({moment + "." + scale, at::kFloat, block});
+  }
   return f;
 }
 
+// bitsandbytes' 8-bit Adam: one u8 code per element, one fp32 absmax per block of 256.
+inline StateFormat blockwise8() { return blockwise("test_blockwise8", 256, 1, "absmax"); }
+
 // torchao's AdamW4bit: two codes a byte, one fp32 scale per 128 elements.
-inline StateFormat fourbit() {
-  StateFormat f;
-  f.name = "test_4bit";
-  f.block = 128;
-  f.blocks_per_tensor = true;
-  f.tensors = {{"exp_avg", at::kByte, 2}, {"exp_avg.scale", at::kFloat, 128},
-               {"exp_avg_sq", at::kByte, 2}, {"exp_avg_sq.scale", at::kFloat, 128}};
-  return f;
-}
+inline StateFormat fourbit() { return blockwise("test_4bit", 128, 2, "scale"); }
 
 }  // namespace memrt::test
