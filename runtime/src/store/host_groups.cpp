@@ -70,7 +70,7 @@ StorePlan host_store_plan(const std::vector<ParamInfo>& params, const std::vecto
     throw ConfigError(rules.file, rules.embedding_lr_scale > 0 ? "embedding_lr_scale" : "embedding_lr",
                       "selects the trainable parameters named *embed_tokens*, *lm_head* or "
                       "*modules_to_save.default.weight* (axolotl's rule), and this model trains none (its "
-                      "trainable parameters: " + some_names(plan, +[](const ParamSlot& s) { return s.group >= 0; }) +
+                      "trainable parameters: " + some_names(plan, +trainable) +
                       "); remove the key");
   }
 
