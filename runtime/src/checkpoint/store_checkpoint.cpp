@@ -219,10 +219,11 @@ SavedStore::SavedStore(const std::string& dir, std::function<const SafetensorsFi
     if (!v.IsString()) throw bad("\"state\" holds a non-string");
     state_names_.push_back(v.GetString());
   }
-  auto read_shape = [&](const rapidjson::Value& v, const std::string& name) {
+  // The shape, and its product in `numel`, checked against overflow.
+  auto read_shape = [&](const rapidjson::Value& v, const std::string& name, int64_t& numel) {
     if (!v.HasMember("shape") || !v["shape"].IsArray()) throw bad("parameter '" + name + "' has no \"shape\"");
     std::vector<int64_t> shape;
-    int64_t numel = 1;
+    numel = 1;
     for (const auto& dim : v["shape"].GetArray()) {
       if (!dim.IsInt64() || dim.GetInt64() < 0) throw bad("parameter '" + name + "' has a bad \"shape\"");
       if (dim.GetInt64() > 0 && numel > INT64_MAX / dim.GetInt64())
@@ -233,8 +234,6 @@ SavedStore::SavedStore(const std::string& dir, std::function<const SafetensorsFi
     return shape;
   };
   auto add = [&](const std::string& name, Param p) {
-    p.numel = 1;
-    for (int64_t dim : p.shape) p.numel *= dim;
     if (!params_.emplace(name, std::move(p)).second) throw bad("parameter '" + name + "' listed twice");
   };
   if (!d.HasMember("groups") || !d["groups"].IsArray()) throw bad("no \"groups\" array");
@@ -287,7 +286,7 @@ SavedStore::SavedStore(const std::string& dir, std::function<const SafetensorsFi
       if (!v.IsObject() || !v.HasMember("name") || !v["name"].IsString()) throw bad("a parameter has no \"name\"");
       const std::string name = v["name"].GetString();
       Param p;
-      p.shape = read_shape(v, name);
+      p.shape = read_shape(v, name, p.numel);
       p.group = static_cast<int>(groups_.size());
       if (!v.HasMember("offset") || !v["offset"].IsInt64() || v["offset"].GetInt64() < 0)
         throw bad("parameter '" + name + "' has no \"offset\"");
@@ -308,7 +307,7 @@ SavedStore::SavedStore(const std::string& dir, std::function<const SafetensorsFi
       throw bad("a frozen parameter has no \"name\" or \"dtype\"");
     const std::string name = v["name"].GetString();
     Param p;
-    p.shape = read_shape(v, name);
+    p.shape = read_shape(v, name, p.numel);
     p.dtype = v["dtype"].GetString();
     if (version >= 2) {  // version 1: rank 0 saved every frozen parameter, alone
       if (!v.HasMember("rank") || !v["rank"].IsInt() || v["rank"].GetInt() < 0 || v["rank"].GetInt() >= world_size_ ||
@@ -319,8 +318,8 @@ SavedStore::SavedStore(const std::string& dir, std::function<const SafetensorsFi
       for (const auto& b : v["buffers"].GetArray()) {
         if (!b.IsObject() || !b.HasMember("name") || !b["name"].IsString() || !b.HasMember("dtype") || !b["dtype"].IsString())
           throw bad("a buffer of frozen parameter '" + name + "' has no \"name\" or \"dtype\"");
-        Buffer buffer{b["name"].GetString(), b["dtype"].GetString(), read_shape(b, b["name"].GetString()), 1};
-        for (int64_t dim : buffer.shape) buffer.numel *= dim;
+        Buffer buffer{b["name"].GetString(), b["dtype"].GetString(), {}, 1};
+        buffer.shape = read_shape(b, buffer.name, buffer.numel);
         p.buffers.push_back(std::move(buffer));
       }
     }
