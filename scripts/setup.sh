@@ -2,7 +2,8 @@
 # Installs what memrt needs to build and run, and nothing that is already there.
 #
 #   scripts/setup.sh            # prints the Python interpreter of the LibTorch venv on its last line
-#   scripts/setup.sh --test     # the same, plus what only the tests need (headless Chromium)
+#   scripts/setup.sh --test     # the same, plus what only the tests need (headless Chromium,
+#                               # the quantization oracles bitsandbytes and torchao)
 #
 # Debian packages come from apt-get; LibTorch comes from the `torch` wheel on PyPI, installed into
 # a virtual environment outside the source tree ($MEMRT_VENV, default ~/.cache/memrt/venv-torch<ver>)
@@ -63,4 +64,18 @@ if [ ! -f "$stamp" ] && ! want_torch; then
   want_torch || { log "torch==$MEMRT_TORCH_VERSION (with numpy, safetensors, transformers) did not import from $venv"; exit 1; }
 fi
 touch "$stamp"
+
+# The quantization tests' oracles (docs/quant.md), pinned: they run on the venv's torch, so pip must
+# not replace it (--no-deps: their other dependencies, numpy and packaging, come with transformers).
+MEMRT_BNB_VERSION=0.50.2
+MEMRT_TORCHAO_VERSION=0.18.0
+test_stamp="$venv/.memrt-test-deps-bnb$MEMRT_BNB_VERSION-ao$MEMRT_TORCHAO_VERSION"
+if [ "$with_test" -eq 1 ] && [ ! -f "$test_stamp" ]; then
+  log "installing bitsandbytes==$MEMRT_BNB_VERSION and torchao==$MEMRT_TORCHAO_VERSION into $venv (test oracles)"
+  "$venv/bin/pip" install -q --disable-pip-version-check --no-deps \
+      "bitsandbytes==${MEMRT_BNB_VERSION}" "torchao==${MEMRT_TORCHAO_VERSION}" >&2
+  "$venv/bin/python" -c "import bitsandbytes, torchao" >/dev/null 2>&1 ||
+    { log "bitsandbytes or torchao did not import from $venv"; exit 1; }
+  touch "$test_stamp"
+fi
 echo "$venv/bin/python"

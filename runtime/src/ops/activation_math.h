@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "ops/host_device.h"
+#include "memrt/host_device.h"
 
 namespace memrt {
 

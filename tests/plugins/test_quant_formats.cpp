@@ -1,0 +1,189 @@
+// plugins/quant's formats (docs/quant.md) against bitsandbytes itself, run at test time from the
+// test venv by tests/plugins/quant_reference.py: the dynamic and 4-bit maps, blockwise 8-bit codes
+// and absmax, NF4/FP4 packed codes, absmax and double-quantization fields, and every
+// dequantization, bit for bit — for fp32 and bf16 inputs and sizes that are and are not a
+// multiple of the block.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../data/test_util.h"
+#include "io/safetensors.h"
+#include "quant/blockwise.h"
+
+namespace memrt::quant {
+namespace {
+
+using test::TempDir;
+
+// The same bits (floats compared as integers, so -0 differs from 0 and NaN from NaN exactly).
+void expect_bits(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
+  ASSERT_TRUE(want.defined()) << what << ": bitsandbytes wrote none";
+  ASSERT_EQ(got.scalar_type(), want.scalar_type()) << what;
+  ASSERT_EQ(got.numel(), want.numel()) << what;
+  const at::Tensor g = got.contiguous().view({-1}), w = want.contiguous().view({-1});
+  const at::ScalarType bits = got.element_size() == 4 ? at::kInt : got.element_size() == 2 ? at::kShort : at::kByte;
+  const at::Tensor differ = g.view(bits) != w.view(bits);
+  const int64_t count = differ.sum().item<int64_t>();
+  if (count == 0) return;
+  const int64_t first = differ.nonzero()[0][0].item<int64_t>();
+  ADD_FAILURE() << what << ": " << count << " of " << g.numel() << " differ; first at " << first << ": memrt "
+                << g[first].item<double>() << ", bitsandbytes " << w[first].item<double>();
+}
+
+// Runs the reference on `inputs`; returns its outputs by name.
+std::map<std::string, at::Tensor> bitsandbytes(const std::vector<std::pair<std::string, at::Tensor>>& inputs,
+                                               const TempDir& dir) {
+  write_safetensors(dir.file("in.safetensors"), inputs);
+  const std::string cmd = std::string(MEMRT_PYTHON) + " " + MEMRT_SOURCE_DIR + "/tests/plugins/quant_reference.py " +
+                          dir.file("in.safetensors") + " " + dir.file("out.safetensors");
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::map<std::string, at::Tensor> out;
+  const SafetensorsFile f = SafetensorsFile::open(dir.file("out.safetensors"));
+  for (const std::string& name : f.names()) out[name] = f.tensor(name).clone();
+  return out;
+}
+
+// Values a quantizer rounds at the edges of: normal ones at several scales, a block of zeros, a
+// block holding one value, and values exactly on and one ulp around the 8-bit table's grid
+// boundaries and the map's midpoints (with the block's absmax 1, so each is its own normalised value).
+at::Tensor awkward_values(int64_t n, const at::Tensor& map) {
+  at::Tensor x = at::randn({n}) * at::pow(10.0, at::randint(-4, 3, {n}).to(at::kFloat));
+  if (n >= 512) {
+    x.slice(0, 0, 256).zero_();
+    x.slice(0, 256, 512).zero_();
+    x[300] = -3.5f;
+  }
+  if (n >= 4096) {
+    std::vector<float> edge;
+    for (int64_t i = 0; i + 1 < 256; ++i) {
+      const float m = 0.5f * (map[i].item<float>() + map[i + 1].item<float>());
+      for (float v : {m, std::nextafter(m, -2.f), std::nextafter(m, 2.f)}) edge.push_back(v);
+    }
+    for (int64_t k = 0; k < 600; ++k) {  // trunc((v + 1) * 0.5 * 65535 + 0.5) steps at k + 0.5
+      const float v = static_cast<float>(2.0 * (static_cast<double>(k) * 109 + 0.5) / 65535.0 - 1.0);
+      for (float w : {v, std::nextafter(v, -2.f), std::nextafter(v, 2.f)}) edge.push_back(w);
+    }
+    const int64_t at = 1024;
+    for (size_t i = 0, b = 0; i < edge.size() && at + static_cast<int64_t>(b + 256) <= n; b += 256) {
+      x[at + static_cast<int64_t>(b)] = 1.f;  // the block's absmax
+      for (int64_t j = 1; j < 256 && i < edge.size(); ++j, ++i) x[at + static_cast<int64_t>(b) + j] = edge[i];
+    }
+  }
+  return x;
+}
+
+TEST(QuantFormats, MapsAreBitsandbytesBitForBit) {
+  TempDir dir;
+  auto want = bitsandbytes({{"bw8.256.0", at::randn({256})}}, dir);
+  expect_bits(dynamic_map(true), want["map.signed"], "dynamic map, signed");
+  expect_bits(dynamic_map(false), want["map.unsigned"], "dynamic map, unsigned");
+  expect_bits(map4(Map4::kNf4), want["map4.nf4"], "NF4 map");
+  expect_bits(map4(Map4::kFp4), want["map4.fp4"], "FP4 map");
+}
+
+TEST(QuantFormats, BlockwiseEightBitIsBitsandbytesBitForBit) {
+  at::manual_seed(24);
+  std::vector<std::pair<std::string, at::Tensor>> inputs;
+  int id = 0;
+  for (bool is_signed : {true, false}) {
+    const at::Tensor map = dynamic_map(is_signed);
+    for (int64_t block : {256, 64}) {
+      for (int64_t n : {int64_t{256} * 40, int64_t{1000}, int64_t{5}}) {
+        at::Tensor x = awkward_values(n, map);
+        if (!is_signed) x = x.abs();
+        const std::string prefix = std::string(is_signed ? "bw8." : "bw8u.") + std::to_string(block) + ".";
+        inputs.emplace_back(prefix + std::to_string(id++), x);
+        inputs.emplace_back(prefix + std::to_string(id++), x.to(at::kBFloat16));
+      }
+    }
+  }
+  TempDir dir;
+  auto want = bitsandbytes(inputs, dir);
+  for (const auto& [name, x] : inputs) {
+    const bool is_signed = name.rfind("bw8.", 0) == 0;
+    const int64_t block = std::stoll(name.substr(name.find('.') + 1));
+    const at::Tensor map = dynamic_map(is_signed);
+    const std::string what = name + " (" + c10::toString(x.scalar_type()) + ", " + std::to_string(x.numel()) + ")";
+    const Blockwise q = quantize_blockwise(x, map, block);
+    expect_bits(q.codes, want[name + ".codes"], what + " codes");
+    expect_bits(q.absmax, want[name + ".absmax"], what + " absmax");
+    // Dequantized from bitsandbytes' own codes, so each half of the round trip is checked alone.
+    const Blockwise theirs{want[name + ".codes"], want[name + ".absmax"]};
+    expect_bits(dequantize_blockwise(theirs, map, block, at::kFloat), want[name + ".deq_f32"], what + " dequantized");
+    expect_bits(dequantize_blockwise(theirs, map, block, at::kBFloat16), want[name + ".deq_bf16"],
+                what + " dequantized to bf16");
+  }
+}
+
+TEST(QuantFormats, FourBitWithAndWithoutDoubleQuantIsBitsandbytesBitForBit) {
+  at::manual_seed(4);
+  std::vector<std::pair<std::string, at::Tensor>> inputs;
+  int id = 0;
+  for (const char* type : {"nf4", "fp4"}) {
+    for (const char* dq : {"dq0", "dq1"}) {
+      // 64 * 300 blocks: more than one nested block of 256; 1000 and 1343: a partial last block
+      // (of 40 and 63), an odd count. A weight-like scale, one all-zero block, exact zeros, and in
+      // block 2 and the last block values on and 1-2 ulps around each midpoint of the map times
+      // an absmax that is not a power of 2 (full blocks multiply by 1 / absmax, a partial one divides).
+      for (int64_t n : {int64_t{64} * 300, int64_t{1000}, int64_t{1343}}) {
+        at::Tensor x = at::randn({n}) * 0.02;
+        x.slice(0, 64, 128).zero_();
+        x[5] = 0.f;
+        const Map4Bounds bounds = map4_bounds(std::string(type) == "nf4" ? Map4::kNf4 : Map4::kFp4);
+        for (int64_t start : {int64_t{128}, (n - 1) / 64 * 64}) {
+          const float m = 0.0371f;
+          int64_t i = start;
+          x[i++] = -m;
+          for (int k = 0; k < 15 && i + 4 <= std::min(start + 64, n); ++k) {
+            const float v = bounds.midpoint[k] * m;
+            const float down = std::nextafter(v, -1.f), up = std::nextafter(v, 1.f);
+            for (float w : {v, down, up, std::nextafter(up, 1.f)}) x[i++] = w;
+          }
+        }
+        const std::string prefix = std::string("q4.") + type + "." + dq + ".";
+        inputs.emplace_back(prefix + std::to_string(id++), n % 2 ? x : x.view({-1, 8}));
+        inputs.emplace_back(prefix + std::to_string(id++), x.to(at::kBFloat16));
+      }
+    }
+  }
+  TempDir dir;
+  auto want = bitsandbytes(inputs, dir);
+  for (const auto& [name, x] : inputs) {
+    const Map4 type = name.find(".nf4.") != std::string::npos ? Map4::kNf4 : Map4::kFp4;
+    const bool dq = name.find(".dq1.") != std::string::npos;
+    const std::string what = name + " (" + c10::toString(x.scalar_type()) + ", " + std::to_string(x.numel()) + ")";
+    const Quantized4 q = quantize_4bit(x, type, 64, dq);
+    expect_bits(q.packed, want[name + ".packed"], what + " packed codes");
+    expect_bits(q.absmax, want[name + ".absmax"], what + " absmax");
+    EXPECT_EQ(q.packed.sizes(), want[name + ".packed"].sizes()) << what;
+    if (dq) {
+      expect_bits(q.nested_absmax, want[name + ".nested_absmax"], what + " nested absmax");
+      expect_bits(q.offset, want[name + ".offset"], what + " offset");
+    }
+    Quantized4 theirs = q;
+    theirs.packed = want[name + ".packed"];
+    theirs.absmax = want[name + ".absmax"];
+    if (dq) {
+      theirs.nested_absmax = want[name + ".nested_absmax"];
+      theirs.offset = want[name + ".offset"];
+    }
+    // FP4's code 8 is zero: bitsandbytes' map says +0 and its Python path (odd last dimension)
+    // gives +0, its C++ kernel (even) -0. memrt gives the map's +0; a sign of zero is compared
+    // for NF4 only.
+    auto zero_sign = [&](const at::Tensor& t) { return type == Map4::kFp4 ? t + 0.0 : t; };  // -0 + 0 = +0
+    expect_bits(zero_sign(dequantize_4bit(theirs, at::kFloat)), zero_sign(want[name + ".deq_f32"]),
+                what + " dequantized");
+    expect_bits(zero_sign(dequantize_4bit(theirs, at::kBFloat16)), zero_sign(want[name + ".deq_bf16"]),
+                what + " dequantized to bf16");
+  }
+}
+
+}  // namespace
+}  // namespace memrt::quant
