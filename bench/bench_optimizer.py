@@ -4,6 +4,10 @@ stepping N fp32 parameters, beside the machine's memory bandwidth for Adam's tra
 the same run (read p, g, m, v and write p, m, v: 28 bytes per parameter). With `--deepspeed`,
 also DeepSpeed's CPU Adam (DeepSpeedCPUAdam, adamw_mode, fp32: the step ZeRO-Offload takes),
 run in bench_deepspeed.py's DeepSpeed venv (created, and its CPU Adam compiled, on first use).
+With `--lowbit`, also plugins/quant's low-bit steps (bitsandbytes' AdamW8bit and torchao's AdamW8bit
+and AdamW4bit kernels) beside the libraries' own CPU optimizers from the test venv
+(bitsandbytes.optim.AdamW8bit, torchao.optim.AdamW8bit / AdamW4bit, the last two compiled by
+torch.compile in their untimed first steps).
 
 Each implementation runs in its own process (build/bin/bench_optimizer_step, or this file as a
 child for torch.optim), alternated `--repeats` times; params/s is parameters stepped per second
@@ -11,7 +15,7 @@ after 2 untimed steps, over at least `--seconds`; the median over repeats. ratio
 the roofline's params/s. Ends with one JSON line per implementation and size.
 
     scripts/build.sh --target bench_optimizer_step, then:
-    <venv python> bench/bench_optimizer.py [--sizes 10000000,100000000] [--threads 2] [--deepspeed]
+    <venv python> bench/bench_optimizer.py [--sizes 10000000,100000000] [--threads 2] [--deepspeed] [--lowbit]
 """
 import argparse
 import json
@@ -26,6 +30,8 @@ from bench_common import ROOT, cpu, run
 NATIVE = ("roofline", "memrt_fp32", "memrt_mixed", "memrt_mixed_fp16", "libtorch_adamw")
 TORCH = ("torch_adamw_foreach", "torch_adamw_for_loop")
 DEEPSPEED = "deepspeed_cpu_adam"
+LOWBIT_NATIVE = ("memrt_bnb8", "memrt_ao8", "memrt_ao4")
+LOWBIT_TORCH = ("bnb_adamw8bit", "torchao_adamw8bit", "torchao_adamw4bit")
 
 
 def torch_child(impl, n, seconds):
@@ -36,6 +42,13 @@ def torch_child(impl, n, seconds):
     if impl == DEEPSPEED:
         from deepspeed.ops.adam import DeepSpeedCPUAdam
         opt = DeepSpeedCPUAdam([p], lr=1e-3, weight_decay=0.01, adamw_mode=True)
+    elif impl == "bnb_adamw8bit":
+        import bitsandbytes as bnb
+        opt = bnb.optim.AdamW8bit([p], lr=1e-3, weight_decay=0.01)
+    elif impl.startswith("torchao_"):
+        import torchao.optim
+        cls = torchao.optim.AdamW8bit if impl == "torchao_adamw8bit" else torchao.optim.AdamW4bit
+        opt = cls([p], lr=1e-3, weight_decay=0.01)
     else:
         opt = torch.optim.AdamW([p], lr=1e-3, weight_decay=0.01,
                                 foreach=impl == "torch_adamw_foreach")
@@ -54,7 +67,7 @@ def torch_child(impl, n, seconds):
 
 def measure(a, impl, n, env, ds_py):
     child = [os.path.abspath(__file__), "--child", impl, str(n), str(a.seconds)]
-    if impl in NATIVE:
+    if impl in NATIVE + LOWBIT_NATIVE:
         cmd = [str(ROOT / a.build / "bin/bench_optimizer_step"), impl, str(n), str(a.seconds)]
     elif impl == DEEPSPEED:
         cmd, env = [str(ds_py), *child], bench_deepspeed.ds_env(ds_py, env)
@@ -75,10 +88,12 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--deepspeed", action="store_true",
                     help="also DeepSpeed's CPU Adam, from bench_deepspeed.py's venv")
+    ap.add_argument("--lowbit", action="store_true",
+                    help="also the low-bit steps: memrt's kernels, bitsandbytes' and torchao's optimizers")
     a = ap.parse_args()
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
     sizes = [int(s) for s in a.sizes.split(",")]
-    impls = NATIVE + TORCH + ((DEEPSPEED,) if a.deepspeed else ())
+    impls = NATIVE + TORCH + ((DEEPSPEED,) if a.deepspeed else ()) + (LOWBIT_NATIVE + LOWBIT_TORCH if a.lowbit else ())
     ds_py = None
     if a.deepspeed:
         ds_py = bench_deepspeed.ds_venv()

@@ -10,6 +10,10 @@
 //                         a loss scale and the bf16 compute copy written back (28 bytes too)
 //         memrt_mixed_fp16  the same in fp16
 //         libtorch_adamw  torch::optim::AdamW (LibTorch's C++ optimizer), foreach-free
+//         memrt_bnb8      plugins/quant's bitsandbytes AdamW8bit kernel: fp32 p, g, 8-bit moments
+//                         with an fp32 absmax per 256 (18 bytes per parameter moved)
+//         memrt_ao8, memrt_ao4  plugins/quant's torchao AdamW8bit / AdamW4bit kernels (18 and
+//                         ~14 bytes per parameter)
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/optim/adamw.h>
@@ -23,6 +27,8 @@
 
 #include "optim/cpu_loops.h"
 #include "optim/fused_adam.h"
+#include "quant/ao_adam.h"
+#include "quant/bnb_adam.h"
 
 namespace {
 
@@ -61,8 +67,8 @@ memrt::AdamScalars scalars() {
 
 int main(int argc, char** argv) {
   if (argc != 4) {
-    std::fprintf(stderr, "usage: %s roofline|memrt_fp32|memrt_mixed|memrt_mixed_fp16|libtorch_adamw PARAMS SECONDS\n",
-                 argv[0]);
+    std::fprintf(stderr, "usage: %s roofline|memrt_fp32|memrt_mixed|memrt_mixed_fp16|libtorch_adamw|memrt_bnb8|"
+                 "memrt_ao8|memrt_ao4 PARAMS SECONDS\n", argv[0]);
     return 2;
   }
   const std::string impl = argv[1];
@@ -72,7 +78,7 @@ int main(int argc, char** argv) {
   at::Tensor p = at::randn({n}), g = at::randn({n}) * 1e-3, m = at::zeros({n}), v = at::zeros({n});
 
   std::function<void()> step;
-  at::Tensor compute16, grad16;
+  at::Tensor compute16, grad16, codes_m, codes_v, scale_m, scale_v;
   std::unique_ptr<torch::optim::AdamW> adamw;
   if (impl == "roofline") {
     step = [&] {
@@ -108,6 +114,28 @@ int main(int argc, char** argv) {
     adamw = std::make_unique<torch::optim::AdamW>(std::vector<at::Tensor>{p},
                                                   torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
     step = [&] { adamw->step(); };
+  } else if (impl == "memrt_bnb8" || impl == "memrt_ao8" || impl == "memrt_ao4") {
+    // Codes and scales as the store holds them (n a whole number of blocks: the sizes are).
+    const int bits = impl == "memrt_ao4" ? 4 : 8;
+    const int64_t block = impl == "memrt_ao4" ? 128 : 256;
+    codes_m = at::zeros({bits == 8 ? n : n / 2}, at::kByte);
+    codes_v = at::zeros_like(codes_m);
+    scale_m = at::zeros({n / block});
+    scale_v = at::zeros({n / block});
+    if (impl == "memrt_bnb8") {
+      const memrt::quant::BnbAdamScalars s = memrt::quant::bnb_adam_scalars(1e-3, 0.9, 0.999, 1e-8, 0.01, 1, true);
+      step = [&, s] {
+        memrt::quant::bnb_adam8_cpu(p.data_ptr<float>(), g.data_ptr<float>(), codes_m.data_ptr<uint8_t>(),
+                                    scale_m.data_ptr<float>(), codes_v.data_ptr<uint8_t>(), scale_v.data_ptr<float>(), n, s);
+      };
+    } else {
+      const memrt::quant::AoAdamScalars s = memrt::quant::ao_adam_scalars(1e-3, 0.9, 0.999, 1e-8, 0.01, 1, true, true);
+      step = [&, s, bits] {
+        memrt::quant::ao_adam_lowbit_cpu(bits, p.data_ptr<float>(), g.data_ptr<float>(), codes_m.data_ptr<uint8_t>(),
+                                         scale_m.data_ptr<float>(), codes_v.data_ptr<uint8_t>(), scale_v.data_ptr<float>(),
+                                         n, s);
+      };
+    }
   } else {
     std::fprintf(stderr, "unknown implementation '%s'\n", impl.c_str());
     return 2;

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cmath>
 
-#include <ATen/Parallel.h>
-
 #include "memrt/error.h"
+
+#include "cpu_loops.h"
 
 namespace memrt::quant {
 
@@ -35,9 +35,11 @@ void check_map(const at::Tensor& map, int64_t size, const char* what) {
 
 }  // namespace
 
-at::Tensor dynamic_map(bool is_signed) {
-  // create_dynamic_map(signed, max_exponent_bits = 7, total_bits = 8), operation for operation.
-  constexpr int kExponentBits = 7;
+at::Tensor dynamic_map(bool is_signed, int max_exponent_bits, int total_bits) {
+  // create_dynamic_map(signed, max_exponent_bits, total_bits), operation for operation.
+  const int kExponentBits = max_exponent_bits;
+  if (max_exponent_bits < 1 || total_bits - 1 < max_exponent_bits || total_bits > 8)
+    throw Error("dynamic_map: needs 1 <= max_exponent_bits <= total_bits - 1 <= 7");
   std::vector<double> data;
   auto append = [&](const at::Tensor& boundaries, int i) {
     const at::Tensor means = (boundaries.slice(0, 0, -1) + boundaries.slice(0, 1)) / 2.0;
@@ -48,19 +50,25 @@ at::Tensor dynamic_map(bool is_signed) {
       if (!is_signed) break;
     }
   };
+  const int non_sign_bits = total_bits - 1;
   for (int i = 0; i < kExponentBits; ++i) {
-    const int64_t items = (int64_t{1} << (i + (is_signed ? 0 : 1))) + 1;
+    const int64_t items = (int64_t{1} << (i + non_sign_bits - kExponentBits + (is_signed ? 0 : 1))) + 1;
     append(at::linspace(0.1, 1, items, at::kFloat), i);
   }
-  // total_bits - 1 - max_exponent_bits = 0: no "additional items".
+  if (const int64_t additional = (int64_t{1} << (non_sign_bits - kExponentBits)) - 1; additional > 0)
+    append(at::linspace(0.1, 1, additional + 1, at::kFloat), kExponentBits - 1);
   data.push_back(0.0);
   data.push_back(1.0);
-  data.resize(256, 0.0);
+  const size_t size = size_t{1} << total_bits;
+  if (data.size() > size) throw Error("dynamic_map: " + std::to_string(data.size()) + " values for " + std::to_string(size) + " codes");
+  data.resize(size, 0.0);  // bitsandbytes pads with zeros
   std::sort(data.begin(), data.end());
-  at::Tensor out = at::empty({256}, at::kFloat);
+  at::Tensor out = at::empty({static_cast<int64_t>(size)}, at::kFloat);
   std::transform(data.begin(), data.end(), out.data_ptr<float>(), [](double v) { return static_cast<float>(v); });
   return out;
 }
+
+at::Tensor linear_map16() { return at::linspace(0, 1, 17, at::kFloat).slice(0, 1).contiguous(); }
 
 at::Tensor map4(Map4 type) {
   at::Tensor out = at::empty({16}, at::kFloat);

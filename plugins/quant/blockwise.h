@@ -14,9 +14,12 @@
 
 namespace memrt::quant {
 
-// bitsandbytes' create_dynamic_map(signed, max_exponent_bits = 7, total_bits = 8): 256 fp32
-// values in ascending order, computed with the same LibTorch float32 operations (so the same bits).
-at::Tensor dynamic_map(bool is_signed);
+// bitsandbytes' (and torchao's) create_dynamic_map(signed, max_exponent_bits, total_bits):
+// 2^total_bits fp32 values in ascending order, computed with the same LibTorch float32 operations
+// (so the same bits). 8 bits: the optimizers' maps; torchao's 4-bit signed map is (true, 3, 4).
+at::Tensor dynamic_map(bool is_signed, int max_exponent_bits = 7, int total_bits = 8);
+// torchao's unsigned 4-bit map: linspace(0, 1, 17) without its 0 (16 values, 1/16 .. 1).
+at::Tensor linear_map16();
 
 // The 16 values of a 4-bit map by code (fp32).
 at::Tensor map4(Map4 type);

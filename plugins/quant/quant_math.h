@@ -7,6 +7,7 @@
 // the host, the _rn intrinsics under nvcc), or a code near a rounding boundary would change.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "memrt/host_device.h"
@@ -117,6 +118,93 @@ MEMRT_HOST_DEVICE inline uint8_t pack4(uint8_t first, uint8_t second) {
 MEMRT_HOST_DEVICE inline uint32_t unpack4(const uint8_t* packed, int64_t i) {
   const uint8_t byte = packed[i >> 1];
   return (i & 1) ? byte & 15u : byte >> 4;
+}
+
+// ---- bitsandbytes' Adam/AdamW (8-bit blockwise and 32-bit), as its CPU backend computes them ----
+// Scalars of one update, computed in double from the hyper-parameters and rounded to fp32 once, as
+// torch does with the Python floats bitsandbytes passes to its tensor operations.
+struct BnbAdamScalars {
+  float beta1 = 0.9f, beta2 = 0.999f;
+  float one_minus_beta1 = 0.1f, one_minus_beta2 = 0.001f;
+  float eps = 1e-8f;          // 8-bit: added after dividing by correction2
+  float correction2 = 1.f;    // sqrt(1 - beta2^t)
+  float step_size = 0.f;      // 8-bit: -lr / (1 - beta1^t)
+  float eps_c2 = 1e-8f;       // 32-bit: eps * correction2
+  float step_size32 = 0.f;    // 32-bit: -lr * correction2 / (1 - beta1^t)
+  float decay = 1.f;          // 1 - lr * weight_decay, applied when decays
+  bool decays = false;        // weight_decay > 0
+};
+
+// The moments of one element. torch's fused kernels: m.mul_(b1).add_(g, alpha=1-b1) is one fused
+// multiply-add onto m*b1; v.mul_(b2).addcmul_(g, g, value=1-b2) one onto v*b2 of g times (1-b2)*g.
+MEMRT_HOST_DEVICE inline void bnb_adam_moments(float g, float& m, float& v, const BnbAdamScalars& s) {
+  m = fmaf(g, s.one_minus_beta1, mul_rn(m, s.beta1));
+  v = fmaf(g, mul_rn(s.one_minus_beta2, g), mul_rn(v, s.beta2));
+}
+
+// The 8-bit update of p: denom = sqrt(v) / correction2 + eps; p *= 1 - lr*wd; p += (step_size * m) / denom.
+MEMRT_HOST_DEVICE inline float bnb_adam8_param(float p, float m, float v, const BnbAdamScalars& s) {
+  const float denom = add_rn(sqrtf(v) / s.correction2, s.eps);
+  if (s.decays) p = mul_rn(p, s.decay);
+  return add_rn(p, mul_rn(s.step_size, m) / denom);
+}
+
+// The 32-bit update (tensors under min_8bit_size): update = m / (sqrt(v) + eps * correction2);
+// p *= 1 - lr*wd; p += step_size32 * update (torch's add_ with alpha: one fused multiply-add).
+MEMRT_HOST_DEVICE inline float bnb_adam32_param(float p, float m, float v, const BnbAdamScalars& s) {
+  const float update = m / add_rn(sqrtf(v), s.eps_c2);
+  if (s.decays) p = mul_rn(p, s.decay);
+  return fmaf(update, s.step_size32, p);
+}
+
+// ---- torchao's low-bit AdamW (AdamW8bit, AdamW4bit), as its single_param_adam computes it -------
+// torchao's rounding to a code of an ascending map of `size` entries (a power of 2): the largest
+// code whose value is <= x (code 0 below the map) by its branch-free binary search, then one up
+// when x - map[c] >= (map[c+1] - map[c]) * 0.5: nearest, ties up.
+MEMRT_HOST_DEVICE inline uint8_t ao_code(const float* map, int size, float x) {
+  int c = 0;
+  for (int step = size / 2; step >= 1; step /= 2) c += x >= map[c + step] ? step : 0;
+  const int up = c + 1 < size ? c + 1 : size - 1;
+  return static_cast<uint8_t>(add_rn(x, -map[c]) >= mul_rn(add_rn(map[up], -map[c]), 0.5f) ? up : c);
+}
+
+// torch.lerp(start, end, weight) for a scalar weight, as ATen computes it.
+MEMRT_HOST_DEVICE inline float torch_lerp(float start, float end, float weight) {
+  const float diff = add_rn(end, -start);
+  return (weight < 0.5f && weight > -0.5f) ? add_rn(start, mul_rn(weight, diff))
+                                           : add_rn(end, -mul_rn(diff, add_rn(1.f, -weight)));
+}
+
+// Scalars of one update, rounded to fp32 as torchao's tensors hold them: lr is an fp32 tensor,
+// the step an fp32 count, beta^step computed from fp32 beta in double and rounded once.
+struct AoAdamScalars {
+  float lr = 0.f;
+  float lr_wd = 0.f;         // AdamW: lr * weight_decay (fp32 product)
+  float l2 = 0.f;            // Adam: weight_decay, added to the gradient times p
+  float weight1 = 0.1f;      // 1 - beta1, lerp's weight
+  float weight2 = 0.001f;    // 1 - beta2
+  float bc1 = 1.f;           // 1 - beta1^t
+  float sqrt_bc2 = 1.f;      // sqrt(1 - beta2^t)
+  float eps = 1e-8f;
+  bool decoupled = true;
+};
+
+// The update of one element before its moments are stored: p decays (AdamW) or the gradient takes
+// the L2 term (Adam); m and v move towards g and g^2 (lerp).
+MEMRT_HOST_DEVICE inline void ao_adam_moments(float& p, float g, float& m, float& v, const AoAdamScalars& s) {
+  if (s.decoupled) {
+    p = add_rn(p, -mul_rn(s.lr_wd, p));
+  } else {
+    g = add_rn(g, mul_rn(s.l2, p));
+  }
+  m = torch_lerp(m, g, s.weight1);
+  v = torch_lerp(v, mul_rn(g, g), s.weight2);
+}
+
+// p - lr * (m / bc1) / (sqrt(v) / sqrt(bc2) + eps), from the moments before they are quantized.
+MEMRT_HOST_DEVICE inline float ao_adam_param(float p, float m, float v, const AoAdamScalars& s) {
+  const float denom = add_rn(sqrtf(v) / s.sqrt_bc2, s.eps);
+  return add_rn(p, -(mul_rn(s.lr, m / s.bc1) / denom));
 }
 
 }  // namespace memrt::quant

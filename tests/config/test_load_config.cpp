@@ -283,6 +283,16 @@ TEST(Optimizer, EightBitOptimizerLoadsTheQuantPlugin) {
   const PluginSpec* q = plugin(c, "quant");
   ASSERT_NE(q, nullptr);
   EXPECT_EQ(q->options.find("optim")->as_string(), "paged_adamw_8bit");
+  // The ds_config route: a low-bit optim with the ds_config's AdamW, whose hyper-parameters it takes.
+  const TrainConfig d = load(R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW",
+                                 "params": {"lr": 2e-4, "betas": [0.8, 0.95], "weight_decay": 0.05}}})",
+                             "optim: adamw_torch_4bit\n");
+  EXPECT_EQ(d.optimizer.type, "AdamW");
+  EXPECT_DOUBLE_EQ(d.optimizer.lr, 2e-4);
+  EXPECT_DOUBLE_EQ(d.optimizer.beta1, 0.8);
+  EXPECT_DOUBLE_EQ(d.optimizer.weight_decay, 0.05);
+  ASSERT_NE(plugin(d, "quant"), nullptr);
+  EXPECT_EQ(plugin(d, "quant")->options.find("optim")->as_string(), "adamw_torch_4bit");
 }
 
 // axolotl's per-group learning rates go to the optimizer's group rules (store/host_groups.h), with

@@ -1,5 +1,5 @@
-"""bitsandbytes' quantized formats for tests/plugins/test_quant_formats.cpp, computed by the
-bitsandbytes wheel of the test venv (scripts/setup.sh --test pins it).
+"""bitsandbytes' and torchao's quantized formats for tests/plugins/test_quant_formats.cpp, computed
+by the wheels of the test venv (scripts/setup.sh --test pins them).
 
 usage: quant_reference.py IN.safetensors OUT.safetensors
   Each input tensor's name says what to do with it:
@@ -9,7 +9,11 @@ usage: quant_reference.py IN.safetensors OUT.safetensors
     q4.<nf4|fp4>.<dq0|dq1>.<id>  quantize_4bit(x, blocksize=64, quant_type, compress_statistics=dq1)
                                  -> <name>.packed, .absmax, [.nested_absmax, .offset], .deq_f32,
                                     .deq_bf16 (dequantize_4bit)
-  and always: map.signed, map.unsigned (create_dynamic_map), map4.nf4, map4.fp4.
+    ao<8|4>.<s|u>.<id>           torchao's optimizer-state quantizer (scale_tensor, quantize_<bits>bit_with_qmap,
+                                 blocks of 256 / 128, signed / unsigned map) -> <name>.codes (4-bit: packed
+                                 as its state packs them), .scale
+  and always: map.signed, map.unsigned (create_dynamic_map), map4.nf4, map4.fp4, and torchao's
+  maps aomap.<8|4>.<s|u>.
 """
 import logging
 import sys
@@ -29,6 +33,17 @@ out = {
     "map4.nf4": F.get_4bit_type("nf4", device="cpu"),
     "map4.fp4": F.get_4bit_type("fp4", device="cpu"),
 }
+from torchao.optim import quant_utils, subclass_4bit, subclass_8bit  # noqa: E402
+
+ao_maps = {
+    (8, "s"): subclass_8bit.get_qmap_signed(),
+    (8, "u"): subclass_8bit.get_qmap_unsigned(),
+    (4, "s"): subclass_4bit.get_qmap_signed(),
+    (4, "u"): subclass_4bit.get_qmap_unsigned(),
+}
+for (bits, sign), values in ao_maps.items():
+    out[f"aomap.{bits}.{sign}"] = torch.tensor(values, dtype=torch.float32)
+
 for name, x in load_file(src).items():
     kind = name.split(".")
     if kind[0] in ("bw8", "bw8u"):
@@ -50,6 +65,17 @@ for name, x in load_file(src).items():
         for dtype, tag in ((torch.float32, "f32"), (torch.bfloat16, "bf16")):
             state.dtype = dtype
             out[name + ".deq_" + tag] = F.dequantize_4bit(packed, state)
+    elif kind[0] in ("ao8", "ao4"):
+        bits = int(kind[0][2])
+        qmap = out[f"aomap.{bits}.{kind[1]}"]
+        scaled, scale = quant_utils.scale_tensor(x.view(-1), 256 if bits == 8 else 128)
+        if bits == 8:
+            codes = quant_utils.quantize_8bit_with_qmap(scaled, qmap)
+        else:
+            codes = quant_utils.quantize_4bit_with_qmap(scaled, qmap)
+            codes = (codes[::2] << 4) | codes[1::2]  # as OptimState4bit's copy_ packs them
+        out[name + ".codes"] = codes
+        out[name + ".scale"] = scale
     else:
         sys.exit(f"quant_reference.py: unknown input '{name}'")
 save_file({k: v.contiguous() for k, v in out.items()}, dst)

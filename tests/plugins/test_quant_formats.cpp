@@ -1,8 +1,8 @@
-// plugins/quant's formats (docs/quant.md) against bitsandbytes itself, run at test time from the
-// test venv by tests/plugins/quant_reference.py: the dynamic and 4-bit maps, blockwise 8-bit codes
-// and absmax, NF4/FP4 packed codes, absmax and double-quantization fields, and every
-// dequantization, bit for bit — for fp32 and bf16 inputs and sizes that are and are not a
-// multiple of the block.
+// plugins/quant's formats (docs/quant.md) against bitsandbytes and torchao themselves, run at test
+// time from the test venv by tests/plugins/quant_reference.py: the dynamic and 4-bit maps,
+// blockwise 8-bit codes and absmax, NF4/FP4 packed codes, absmax and double-quantization fields,
+// and every dequantization, bit for bit — for fp32 and bf16 inputs and sizes that are and are not
+// a multiple of the block; torchao's optimizer-state maps and quantizer.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,6 +15,7 @@
 
 #include "../data/test_util.h"
 #include "io/safetensors.h"
+#include "quant/ao_adam.h"
 #include "quant/blockwise.h"
 
 namespace memrt::quant {
@@ -34,10 +35,10 @@ void expect_bits(const at::Tensor& got, const at::Tensor& want, const std::strin
   if (count == 0) return;
   const int64_t first = differ.nonzero()[0][0].item<int64_t>();
   ADD_FAILURE() << what << ": " << count << " of " << g.numel() << " differ; first at " << first << ": memrt "
-                << g[first].item<double>() << ", bitsandbytes " << w[first].item<double>();
+                << g[first].item<double>() << ", the library " << w[first].item<double>();
 }
 
-// Runs the reference on `inputs`; returns its outputs by name.
+// Runs the reference on `inputs`; returns its outputs (bitsandbytes' and torchao's) by name.
 std::map<std::string, at::Tensor> bitsandbytes(const std::vector<std::pair<std::string, at::Tensor>>& inputs,
                                                const TempDir& dir) {
   write_safetensors(dir.file("in.safetensors"), inputs);
@@ -182,6 +183,56 @@ TEST(QuantFormats, FourBitWithAndWithoutDoubleQuantIsBitsandbytesBitForBit) {
                 what + " dequantized");
     expect_bits(zero_sign(dequantize_4bit(theirs, at::kBFloat16)), zero_sign(want[name + ".deq_bf16"]),
                 what + " dequantized to bf16");
+  }
+}
+
+// torchao's optimizer-state quantizer (its low-bit AdamW's copy_ into the state): maps, scales and
+// codes, on random values and on values at, and one ulp around, the midpoints between its codes
+// (the rule rounds a tie up).
+TEST(QuantFormats, TorchaoStateQuantizerIsTorchaosBitForBit) {
+  at::manual_seed(40);
+  std::vector<std::pair<std::string, at::Tensor>> inputs;
+  int id = 0;
+  for (int bits : {8, 4}) {
+    for (bool is_signed : {true, false}) {
+      const at::Tensor map = ao_map(bits, is_signed);
+      const int64_t block = ao_block(bits);
+      std::vector<float> edge;
+      for (int64_t c = 0; c + 1 < map.numel(); ++c) {
+        const float lo = map[c].item<float>(), hi = map[c + 1].item<float>();
+        const float mid = lo + (hi - lo) * 0.5f;
+        for (float v : {mid, std::nextafter(mid, -2.f), std::nextafter(mid, 2.f)}) edge.push_back(v);
+      }
+      at::Tensor x = at::randn({block * 40}) * 0.3;
+      if (!is_signed) x = x.abs();
+      // Blocks from 1 on: the edges at absmax 1 (each value its own normalised one), then at
+      // absmax 0.37 (x / 0.37 must be divided, not multiplied by a reciprocal, to land as torchao's).
+      size_t b = 1;
+      for (float absmax : {1.f, 0.37f}) {
+        for (size_t i = 0; i < edge.size(); ++b) {
+          x[static_cast<int64_t>(b) * block] = absmax;
+          for (int64_t j = 1; j < block && i < edge.size(); ++j, ++i)
+            x[static_cast<int64_t>(b) * block + j] = edge[i] * absmax;
+        }
+      }
+      inputs.emplace_back("ao" + std::to_string(bits) + "." + (is_signed ? "s." : "u.") + std::to_string(id++), x);
+    }
+  }
+  TempDir dir;
+  auto want = bitsandbytes(inputs, dir);
+  for (int bits : {8, 4})
+    for (const char* sign : {"s", "u"})
+      expect_bits(ao_map(bits, std::string(sign) == "s"), want["aomap." + std::to_string(bits) + "." + sign],
+                  "torchao map " + std::to_string(bits) + "." + sign);
+  for (const auto& [name, x] : inputs) {
+    const int bits = name[2] - '0';
+    const bool is_signed = name[4] == 's';
+    const int64_t n = x.numel();
+    at::Tensor codes = at::empty({bits == 8 ? n : n / 2}, at::kByte);
+    at::Tensor scale = at::empty({n / ao_block(bits)}, at::kFloat);
+    ao_quantize(bits, is_signed, x.data_ptr<float>(), n, codes.data_ptr<uint8_t>(), scale.data_ptr<float>());
+    expect_bits(codes, want[name + ".codes"], name + " codes");
+    expect_bits(scale, want[name + ".scale"], name + " scales");
   }
 }
 

@@ -3,7 +3,9 @@
 // step that equals the whole one bit for bit.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -603,6 +605,62 @@ TEST(ParamStore, TheBuiltInStepRefusesAFormatItHasNoKernelFor) {
   auto store = std::make_shared<ParamStore>(std::move(plan), tensors_for(ps, 2), at::kCPU);
   auto optimizer = make_optimizer(cfg, store);
   expect_error<Error>([&] { optimizer->step({1e-3, 1.0}); }, {"'test_blockwise8'"});
+}
+
+// A plugin's format joins the built-in step through a registered kernel (ABI 2.5): the step hands
+// the kernel each range of that format's groups, block-aligned, with every state tensor's values
+// and the update's scalars; the plain groups keep the built-in kernel.
+TEST(ParamStore, TheBuiltInStepHandsAPluginsFormatToItsKernel) {
+  struct Recorder final : StepKernel {
+    mutable std::vector<StepRange> seen;
+    void step(const StepRange& r) const override {
+      seen.push_back(r);
+      r.compute.add_(1.f);  // visible in the parameter afterwards
+    }
+  };
+  const std::vector<ParamInfo> ps = infos();
+  StorePlan plan(ps, options());
+  plan.set_state_format(blockwise8(), "decay");
+  auto kernels = std::make_shared<StepKernelTable>();
+  auto recorder = std::make_shared<Recorder>();
+  kernels->set("test_blockwise8", recorder);
+  EXPECT_NO_THROW(check_step_formats(plan, "AdamW", kernels.get()));
+  expect_error<Error>([&] { check_step_formats(plan, "SGD", kernels.get()); }, {"'test_blockwise8'", "SGD"});
+  expect_error<Error>([&] { kernels->set("test_blockwise8", recorder); }, {"already has a kernel"});
+  expect_error<Error>([&] { kernels->set("fp32", recorder); }, {"built-in step's own format"});
+
+  OptimizerConfig cfg;
+  cfg.beta1 = 0.8;
+  auto store = std::make_shared<ParamStore>(std::move(plan), tensors_for(ps, 2), at::kCPU);
+  std::vector<int> decay_slots;
+  for (const StoreGroup& g : store->plan().groups())
+    if (g.name == "decay") decay_slots = g.slots;
+  std::vector<at::Tensor> before;
+  for (int slot = 0; slot < static_cast<int>(ps.size()); ++slot) {
+    if (ps[static_cast<size_t>(slot)].trainable) store->param(slot).mutable_grad() = at::ones_like(store->param(slot));
+    before.push_back(store->param(slot).detach().clone());
+  }
+  auto optimizer = make_optimizer(cfg, store, kernels);
+  optimizer->step({0.5, 0.25});
+  ASSERT_EQ(recorder->seen.size(), decay_slots.size());
+  for (size_t i = 0; i < decay_slots.size(); ++i) {
+    const StepRange& r = recorder->seen[i];
+    const int slot = decay_slots[i];
+    EXPECT_EQ(r.param->name, ps[static_cast<size_t>(slot)].name);
+    EXPECT_EQ(r.first, 0);
+    EXPECT_EQ(r.n, store->param(slot).numel());
+    EXPECT_EQ(r.state.size(), blockwise8().tensors.size());
+    EXPECT_EQ(r.state[1].numel(), (r.n + 255) / 256) << "one absmax per block";
+    EXPECT_EQ(r.step, 1);
+    EXPECT_DOUBLE_EQ(r.lr, 0.5);
+    EXPECT_FLOAT_EQ(r.grad_factor, 0.25f);
+    EXPECT_DOUBLE_EQ(r.beta1, 0.8);
+    EXPECT_TRUE(at::equal(store->param(slot), before[static_cast<size_t>(slot)] + 1)) << r.param->name;
+  }
+  for (int slot = 0; slot < static_cast<int>(ps.size()); ++slot) {  // the others: the built-in Adam
+    if (!ps[static_cast<size_t>(slot)].trainable || std::find(decay_slots.begin(), decay_slots.end(), slot) != decay_slots.end()) continue;
+    EXPECT_FALSE(at::equal(store->param(slot), before[static_cast<size_t>(slot)])) << ps[static_cast<size_t>(slot)].name;
+  }
 }
 
 namespace {

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -65,6 +66,51 @@ class Optimizer {
   virtual TensorMap state_dict() const = 0;
   // Restores state_dict(); an unknown key or a wrong shape is an error naming it.
   virtual void load_state_dict(const TensorMap& state) = 0;
+};
+
+// ---- ABI 2.5: a state format's step kernel ----------------------------------------------------
+// The built-in Adam/AdamW step over the parameter store walks every range of a parameter this rank
+// steps (its partition under ZeRO, host buffers under offload, per-parameter update counts, the
+// gradient wherever the store keeps it) and updates it with DeepSpeed's CPU Adam on fp32 or bf16
+// moments. A plugin that gives a group another state format (plugins/quant: 8-bit and 4-bit
+// moments) registers that format's kernel in build_optimizer (OptimizerContext::step_kernels); the
+// step then hands each range of such a group to the kernel, with everything the update needs.
+struct ParamInfo;
+
+struct StepRange {
+  const ParamInfo* param = nullptr;  // the parameter (name, shape), for messages
+  // Elements [first, first + n) of the parameter. With a blockwise format `first` is a multiple of
+  // the block: parameters start on block boundaries and partitions hold whole blocks.
+  int64_t first = 0;
+  int64_t n = 0;
+  at::Tensor compute;  // n elements of the compute copy: write the updated value here
+  at::Tensor master;   // n fp32 elements, or undefined (then the compute copy is the value updated)
+  at::Tensor grad;     // n elements, as stored (any floating dtype): the update uses grad * grad_factor
+  // One per tensor of the group's StateFormat, the values covering the range (StateTensor::per_value).
+  std::vector<at::Tensor> state;
+  float grad_factor = 1.f;
+  int64_t step = 1;          // the parameter's update count, this update included
+  double lr = 0.0;           // the schedule's learning rate times the group's lr_scale
+  double weight_decay = 0.0; // the group's
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  bool decoupled = true;     // AdamW's decay of the weight (false: Adam's L2 term in the gradient)
+  bool bias_correction = true;
+};
+
+class StepKernel {
+ public:
+  virtual ~StepKernel() = default;
+  // Updates one range in place. Tensors are on the device the step runs on: the host's when the
+  // group's master or state is offloaded or the model is on the CPU.
+  virtual void step(const StepRange& range) const = 0;
+};
+
+class StepKernels {
+ public:
+  virtual ~StepKernels() = default;
+  // The kernel for groups whose StateFormat is named `format`. A format registered twice, or one of
+  // the built-in step's own ("fp32", "bf16"), is an error.
+  virtual void set(const std::string& format, std::shared_ptr<const StepKernel> kernel) = 0;
 };
 
 inline GradSummary Optimizer::grad_summary() const {

@@ -206,6 +206,9 @@ struct OptimizerContext {
   const RunInfo& run;
   Communicator& comm;
   GradHooks& grad_hooks;  // ABI 2.1
+  // ABI 2.5: the kernels of state formats a plugin set (memrt/optimizer.h, StepKernel). The host's
+  // Adam/AdamW step calls them for those groups; without one such a group is an error at start-up.
+  StepKernels& step_kernels;
 };
 
 struct TrainContext {
@@ -364,12 +367,13 @@ class Plugin {
 // checkpoints save the store). 2.1: OptimizerContext::grad_hooks, a writable store there.
 // 2.2: Plugin::plan_params (ParamPlanContext), ConfigNode::as_names. 2.3: the store's per-group
 // setters (GroupSelector), state formats (StateFormat), segment order (StorePlan::segment_range)
-// and SegmentContext::slots / ::shared. 2.4: Plugin::estimate_planned_memory. The host refuses a plugin whose ABI
+// and SegmentContext::slots / ::shared. 2.4: Plugin::estimate_planned_memory. 2.5:
+// OptimizerContext::step_kernels (StepKernel, StepRange in memrt/optimizer.h). The host refuses a plugin whose ABI
 // major differs, whose ABI minor is newer than the host's, or whose LibTorch version, C++ ABI flag or CUDA flag differ from its own
 // — plugins pass at::Tensor and nn::Module across the boundary, the same contract as PyTorch C++
 // extensions.
 #define MEMRT_PLUGIN_ABI_MAJOR 2
-#define MEMRT_PLUGIN_ABI_MINOR 4
+#define MEMRT_PLUGIN_ABI_MINOR 5
 #define MEMRT_PLUGIN_ENTRY_SYMBOL "memrt_plugin_entry"
 
 extern "C" {

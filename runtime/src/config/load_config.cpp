@@ -630,7 +630,7 @@ void Loader::resolve_batch(const ConfigNode* tbs, const ConfigNode* mbs, const C
 
 // ---- optimizer --------------------------------------------------------------------------------
 
-// "adamw" (decoupled decay), "adam" (L2 decay), "sgd", or "adamw_8bit" (the quant plugin).
+// "adamw" (decoupled decay), "adam" (L2 decay), "sgd", or "adamw_lowbit" (bitsandbytes' or torchao's low-bit AdamW: the quant plugin).
 std::string optim_family(const ConfigNode& optim, ConfigDiagnostics& diag) {
   const std::string o = lower(optim.as_string());
   if (o == "adamw_torch" || o == "adamw_torch_fused" || o == "adamw_hf" || o == "adamw" ||
@@ -644,17 +644,20 @@ std::string optim_family(const ConfigNode& optim, ConfigDiagnostics& diag) {
   }
   if (o == "adam") return "adam";
   if (o == "sgd") return "sgd";
-  if (o == "adamw_8bit" || o == "adamw_bnb_8bit" || o == "paged_adamw_8bit") return "adamw_8bit";
+  if (o == "adamw_8bit" || o == "adamw_bnb_8bit" || o == "paged_adamw_8bit" || o == "adamw_torch_8bit" ||
+      o == "adamw_torch_4bit")
+    return "adamw_lowbit";
   throw optim.error("is \"" + optim.as_string() + "\", which memrt does not support; supported: adamw_torch, "
-                    "adamw_torch_fused, adamw_hf, paged_adamw_32bit (all AdamW), adam, sgd, and the 8-bit "
-                    "adamw_8bit, adamw_bnb_8bit, paged_adamw_8bit");
+                    "adamw_torch_fused, adamw_hf, paged_adamw_32bit (all AdamW), adam, sgd, the 8-bit "
+                    "adamw_8bit, adamw_bnb_8bit, paged_adamw_8bit (bitsandbytes) and adamw_torch_8bit, "
+                    "adamw_torch_4bit (torchao)");
 }
 
 void Loader::resolve_optimizer(const ConfigNode* opt) {
   OptimizerConfig& o = cfg.optimizer;
   const ConfigNode* y_optim = yv("optim");
   const std::string y_family = y_optim ? optim_family(*y_optim, diag) : "adamw";
-  if (y_family == "adamw_8bit") {
+  if (y_family == "adamw_lowbit") {
     ConfigNode options = ConfigNode::object(yaml_file, "");
     options.set("optim", *y_optim);
     add_plugin("quant", "optim", {yaml_file + ": " + y_optim->path()}, options);
@@ -679,7 +682,7 @@ void Loader::resolve_optimizer(const ConfigNode* opt) {
                                                          "adagrad", "lion", "muon", "muadam", "muadamw", "musgd"};
     if (deepspeed_only.count(t)) {
       throw type_node->error("is \"" + type_node->as_string() + "\", which memrt does not support; supported: "
-                             "\"Adam\", \"AdamW\", \"SGD\" (and 8-bit AdamW with train.yaml optim: adamw_8bit)");
+                             "\"Adam\", \"AdamW\", \"SGD\" (and low-bit AdamW with train.yaml optim: adamw_8bit, adamw_torch_4bit, ...)");
     }
     if (t != "adam" && t != "adamw" && t != "sgd") {
       throw type_node->error("is \"" + type_node->as_string() + "\", an unknown optimizer; supported: \"Adam\", "
@@ -727,16 +730,17 @@ void Loader::resolve_optimizer(const ConfigNode* opt) {
     p.finish();
     r.finish();
     if (o.lr <= 0) throw ConfigError(opt->file(), join_key_path(opt->path(), "params.lr"), "must be positive, got " + num_text(o.lr));
-    // train.yaml `optim` and the ds_config optimizer must describe the same optimizer.
+    // train.yaml `optim` and the ds_config optimizer must describe the same optimizer; a low-bit
+    // AdamW there picks its library's implementation of the ds_config's AdamW (its hyper-parameters).
     if (y_optim) {
       const std::string ds_family = o.type == "SGD" ? "sgd" : o.adam_w_mode ? "adamw" : "adam";
-      if (ds_family != y_family) {
+      if (ds_family != (y_family == "adamw_lowbit" ? "adamw" : y_family)) {
         throw ConfigError(type_node->file(), type_node->path(),
                           "is \"" + type_node->as_string() + "\"" +
                               (o.type == "Adam" ? std::string(o.adam_w_mode ? " (decoupled weight decay: adam_w_mode)" : " (adam_w_mode false)") : "") +
                               " but " + where(*y_optim) + " is \"" + y_optim->as_string() +
-                              "\": they name different optimizers; remove one (an 8-bit optimizer is chosen "
-                              "in train.yaml only, with no ds_config optimizer section)");
+                              "\": they name different optimizers; remove one (a low-bit AdamW, optim: adamw_8bit, "
+                              "adamw_torch_4bit, ..., goes alone or with a ds_config AdamW)");
       }
     }
   }

@@ -290,7 +290,8 @@ void Engine::setup() {
       if (store_->plan().slots()[i].group >= 0) trainable_.push_back(store_->param(static_cast<int>(i)));
 
     memory::Scope optimizer_scope(Category::kOptimizerState);
-    optimizer_ = make_optimizer(cfg_.optimizer, store_);
+    auto kernels = std::make_shared<StepKernelTable>();
+    optimizer_ = make_optimizer(cfg_.optimizer, store_, kernels);
     const Optimizer* built = optimizer_.get();
     // A flat gradient of full extent (another dtype than the compute one: fp32 accumulation) takes
     // each parameter's gradient as autograd hands it over; the host's callback runs first.
@@ -305,10 +306,10 @@ void Engine::setup() {
         grad = at::Tensor();
       });
     }
-    OptimizerContext opt_ctx{*model_, *store_, optimizer_, run_, *dist_, hooks};
+    OptimizerContext opt_ctx{*model_, *store_, optimizer_, run_, *dist_, hooks, *kernels};
     plugins_.each("build_optimizer", -1, [&](Plugin& p) { p.build_optimizer(opt_ctx); });
     if (!optimizer_) throw Error("a plugin's build_optimizer left no optimizer");
-    if (optimizer_.get() == built) check_step_formats(store_->plan());
+    if (optimizer_.get() == built) check_step_formats(store_->plan(), cfg_.optimizer.type, kernels.get());
     hooks.install();
   }
 

@@ -47,8 +47,9 @@ constexpr size_t kStepKeyLength = sizeof(kStepKey) - 1;
 // updates (a parameter without a gradient is skipped and keeps its count, as in torch.optim).
 class StoreOptimizer : public Optimizer {
  public:
-  StoreOptimizer(const OptimizerConfig& cfg, std::shared_ptr<ParamStore> store)
-      : cfg_(cfg), store_(std::move(store)), steps_(store_->plan().slots().size(), 0) {
+  StoreOptimizer(const OptimizerConfig& cfg, std::shared_ptr<ParamStore> store,
+                 std::shared_ptr<const StepKernelTable> kernels)
+      : cfg_(cfg), store_(std::move(store)), kernels_(std::move(kernels)), steps_(store_->plan().slots().size(), 0) {
     const StorePlan& plan = store_->plan();
     for (const StoreGroup& g : plan.groups()) {
       ParamGroup pg;
@@ -165,7 +166,7 @@ class StoreOptimizer : public Optimizer {
   // The plan is fixed once the store exists: its formats are checked at the first step only.
   void check_formats() {
     if (formats_checked_) return;
-    check_step_formats(store_->plan());
+    check_step_formats(store_->plan(), cfg_.type, kernels_.get());
     formats_checked_ = true;
   }
 
@@ -186,6 +187,7 @@ class StoreOptimizer : public Optimizer {
 
   OptimizerConfig cfg_;
   std::shared_ptr<ParamStore> store_;
+  std::shared_ptr<const StepKernelTable> kernels_;  // may be null: no plugin formats
   std::vector<ParamGroup> groups_;
   std::vector<int64_t> steps_;  // per slot: updates received
   bool formats_checked_ = false;
@@ -193,8 +195,9 @@ class StoreOptimizer : public Optimizer {
 
 class AdamOptimizer final : public StoreOptimizer {
  public:
-  AdamOptimizer(const OptimizerConfig& cfg, std::shared_ptr<ParamStore> store)
-      : StoreOptimizer(cfg, std::move(store)), decoupled_(cfg.type == "AdamW" || cfg.adam_w_mode) {}
+  AdamOptimizer(const OptimizerConfig& cfg, std::shared_ptr<ParamStore> store,
+                std::shared_ptr<const StepKernelTable> kernels)
+      : StoreOptimizer(cfg, std::move(store), std::move(kernels)), decoupled_(cfg.type == "AdamW" || cfg.adam_w_mode) {}
 
   std::string name() const override { return decoupled_ ? "AdamW" : "Adam"; }
 
@@ -214,6 +217,11 @@ class AdamOptimizer final : public StoreOptimizer {
       const at::Tensor master = store_->groups()[static_cast<size_t>(s.group)].master.defined()
                                     ? store_->slice(slot, StoreBuffer::kMaster).first
                                     : at::Tensor();
+      const StoreGroup& group_plan = plan.groups()[static_cast<size_t>(s.group)];
+      if (const StepKernel* kernel = kernels_ ? kernels_->find(plan.state_format(s.group).name) : nullptr) {
+        step_with(*kernel, slot, grad, first, n, scalars, compute, master);
+        return;
+      }
       const at::Tensor exp_avg = store_->slice(slot, StoreBuffer::kState, 0).first;
       const at::Tensor exp_avg_sq = store_->slice(slot, StoreBuffer::kState, 1).first;
       // Stochastic rounding's draws: one stream per (run seed, parameter, update), indexed by the
@@ -224,7 +232,7 @@ class AdamOptimizer final : public StoreOptimizer {
         r.first = first;
         return r;
       };
-      if (step_device(plan.groups()[static_cast<size_t>(s.group)], compute.device()).is_cuda()) {
+      if (step_device(group_plan, compute.device()).is_cuda()) {
 #ifdef MEMRT_WITH_CUDA
         fused_adam_cuda(with_rounding(adam_range(master, compute, grad, exp_avg, exp_avg_sq)), as, factor, cuda_stream(compute));
 #else
@@ -241,6 +249,36 @@ class AdamOptimizer final : public StoreOptimizer {
   }
 
  private:
+  // One range through a plugin's kernel: on the device the step runs on (the host's when the
+  // group is offloaded), the compute copy and gradient crossing over as for the built-in kernel.
+  void step_with(const StepKernel& kernel, int slot, const at::Tensor& grad, int64_t first, int64_t n,
+                 const StepScalars& scalars, const at::Tensor& compute, const at::Tensor& master) const {
+    const StorePlan& plan = store_->plan();
+    const ParamSlot& s = plan.slots()[static_cast<size_t>(slot)];
+    const StoreGroup& group = plan.groups()[static_cast<size_t>(s.group)];
+    const bool on_host = !step_device(group, compute.device()).is_cuda();
+    StepRange r;
+    r.param = &s.param;
+    r.first = first;
+    r.n = n;
+    r.compute = on_host && !compute.is_cpu() ? compute.to(at::kCPU) : compute;
+    r.master = master;
+    r.grad = on_host && !grad.is_cpu() ? grad.to(at::kCPU) : grad;
+    for (size_t k = 0; k < plan.state_format(s.group).tensors.size(); ++k)
+      r.state.push_back(store_->slice(slot, StoreBuffer::kState, static_cast<int>(k)).first);
+    r.grad_factor = static_cast<float>(scalars.grad_factor);
+    r.step = steps_[static_cast<size_t>(slot)];
+    r.lr = scalars.lr * group.lr_scale;
+    r.weight_decay = group.weight_decay;
+    r.beta1 = cfg_.beta1;
+    r.beta2 = cfg_.beta2;
+    r.eps = cfg_.eps;
+    r.decoupled = decoupled_;
+    r.bias_correction = cfg_.bias_correction;
+    kernel.step(r);
+    if (!r.compute.is_same(compute)) compute.copy_(r.compute);
+  }
+
   bool decoupled_;
 };
 
@@ -316,13 +354,30 @@ void check_config(const OptimizerConfig& cfg) {
 
 }  // namespace
 
-void check_step_formats(const StorePlan& plan) {
+void StepKernelTable::set(const std::string& format, std::shared_ptr<const StepKernel> kernel) {
+  if (!kernel) throw Error("step kernels: the kernel for format '" + format + "' is null");
+  if (format == "fp32" || format == "bf16")
+    throw Error("step kernels: '" + format + "' is the built-in step's own format; give the plugin's "
+                "format a name of its own (StateFormat::name)");
+  if (!kernels_.emplace(format, std::move(kernel)).second)
+    throw Error("step kernels: format '" + format + "' already has a kernel; one plugin owns each format");
+}
+
+const StepKernel* StepKernelTable::find(const std::string& format) const {
+  const auto it = kernels_.find(format);
+  return it == kernels_.end() ? nullptr : it->second.get();
+}
+
+void check_step_formats(const StorePlan& plan, const std::string& optimizer, const StepKernelTable* kernels) {
+  const bool adam = optimizer == "Adam" || optimizer == "AdamW";
   for (int g = 0; g < static_cast<int>(plan.groups().size()); ++g) {
     const StateFormat& f = plan.state_format(g);
-    if (f.is_plain()) continue;
+    if (adam && kernels && kernels->find(f.name)) continue;
+    if (f.is_plain() && (f.name == "fp32" || f.name == "bf16")) continue;
     throw Error("optimizer: group '" + plan.groups()[static_cast<size_t>(g)].name + "' keeps its state as '" +
-                f.name + "', which the built-in fused step has no kernel for (it steps fp32 and bf16 "
-                "moments); the plugin that set that format must replace the optimizer in build_optimizer");
+                f.name + "', which the built-in " + optimizer + " step has no kernel for (it steps fp32 and bf16 " +
+                "moments); the plugin that set that format must register its kernel " +
+                "(OptimizerContext::step_kernels, Adam/AdamW) or replace the optimizer in build_optimizer");
   }
 }
 
@@ -365,7 +420,8 @@ StoreOptions store_options(const OptimizerConfig& cfg) {
   return o;
 }
 
-std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, std::shared_ptr<ParamStore> store) {
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, std::shared_ptr<ParamStore> store,
+                                          std::shared_ptr<const StepKernelTable> kernels) {
   check_config(cfg);
   if (store->plan().options().optimizer != cfg.type) {
     throw Error("optimizer: the store was planned for " + store->plan().options().optimizer +
@@ -384,8 +440,8 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, std::share
     throw ConfigError("ds_config", "optimizer.params.bf16_stochastic_round",
                       "rounds bf16 weights that the step updates without fp32 masters; set "
                       "\"bf16\": {\"enabled\": true, \"bf16_master_weights_and_grads\": true} or remove it");
-  if (cfg.type == "SGD") return std::make_unique<SgdOptimizer>(cfg, std::move(store));
-  return std::make_unique<AdamOptimizer>(cfg, std::move(store));
+  if (cfg.type == "SGD") return std::make_unique<SgdOptimizer>(cfg, std::move(store), std::move(kernels));
+  return std::make_unique<AdamOptimizer>(cfg, std::move(store), std::move(kernels));
 }
 
 std::shared_ptr<ParamStore> make_param_store(const OptimizerConfig& cfg, std::vector<ParamGroup> groups) {

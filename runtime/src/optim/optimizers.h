@@ -11,7 +11,9 @@
 // int64: updates received) for each parameter this rank has stepped.
 #pragma once
 
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "config/train_config.h"
@@ -25,15 +27,29 @@ namespace memrt {
 // hyper-parameters.
 StoreOptions store_options(const OptimizerConfig& cfg);
 
+// The step kernels plugins register for their state formats (OptimizerContext::step_kernels).
+class StepKernelTable final : public StepKernels {
+ public:
+  void set(const std::string& format, std::shared_ptr<const StepKernel> kernel) override;
+  const StepKernel* find(const std::string& format) const;  // nullptr when none
+
+ private:
+  std::map<std::string, std::shared_ptr<const StepKernel>> kernels_;
+};
+
 // DeepSpeed's rule: "AdamW", or "Adam" with adam_w_mode true (the default), decays weights
 // decoupled (AdamW); "Adam" with adam_w_mode false adds the decay to the gradient (L2). Each
-// group's weight decay is the store's.
-std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, std::shared_ptr<ParamStore> store);
+// group's weight decay is the store's. Adam/AdamW hand the ranges of a group whose format has a
+// kernel in `kernels` to that kernel (read at each step: plugins register after this call).
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, std::shared_ptr<ParamStore> store,
+                                          std::shared_ptr<const StepKernelTable> kernels = nullptr);
 
-// The built-in step's kernels take the plain state formats (fp32, bf16 moments): an Error naming the
-// group and its format otherwise, saying that the plugin that set the format brings the step. The
-// host calls it when the optimizer it built is still the one that will step (after build_optimizer).
-void check_step_formats(const StorePlan& plan);
+// The built-in step takes the plain state formats (fp32, bf16 moments) and, under Adam/AdamW, those
+// with a kernel in `kernels`: an Error naming the group and its format otherwise, saying that the
+// plugin that set the format brings the step. The host calls it when the optimizer it built is
+// still the one that will step (after build_optimizer).
+void check_step_formats(const StorePlan& plan, const std::string& optimizer = "AdamW",
+                        const StepKernelTable* kernels = nullptr);
 
 // Where group `group`'s step runs: on the host when its masters or optimizer state are host
 // buffers (offload_optimizer: the step's read-modify-write stays where those bytes are, and only

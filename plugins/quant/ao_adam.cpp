@@ -1,0 +1,187 @@
+#include "ao_adam.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <memrt/error.h>
+
+#include "adam_state.h"
+#include "blockwise.h"
+#include "cpu_loops.h"
+
+namespace memrt::quant {
+
+namespace {
+
+// A map as the kernel's constant (a plain array: not a tensor the memory report would count).
+struct Map {
+  std::vector<float> values;
+  int size() const { return static_cast<int>(values.size()); }
+};
+
+Map make_map(const at::Tensor& t) {
+  const at::Tensor c = t.contiguous();
+  return Map{std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel())};
+}
+
+// torchao's maps: 8 bits, bitsandbytes' dynamic maps; 4 bits, create_dynamic_map(True, 3, 4) and
+// linspace(0, 1, 17)[1:].
+const Map& signed_map(int bits) {
+  static const Map m8 = make_map(ao_map(8, true)), m4 = make_map(ao_map(4, true));
+  return bits == 8 ? m8 : m4;
+}
+const Map& unsigned_map(int bits) {
+  static const Map m8 = make_map(ao_map(8, false)), m4 = make_map(ao_map(4, false));
+  return bits == 8 ? m8 : m4;
+}
+
+// Codes of element i of a block: one a byte, or two (element 2j in the high nibble).
+uint32_t load_code(int bits, const uint8_t* codes, int64_t i) { return bits == 8 ? codes[i] : unpack4(codes, i); }
+
+// One block of n values: dequantized into out (map[code] * scale).
+void dequantize(int bits, const uint8_t* codes, float scale, const Map& map, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = map.values[load_code(bits, codes, i)] * scale;
+}
+
+// torchao's scale_tensor and quantize_{8,4}bit_with_qmap for one block: scale = max(|x|, 1e-12),
+// codes of x / scale.
+void quantize(int bits, const float* x, const Map& map, int64_t n, uint8_t* codes, float* scale) {
+  float amax = 0.f;
+  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float s = std::max(amax, 1e-12f);
+  *scale = s;
+  if (bits == 8) {
+    for (int64_t i = 0; i < n; ++i) codes[i] = ao_code(map.values.data(), map.size(), x[i] / s);
+    return;
+  }
+  for (int64_t j = 0; j < n / 2; ++j)
+    codes[j] = pack4(ao_code(map.values.data(), map.size(), x[2 * j] / s),
+                     ao_code(map.values.data(), map.size(), x[2 * j + 1] / s));
+}
+
+constexpr int64_t kGrainBlocks = 16;
+
+class AoAdamKernel final : public StepKernel {
+ public:
+  explicit AoAdamKernel(int bits) : bits_(bits) {}
+
+  void step(const StepRange& r) const override {
+    if (bits_ != 32 && (r.first % ao_block(bits_) != 0 || r.n % ao_block(bits_) != 0))
+      throw Error("torchao Adam step: the range of '" + r.param->name + "' [" + std::to_string(r.first) + ", " +
+                  std::to_string(r.first + r.n) + ") is not whole blocks of " + std::to_string(ao_block(bits_)) +
+                  " (the store's block alignment is broken)");
+    const Fp32Range f(r, "torchao Adam step");
+    const AoAdamScalars s =
+        ao_adam_scalars(r.lr, r.beta1, r.beta2, r.eps, r.weight_decay, r.step, r.decoupled, r.bias_correction);
+    if (bits_ == 32) {
+      ao_adam32_cpu(f.p.data_ptr<float>(), f.g.data_ptr<float>(), r.state[0].data_ptr<float>(),
+                    r.state[1].data_ptr<float>(), r.n, s);
+    } else {
+      ao_adam_lowbit_cpu(bits_, f.p.data_ptr<float>(), f.g.data_ptr<float>(), r.state[0].data_ptr<uint8_t>(),
+                         r.state[1].data_ptr<float>(), r.state[2].data_ptr<uint8_t>(), r.state[3].data_ptr<float>(),
+                         r.n, s);
+    }
+    f.finish(r);
+  }
+
+ private:
+  int bits_;
+};
+
+}  // namespace
+
+int64_t ao_block(int bits) { return bits == 4 ? 128 : 256; }
+
+at::Tensor ao_map(int bits, bool is_signed) {
+  if (bits == 8) return dynamic_map(is_signed);
+  return is_signed ? dynamic_map(true, 3, 4) : linear_map16();
+}
+
+void ao_quantize(int bits, bool is_signed, const float* x, int64_t n, uint8_t* codes, float* scale) {
+  const int64_t block = ao_block(bits), bytes = bits == 8 ? block : block / 2;
+  const Map& map = is_signed ? signed_map(bits) : unsigned_map(bits);
+  for (int64_t b = 0; b < n / block; ++b) quantize(bits, x + b * block, map, block, codes + b * bytes, scale + b);
+}
+
+StateFormat ao_format(int bits) {
+  if (bits != 8 && bits != 4) throw Error("torchao Adam: " + std::to_string(bits) + "-bit state does not exist (8 or 4)");
+  const int64_t per_code = bits == 8 ? 1 : 2;
+  StateFormat f;
+  f.name = bits == 8 ? kAo8Format : kAo4Format;
+  f.block = ao_block(bits);
+  f.blocks_per_tensor = true;
+  f.tensors = {{"exp_avg", at::kByte, per_code},
+               {"exp_avg.scale", at::kFloat, f.block},
+               {"exp_avg_sq", at::kByte, per_code},
+               {"exp_avg_sq.scale", at::kFloat, f.block}};
+  return f;
+}
+
+StateFormat ao32_format() {
+  StateFormat f = StateFormat::plain(at::kFloat, {"exp_avg", "exp_avg_sq"});
+  f.name = kAo32Format;
+  return f;
+}
+
+void plan_ao_adam(StorePlan& plan, int bits) {
+  const int64_t block = ao_block(bits);
+  plan_low_bit_state(plan, [block](int64_t numel) { return numel < kAoMinQuantSize || numel % block != 0; },
+                     ao32_format(), ao_format(bits));
+}
+
+AoAdamScalars ao_adam_scalars(double lr, double beta1, double beta2, double eps, double weight_decay,
+                              int64_t step, bool decoupled, bool bias_correction) {
+  AoAdamScalars s;
+  s.lr = static_cast<float>(lr);
+  s.lr_wd = s.lr * static_cast<float>(weight_decay);
+  s.l2 = static_cast<float>(weight_decay);
+  s.decoupled = decoupled;
+  s.weight1 = static_cast<float>(1.0 - beta1);
+  s.weight2 = static_cast<float>(1.0 - beta2);
+  const double t = static_cast<double>(step);
+  if (bias_correction) {
+    s.bc1 = 1.f - static_cast<float>(std::pow(static_cast<double>(static_cast<float>(beta1)), t));
+    s.sqrt_bc2 = std::sqrt(1.f - static_cast<float>(std::pow(static_cast<double>(static_cast<float>(beta2)), t)));
+  }
+  s.eps = static_cast<float>(eps);
+  return s;
+}
+
+void ao_adam_lowbit_cpu(int bits, float* p, const float* g, uint8_t* m_codes, float* m_scale, uint8_t* v_codes,
+                        float* v_scale, int64_t n, const AoAdamScalars& s) {
+  const int64_t block = ao_block(bits);
+  const int64_t bytes = bits == 8 ? block : block / 2;  // of codes per block
+  const Map& sm = signed_map(bits);
+  const Map& um = unsigned_map(bits);
+  at::parallel_for(0, n / block, kGrainBlocks, [&](int64_t b0, int64_t b1) {
+    std::array<float, 256> m{}, v{};
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t begin = b * block;
+      dequantize(bits, m_codes + b * bytes, m_scale[b], sm, block, m.data());
+      dequantize(bits, v_codes + b * bytes, v_scale[b], um, block, v.data());
+      for (int64_t i = 0; i < block; ++i) {
+        float& pi = p[begin + i];
+        ao_adam_moments(pi, g[begin + i], m[static_cast<size_t>(i)], v[static_cast<size_t>(i)], s);
+        pi = ao_adam_param(pi, m[static_cast<size_t>(i)], v[static_cast<size_t>(i)], s);
+      }
+      quantize(bits, m.data(), sm, block, m_codes + b * bytes, m_scale + b);
+      quantize(bits, v.data(), um, block, v_codes + b * bytes, v_scale + b);
+    }
+  });
+}
+
+void ao_adam32_cpu(float* p, const float* g, float* m, float* v, int64_t n, const AoAdamScalars& s) {
+  at::parallel_for(0, n, kGrainBlocks * 256, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      ao_adam_moments(p[i], g[i], m[i], v[i], s);
+      p[i] = ao_adam_param(p[i], m[i], v[i], s);
+    }
+  });
+}
+
+std::shared_ptr<const StepKernel> ao_adam_kernel(int bits) { return std::make_shared<AoAdamKernel>(bits); }
+
+}  // namespace memrt::quant

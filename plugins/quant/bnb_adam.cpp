@@ -1,0 +1,155 @@
+#include "bnb_adam.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <string>
+
+#include <memrt/error.h>
+
+#include "adam_state.h"
+#include "blockwise.h"
+#include "cpu_loops.h"
+
+namespace memrt::quant {
+
+namespace {
+
+// The tables of the two maps, built once (64 KiB each).
+const QuantizeTable& signed_table() {
+  static const QuantizeTable table(dynamic_map(true));
+  return table;
+}
+const QuantizeTable& unsigned_table() {
+  static const QuantizeTable table(dynamic_map(false));
+  return table;
+}
+// The maps as plain arrays: constants of the kernel, not tensors the memory report would count.
+std::array<float, 256> map_array(bool is_signed) {
+  std::array<float, 256> out{};
+  const at::Tensor map = dynamic_map(is_signed);
+  std::copy(map.data_ptr<float>(), map.data_ptr<float>() + 256, out.begin());
+  return out;
+}
+const float* signed_map() {
+  static const std::array<float, 256> map = map_array(true);
+  return map.data();
+}
+const float* unsigned_map() {
+  static const std::array<float, 256> map = map_array(false);
+  return map.data();
+}
+
+// Blocks per task: 16 blocks of 256 elements, each task's buffers in the L1 cache.
+constexpr int64_t kGrainBlocks = 16;
+
+class BnbAdamKernel final : public StepKernel {
+ public:
+  explicit BnbAdamKernel(bool eight_bit) : eight_bit_(eight_bit) {}
+
+  void step(const StepRange& r) const override {
+    if (eight_bit_ && r.first % kBnbBlock != 0)
+      throw Error("bitsandbytes Adam step: the range of '" + r.param->name + "' starts at element " +
+                  std::to_string(r.first) + ", inside a block of " + std::to_string(kBnbBlock) +
+                  " (the store's block alignment is broken)");
+    if (!r.decoupled && r.weight_decay > 0)
+      throw Error("bitsandbytes Adam step: '" + r.param->name + "' decays by L2 in the gradient (Adam with "
+                  "adam_w_mode false); bitsandbytes' 8-bit step decays the weight (AdamW): set adam_w_mode true "
+                  "or weight_decay 0");
+    const Fp32Range f(r, "bitsandbytes Adam step");
+    const BnbAdamScalars s =
+        bnb_adam_scalars(r.lr, r.beta1, r.beta2, r.eps, r.weight_decay, r.step, r.bias_correction);
+    if (eight_bit_) {
+      bnb_adam8_cpu(f.p.data_ptr<float>(), f.g.data_ptr<float>(), r.state[0].data_ptr<uint8_t>(),
+                    r.state[1].data_ptr<float>(), r.state[2].data_ptr<uint8_t>(), r.state[3].data_ptr<float>(), r.n, s);
+    } else {
+      bnb_adam32_cpu(f.p.data_ptr<float>(), f.g.data_ptr<float>(), r.state[0].data_ptr<float>(),
+                     r.state[1].data_ptr<float>(), r.n, s);
+    }
+    f.finish(r);
+  }
+
+ private:
+  bool eight_bit_;
+};
+
+}  // namespace
+
+StateFormat bnb8_format() {
+  StateFormat f;
+  f.name = kBnb8Format;
+  f.tensors = {{"exp_avg", at::kByte, 1},
+               {"exp_avg.absmax", at::kFloat, kBnbBlock},
+               {"exp_avg_sq", at::kByte, 1},
+               {"exp_avg_sq.absmax", at::kFloat, kBnbBlock}};
+  f.block = kBnbBlock;
+  f.blocks_per_tensor = true;
+  return f;
+}
+
+StateFormat bnb32_format() {
+  StateFormat f = StateFormat::plain(at::kFloat, {"exp_avg", "exp_avg_sq"});
+  f.name = kBnb32Format;
+  return f;
+}
+
+void plan_bnb_adam8(StorePlan& plan) {
+  plan_low_bit_state(plan, [](int64_t numel) { return numel < kBnbMin8BitSize; }, bnb32_format(), bnb8_format());
+}
+
+BnbAdamScalars bnb_adam_scalars(double lr, double beta1, double beta2, double eps, double weight_decay,
+                                int64_t step, bool bias_correction) {
+  const double t = static_cast<double>(step);
+  const double correction1 = bias_correction ? 1.0 - std::pow(beta1, t) : 1.0;
+  const double correction2 = bias_correction ? std::sqrt(1.0 - std::pow(beta2, t)) : 1.0;
+  BnbAdamScalars s;
+  s.beta1 = static_cast<float>(beta1);
+  s.beta2 = static_cast<float>(beta2);
+  s.one_minus_beta1 = static_cast<float>(1.0 - beta1);
+  s.one_minus_beta2 = static_cast<float>(1.0 - beta2);
+  s.eps = static_cast<float>(eps);
+  s.correction2 = static_cast<float>(correction2);
+  s.step_size = static_cast<float>(-lr / correction1);
+  s.eps_c2 = static_cast<float>(eps * correction2);
+  s.step_size32 = static_cast<float>(-lr * correction2 / correction1);
+  s.decays = weight_decay > 0.0;
+  s.decay = static_cast<float>(1.0 - lr * weight_decay);
+  return s;
+}
+
+void bnb_adam8_cpu(float* p, const float* g, uint8_t* m_codes, float* m_absmax, uint8_t* v_codes,
+                   float* v_absmax, int64_t n, const BnbAdamScalars& s) {
+  const QuantizeTable& st = signed_table();
+  const QuantizeTable& ut = unsigned_table();
+  const float* sm = signed_map();
+  const float* um = unsigned_map();
+  at::parallel_for(0, (n + kBnbBlock - 1) / kBnbBlock, kGrainBlocks, [&](int64_t b0, int64_t b1) {
+    float m[kBnbBlock], v[kBnbBlock];
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t begin = b * kBnbBlock, len = std::min(kBnbBlock, n - begin);
+      dequantize_blockwise(m_codes + begin, m_absmax + b, len, kBnbBlock, sm, m);
+      dequantize_blockwise(v_codes + begin, v_absmax + b, len, kBnbBlock, um, v);
+      for (int64_t i = 0; i < len; ++i) {
+        bnb_adam_moments(g[begin + i], m[i], v[i], s);
+        p[begin + i] = bnb_adam8_param(p[begin + i], m[i], v[i], s);
+      }
+      quantize_blockwise(m, len, kBnbBlock, st, m_codes + begin, m_absmax + b);
+      quantize_blockwise(v, len, kBnbBlock, ut, v_codes + begin, v_absmax + b);
+    }
+  });
+}
+
+void bnb_adam32_cpu(float* p, const float* g, float* m, float* v, int64_t n, const BnbAdamScalars& s) {
+  at::parallel_for(0, n, kGrainBlocks * kBnbBlock, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      bnb_adam_moments(g[i], m[i], v[i], s);
+      p[i] = bnb_adam32_param(p[i], m[i], v[i], s);
+    }
+  });
+}
+
+std::shared_ptr<const StepKernel> bnb_adam_kernel(bool eight_bit) {
+  return std::make_shared<BnbAdamKernel>(eight_bit);
+}
+
+}  // namespace memrt::quant
