@@ -115,13 +115,15 @@ int main(int argc, char** argv) {
                                                   torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
     step = [&] { adamw->step(); };
   } else if (impl == "memrt_bnb8" || impl == "memrt_ao8" || impl == "memrt_ao4") {
-    // Codes and scales as the store holds them (n a whole number of blocks: the sizes are).
+    // Codes and scales as the store holds them: bitsandbytes' last block may be short; torchao's
+    // kernel steps whole blocks only (its tensors are), here the first n - n % block elements.
     const int bits = impl == "memrt_ao4" ? 4 : 8;
     const int64_t block = impl == "memrt_ao4" ? 128 : 256;
-    codes_m = at::zeros({bits == 8 ? n : n / 2}, at::kByte);
+    codes_m = at::zeros({bits == 8 ? n : (n + 1) / 2}, at::kByte);
     codes_v = at::zeros_like(codes_m);
-    scale_m = at::zeros({n / block});
-    scale_v = at::zeros({n / block});
+    scale_m = at::zeros({(n + block - 1) / block});
+    scale_v = at::zeros({(n + block - 1) / block});
+    const int64_t whole = n - n % block;
     if (impl == "memrt_bnb8") {
       const memrt::quant::BnbAdamScalars s = memrt::quant::bnb_adam_scalars(1e-3, 0.9, 0.999, 1e-8, 0.01, 1, true);
       step = [&, s] {
@@ -130,10 +132,10 @@ int main(int argc, char** argv) {
       };
     } else {
       const memrt::quant::AoAdamScalars s = memrt::quant::ao_adam_scalars(1e-3, 0.9, 0.999, 1e-8, 0.01, 1, true, true);
-      step = [&, s, bits] {
+      step = [&, s, bits, whole] {
         memrt::quant::ao_adam_lowbit_cpu(bits, p.data_ptr<float>(), g.data_ptr<float>(), codes_m.data_ptr<uint8_t>(),
                                          scale_m.data_ptr<float>(), codes_v.data_ptr<uint8_t>(), scale_v.data_ptr<float>(),
-                                         n, s);
+                                         whole, s);
       };
     }
   } else {

@@ -38,28 +38,84 @@ const Map& unsigned_map(int bits) {
   return bits == 8 ? m8 : m4;
 }
 
-// Codes of element i of a block: one a byte, or two (element 2j in the high nibble).
-uint32_t load_code(int bits, const uint8_t* codes, int64_t i) { return bits == 8 ? codes[i] : unpack4(codes, i); }
+// One block of torchao's state, Bits 8 (256 elements, a code a byte) or 4 (128, two codes a byte),
+// written as loops that vectorise; each is the scalar rule of quant_math.h element by element.
+template <int Bits>
+struct AoBlock {
+  static constexpr int64_t kLength = Bits == 8 ? 256 : 128;
+  static constexpr int kCodes = Bits == 8 ? 256 : 16;
 
-// One block of n values: dequantized into out (map[code] * scale).
-void dequantize(int bits, const uint8_t* codes, float scale, const Map& map, int64_t n, float* out) {
-  for (int64_t i = 0; i < n; ++i) out[i] = map.values[load_code(bits, codes, i)] * scale;
-}
-
-// torchao's scale_tensor and quantize_{8,4}bit_with_qmap for one block: scale = max(|x|, 1e-12),
-// codes of x / scale.
-void quantize(int bits, const float* x, const Map& map, int64_t n, uint8_t* codes, float* scale) {
-  float amax = 0.f;
-  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
-  const float s = std::max(amax, 1e-12f);
-  *scale = s;
-  if (bits == 8) {
-    for (int64_t i = 0; i < n; ++i) codes[i] = ao_code(map.values.data(), map.size(), x[i] / s);
-    return;
+  // map[code] * scale (element 2j in the high nibble of byte j at 4 bits).
+  static void dequantize(const uint8_t* __restrict codes, float scale, const float* __restrict map,
+                         float* __restrict out) {
+    if constexpr (Bits == 8) {
+      for (int64_t i = 0; i < kLength; ++i) out[i] = map[codes[i]] * scale;
+    } else {
+      for (int64_t j = 0; j < kLength / 2; ++j) {
+        out[2 * j] = map[codes[j] >> 4] * scale;
+        out[2 * j + 1] = map[codes[j] & 15] * scale;
+      }
+    }
   }
-  for (int64_t j = 0; j < n / 2; ++j)
-    codes[j] = pack4(ao_code(map.values.data(), map.size(), x[2 * j] / s),
-                     ao_code(map.values.data(), map.size(), x[2 * j + 1] / s));
+
+  // torchao's scale_tensor and quantize_{8,4}bit_with_qmap: scale = max(max |x|, 1e-12), then
+  // ao_code(x / scale) by the same binary search, one step for all elements at a time.
+  static void quantize(const float* __restrict x, const float* __restrict map, uint8_t* __restrict codes,
+                       float* scale) {
+    uint32_t largest = 0;
+    for (int64_t i = 0; i < kLength; ++i) largest = std::max(largest, abs_bits(x[i]));
+    const float s = std::max(from_bits(largest), 1e-12f);
+    *scale = s;
+    float y[kLength];
+    int32_t c[kLength];
+    for (int64_t i = 0; i < kLength; ++i) {
+      y[i] = x[i] / s;
+      c[i] = 0;
+    }
+    for (int32_t step = kCodes / 2; step >= 1; step /= 2)
+      for (int64_t i = 0; i < kLength; ++i) c[i] += y[i] >= map[c[i] + step] ? step : 0;
+    for (int64_t i = 0; i < kLength; ++i) {
+      const int32_t up = c[i] + 1 < kCodes ? c[i] + 1 : kCodes - 1;
+      c[i] = ao_rounds_up(y[i], map[c[i]], map[up]) ? up : c[i];
+    }
+    if constexpr (Bits == 8) {
+      for (int64_t i = 0; i < kLength; ++i) codes[i] = static_cast<uint8_t>(c[i]);
+    } else {
+      for (int64_t j = 0; j < kLength / 2; ++j)
+        codes[j] = pack4(static_cast<uint8_t>(c[2 * j]), static_cast<uint8_t>(c[2 * j + 1]));
+    }
+  }
+
+  static void step(float* __restrict p, const float* __restrict g, uint8_t* m_codes, float* m_scale,
+                   uint8_t* v_codes, float* v_scale, const AoAdamScalars& s) {
+    const float* sm = signed_map(Bits).values.data();
+    const float* um = unsigned_map(Bits).values.data();
+    float m[kLength], v[kLength];
+    dequantize(m_codes, *m_scale, sm, m);
+    dequantize(v_codes, *v_scale, um, v);
+    for (int64_t i = 0; i < kLength; ++i) {
+      ao_adam_moments(p[i], g[i], m[i], v[i], s);
+      p[i] = ao_adam_param(p[i], m[i], v[i], s);
+    }
+    quantize(m, sm, m_codes, m_scale);
+    quantize(v, um, v_codes, v_scale);
+  }
+};
+
+MEMRT_QUANT_CLONES void ao8_block(float* p, const float* g, uint8_t* mc, float* ms, uint8_t* vc, float* vs,
+                                  const AoAdamScalars& s) {
+  AoBlock<8>::step(p, g, mc, ms, vc, vs, s);
+}
+MEMRT_QUANT_CLONES void ao4_block(float* p, const float* g, uint8_t* mc, float* ms, uint8_t* vc, float* vs,
+                                  const AoAdamScalars& s) {
+  AoBlock<4>::step(p, g, mc, ms, vc, vs, s);
+}
+MEMRT_QUANT_CLONES void ao32_chunk(float* __restrict p, const float* __restrict g, float* __restrict m,
+                                   float* __restrict v, int64_t n, const AoAdamScalars& s) {
+  for (int64_t i = 0; i < n; ++i) {
+    ao_adam_moments(p[i], g[i], m[i], v[i], s);
+    p[i] = ao_adam_param(p[i], m[i], v[i], s);
+  }
 }
 
 constexpr int64_t kGrainBlocks = 16;
@@ -102,8 +158,14 @@ at::Tensor ao_map(int bits, bool is_signed) {
 
 void ao_quantize(int bits, bool is_signed, const float* x, int64_t n, uint8_t* codes, float* scale) {
   const int64_t block = ao_block(bits), bytes = bits == 8 ? block : block / 2;
-  const Map& map = is_signed ? signed_map(bits) : unsigned_map(bits);
-  for (int64_t b = 0; b < n / block; ++b) quantize(bits, x + b * block, map, block, codes + b * bytes, scale + b);
+  const float* map = (is_signed ? signed_map(bits) : unsigned_map(bits)).values.data();
+  for (int64_t b = 0; b < n / block; ++b) {
+    if (bits == 8) {
+      AoBlock<8>::quantize(x + b * block, map, codes + b * bytes, scale + b);
+    } else {
+      AoBlock<4>::quantize(x + b * block, map, codes + b * bytes, scale + b);
+    }
+  }
 }
 
 StateFormat ao_format(int bits) {
@@ -154,31 +216,18 @@ void ao_adam_lowbit_cpu(int bits, float* p, const float* g, uint8_t* m_codes, fl
                         float* v_scale, int64_t n, const AoAdamScalars& s) {
   const int64_t block = ao_block(bits);
   const int64_t bytes = bits == 8 ? block : block / 2;  // of codes per block
-  const Map& sm = signed_map(bits);
-  const Map& um = unsigned_map(bits);
+  signed_map(bits);  // built before the threads start
+  unsigned_map(bits);
   at::parallel_for(0, n / block, kGrainBlocks, [&](int64_t b0, int64_t b1) {
-    std::array<float, 256> m{}, v{};
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t begin = b * block;
-      dequantize(bits, m_codes + b * bytes, m_scale[b], sm, block, m.data());
-      dequantize(bits, v_codes + b * bytes, v_scale[b], um, block, v.data());
-      for (int64_t i = 0; i < block; ++i) {
-        float& pi = p[begin + i];
-        ao_adam_moments(pi, g[begin + i], m[static_cast<size_t>(i)], v[static_cast<size_t>(i)], s);
-        pi = ao_adam_param(pi, m[static_cast<size_t>(i)], v[static_cast<size_t>(i)], s);
-      }
-      quantize(bits, m.data(), sm, block, m_codes + b * bytes, m_scale + b);
-      quantize(bits, v.data(), um, block, v_codes + b * bytes, v_scale + b);
-    }
+    for (int64_t b = b0; b < b1; ++b)
+      (bits == 8 ? ao8_block : ao4_block)(p + b * block, g + b * block, m_codes + b * bytes, m_scale + b,
+                                          v_codes + b * bytes, v_scale + b, s);
   });
 }
 
 void ao_adam32_cpu(float* p, const float* g, float* m, float* v, int64_t n, const AoAdamScalars& s) {
   at::parallel_for(0, n, kGrainBlocks * 256, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      ao_adam_moments(p[i], g[i], m[i], v[i], s);
-      p[i] = ao_adam_param(p[i], m[i], v[i], s);
-    }
+    ao32_chunk(p + i0, g + i0, m + i0, v + i0, i1 - i0, s);
   });
 }
 

@@ -31,6 +31,7 @@ class QuantizeTable {
   explicit QuantizeTable(const float* map256);
   explicit QuantizeTable(const at::Tensor& map256);  // 256 fp32 values, ascending
   uint8_t code(float normalized) const { return codes_[table_index(normalized)]; }
+  const uint8_t* data() const { return codes_.data(); }  // by grid point, kTableSize codes
 
  private:
   std::array<uint8_t, kTableSize> codes_{};

@@ -117,34 +117,68 @@ BnbAdamScalars bnb_adam_scalars(double lr, double beta1, double beta2, double ep
   return s;
 }
 
-void bnb_adam8_cpu(float* p, const float* g, uint8_t* m_codes, float* m_absmax, uint8_t* v_codes,
-                   float* v_absmax, int64_t n, const BnbAdamScalars& s) {
-  const QuantizeTable& st = signed_table();
-  const QuantizeTable& ut = unsigned_table();
+namespace {
+
+// bitsandbytes' quantize_blockwise of one block (quantize_blockwise() in blockwise.cpp, written as
+// loops that vectorise).
+inline void requantize(const float* __restrict x, int64_t len, const uint8_t* __restrict table,
+                       uint8_t* __restrict codes, float* absmax) {
+  uint32_t largest = 0;
+  for (int64_t i = 0; i < len; ++i) largest = std::max(largest, abs_bits(x[i]));
+  const float m = from_bits(largest);
+  *absmax = m;
+  if (m == 0.f) {
+    for (int64_t i = 0; i < len; ++i) codes[i] = 0;
+    return;
+  }
+  const float inv = 1.f / m;
+  for (int64_t i = 0; i < len; ++i) codes[i] = table[table_index(x[i] * inv)];
+}
+
+// One block (len <= 256): dequantize both moments, update them and p, requantize.
+MEMRT_QUANT_CLONES void bnb_adam8_block(float* __restrict p, const float* __restrict g, uint8_t* __restrict m_codes,
+                                        float* m_absmax, uint8_t* __restrict v_codes, float* v_absmax, int64_t len,
+                                        const BnbAdamScalars& s) {
   const float* sm = signed_map();
   const float* um = unsigned_map();
+  float m[kBnbBlock], v[kBnbBlock];
+  const float am = *m_absmax, av = *v_absmax;
+  for (int64_t i = 0; i < len; ++i) m[i] = sm[m_codes[i]] * am;
+  for (int64_t i = 0; i < len; ++i) v[i] = um[v_codes[i]] * av;
+  for (int64_t i = 0; i < len; ++i) {
+    bnb_adam_moments(g[i], m[i], v[i], s);
+    p[i] = bnb_adam8_param(p[i], m[i], v[i], s);
+  }
+  requantize(m, len, signed_table().data(), m_codes, m_absmax);
+  requantize(v, len, unsigned_table().data(), v_codes, v_absmax);
+}
+
+MEMRT_QUANT_CLONES void bnb_adam32_chunk(float* __restrict p, const float* __restrict g, float* __restrict m,
+                                         float* __restrict v, int64_t n, const BnbAdamScalars& s) {
+  for (int64_t i = 0; i < n; ++i) {
+    bnb_adam_moments(g[i], m[i], v[i], s);
+    p[i] = bnb_adam32_param(p[i], m[i], v[i], s);
+  }
+}
+
+}  // namespace
+
+void bnb_adam8_cpu(float* p, const float* g, uint8_t* m_codes, float* m_absmax, uint8_t* v_codes,
+                   float* v_absmax, int64_t n, const BnbAdamScalars& s) {
+  signed_table();  // built before the threads start
+  unsigned_table();
   at::parallel_for(0, (n + kBnbBlock - 1) / kBnbBlock, kGrainBlocks, [&](int64_t b0, int64_t b1) {
-    float m[kBnbBlock], v[kBnbBlock];
     for (int64_t b = b0; b < b1; ++b) {
-      const int64_t begin = b * kBnbBlock, len = std::min(kBnbBlock, n - begin);
-      dequantize_blockwise(m_codes + begin, m_absmax + b, len, kBnbBlock, sm, m);
-      dequantize_blockwise(v_codes + begin, v_absmax + b, len, kBnbBlock, um, v);
-      for (int64_t i = 0; i < len; ++i) {
-        bnb_adam_moments(g[begin + i], m[i], v[i], s);
-        p[begin + i] = bnb_adam8_param(p[begin + i], m[i], v[i], s);
-      }
-      quantize_blockwise(m, len, kBnbBlock, st, m_codes + begin, m_absmax + b);
-      quantize_blockwise(v, len, kBnbBlock, ut, v_codes + begin, v_absmax + b);
+      const int64_t begin = b * kBnbBlock;
+      bnb_adam8_block(p + begin, g + begin, m_codes + begin, m_absmax + b, v_codes + begin, v_absmax + b,
+                      std::min(kBnbBlock, n - begin), s);
     }
   });
 }
 
 void bnb_adam32_cpu(float* p, const float* g, float* m, float* v, int64_t n, const BnbAdamScalars& s) {
   at::parallel_for(0, n, kGrainBlocks * kBnbBlock, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      bnb_adam_moments(g[i], m[i], v[i], s);
-      p[i] = bnb_adam32_param(p[i], m[i], v[i], s);
-    }
+    bnb_adam32_chunk(p + i0, g + i0, m + i0, v + i0, i1 - i0, s);
   });
 }
 

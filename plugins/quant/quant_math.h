@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "memrt/host_device.h"
 
@@ -161,11 +162,29 @@ MEMRT_HOST_DEVICE inline float bnb_adam32_param(float p, float m, float v, const
 // torchao's rounding to a code of an ascending map of `size` entries (a power of 2): the largest
 // code whose value is <= x (code 0 below the map) by its branch-free binary search, then one up
 // when x - map[c] >= (map[c+1] - map[c]) * 0.5: nearest, ties up.
+// The rounding step alone: whether x, at or above map value lo, goes up to the next value hi.
+MEMRT_HOST_DEVICE inline bool ao_rounds_up(float x, float lo, float hi) {
+  return add_rn(x, -lo) >= mul_rn(add_rn(hi, -lo), 0.5f);
+}
+
 MEMRT_HOST_DEVICE inline uint8_t ao_code(const float* map, int size, float x) {
   int c = 0;
   for (int step = size / 2; step >= 1; step /= 2) c += x >= map[c + step] ? step : 0;
   const int up = c + 1 < size ? c + 1 : size - 1;
-  return static_cast<uint8_t>(add_rn(x, -map[c]) >= mul_rn(add_rn(map[up], -map[c]), 0.5f) ? up : c);
+  return static_cast<uint8_t>(ao_rounds_up(x, map[c], map[up]) ? up : c);
+}
+
+// |x|'s bits: for numbers they order as the values do, so the largest gives a block's absmax with
+// an integer max (which vectorises, where a float max would not without fast-math).
+MEMRT_HOST_DEVICE inline uint32_t abs_bits(float x) {
+  uint32_t b = 0;
+  memcpy(&b, &x, sizeof b);
+  return b & 0x7fffffffu;
+}
+MEMRT_HOST_DEVICE inline float from_bits(uint32_t b) {
+  float x = 0.f;
+  memcpy(&x, &b, sizeof x);
+  return x;
 }
 
 // torch.lerp(start, end, weight) for a scalar weight, as ATen computes it.
