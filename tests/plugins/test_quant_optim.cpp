@@ -143,7 +143,7 @@ void expect_equal_bits(const at::Tensor& got, const at::Tensor& want, const std:
   if (count == 0) return;
   const int64_t first = differ.nonzero()[0][0].item<int64_t>();
   ADD_FAILURE() << what << ": " << count << " of " << g.numel() << " differ; first at " << first << ": memrt "
-                << g[first].item<double>() << ", bitsandbytes " << w[first].item<double>();
+                << g[first].item<double>() << ", the library " << w[first].item<double>();
 }
 
 // torch's CPU sqrt (which bitsandbytes' update calls) is MKL's, not the correctly rounded one memrt
