@@ -127,13 +127,13 @@ int main(int argc, char** argv) {
     if (impl == "memrt_bnb8") {
       const memrt::quant::BnbAdamScalars s = memrt::quant::bnb_adam_scalars(1e-3, 0.9, 0.999, 1e-8, 0.01, 1, true);
       step = [&, s] {
-        memrt::quant::bnb_adam8_cpu(p.data_ptr<float>(), g.data_ptr<float>(), codes_m.data_ptr<uint8_t>(),
+        memrt::quant::bnb_adam8_cpu(p.data_ptr<float>(), {g.data_ptr<float>(), at::kFloat, 1.f}, codes_m.data_ptr<uint8_t>(),
                                     scale_m.data_ptr<float>(), codes_v.data_ptr<uint8_t>(), scale_v.data_ptr<float>(), n, s);
       };
     } else {
       const memrt::quant::AoAdamScalars s = memrt::quant::ao_adam_scalars(1e-3, 0.9, 0.999, 1e-8, 0.01, 1, true, true);
       step = [&, s, bits, whole] {
-        memrt::quant::ao_adam_lowbit_cpu(bits, p.data_ptr<float>(), g.data_ptr<float>(), codes_m.data_ptr<uint8_t>(),
+        memrt::quant::ao_adam_lowbit_cpu(bits, p.data_ptr<float>(), {g.data_ptr<float>(), at::kFloat, 1.f}, codes_m.data_ptr<uint8_t>(),
                                          scale_m.data_ptr<float>(), codes_v.data_ptr<uint8_t>(), scale_v.data_ptr<float>(),
                                          whole, s);
       };

@@ -38,10 +38,13 @@ Fp32Range::Fp32Range(const StepRange& r, const char* who) {
   if (!r.compute.is_cpu())
     throw Error(std::string(who) + ": parameter '" + r.param->name + "' is on " + r.compute.device().str() +
                 "; this memrt's low-bit step runs on the CPU only (offload_optimizer puts it there)");
+  const at::ScalarType t = r.grad.scalar_type();
+  if ((t != at::kFloat && t != at::kBFloat16 && t != at::kHalf) || !r.grad.is_contiguous() || r.grad.numel() != r.n)
+    throw Error(std::string(who) + ": the gradient of '" + r.param->name + "' is " + c10::toString(t) +
+                ", " + std::to_string(r.grad.numel()) + " elements" + (r.grad.is_contiguous() ? "" : ", strided") +
+                "; the step reads " + std::to_string(r.n) + " contiguous fp32, bf16 or fp16 values");
   p = r.master.defined() ? r.master : r.compute.to(at::kFloat);
-  g = r.grad.to(at::kFloat);
-  if (r.grad_factor != 1.f) g = g * r.grad_factor;
-  g = g.contiguous();
+  grad = GradIn{r.grad.data_ptr(), t, r.grad_factor};
 }
 
 void Fp32Range::finish(const StepRange& r) const {

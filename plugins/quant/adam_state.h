@@ -10,6 +10,8 @@
 #include <memrt/optimizer.h>
 #include <memrt/param_store.h>
 
+#include "quant_math.h"
+
 namespace memrt::quant {
 
 // Lays out a low-bit optimizer's state on the plan: the tensors `keeps_32bit` accepts (by element
@@ -19,15 +21,37 @@ namespace memrt::quant {
 void plan_low_bit_state(StorePlan& plan, const std::function<bool(int64_t numel)>& keeps_32bit,
                         const StateFormat& plain, const StateFormat& quantized);
 
-// A range's value and gradient in fp32 on the CPU, as the libraries compute: p is the fp32 master,
-// the fp32 compute copy itself, or a widened copy of a 16-bit one; g is the gradient widened and
-// multiplied by the range's factor (one fp32 product, as grad.float() * scale). finish() writes p
-// back to a 16-bit compute copy (nearest-even). Throws for a range that is not on the CPU, naming
-// the parameter and `who`.
+// A range's gradient as the kernels read it, a block at a time into fp32 (no copy of the range):
+// each element widened exactly, then times `factor` (one fp32 product, as grad.float() * scale).
+struct GradIn {
+  const void* data = nullptr;
+  at::ScalarType type = at::kFloat;  // Float, BFloat16 or Half
+  float factor = 1.f;
+
+  // Elements [begin, begin + len) into out. Inline: compiled into each caller's ISA clones.
+  void load(int64_t begin, int64_t len, float* __restrict out) const {
+    if (type == at::kFloat) {
+      const float* g = static_cast<const float*>(data) + begin;
+      for (int64_t i = 0; i < len; ++i) out[i] = g[i] * factor;
+    } else if (type == at::kBFloat16) {
+      const uint16_t* g = static_cast<const uint16_t*>(data) + begin;
+      for (int64_t i = 0; i < len; ++i) out[i] = from_bits(static_cast<uint32_t>(g[i]) << 16) * factor;
+    } else {
+      const c10::Half* g = static_cast<const c10::Half*>(data) + begin;
+      for (int64_t i = 0; i < len; ++i) out[i] = static_cast<float>(g[i]) * factor;
+    }
+  }
+};
+
+// A range's value in fp32 on the CPU and its gradient, as the kernels take them: p is the fp32
+// master, the fp32 compute copy itself, or a widened copy of a 16-bit one (no master: rare), which
+// finish() writes back (nearest-even). Throws for a range that is not on the CPU or a gradient
+// the kernels do not read, naming the parameter and `who`.
 struct Fp32Range {
   Fp32Range(const StepRange& r, const char* who);
   void finish(const StepRange& r) const;
-  at::Tensor p, g;
+  at::Tensor p;
+  GradIn grad;
 };
 
 }  // namespace memrt::quant

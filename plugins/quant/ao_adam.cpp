@@ -49,7 +49,7 @@ struct AoBlock {
   static void dequantize(const uint8_t* __restrict codes, float scale, const float* __restrict map,
                          float* __restrict out) {
     if constexpr (Bits == 8) {
-      for (int64_t i = 0; i < kLength; ++i) out[i] = map[codes[i]] * scale;
+      dequantize_block(codes, scale, kLength, map, out);
     } else {
       for (int64_t j = 0; j < kLength / 2; ++j) {
         out[2 * j] = map[codes[j] >> 4] * scale;
@@ -86,11 +86,10 @@ struct AoBlock {
     }
   }
 
-  static void step(float* __restrict p, const float* __restrict g, uint8_t* m_codes, float* m_scale,
-                   uint8_t* v_codes, float* v_scale, const AoAdamScalars& s) {
-    const float* sm = signed_map(Bits).values.data();
-    const float* um = unsigned_map(Bits).values.data();
-    float m[kLength], v[kLength];
+  static void step(float* __restrict p, const GradIn& grad, int64_t begin, uint8_t* m_codes, float* m_scale,
+                   uint8_t* v_codes, float* v_scale, const AoAdamScalars& s, const float* sm, const float* um) {
+    float g[kLength], m[kLength], v[kLength];
+    grad.load(begin, kLength, g);
     dequantize(m_codes, *m_scale, sm, m);
     dequantize(v_codes, *v_scale, um, v);
     for (int64_t i = 0; i < kLength; ++i) {
@@ -102,17 +101,20 @@ struct AoBlock {
   }
 };
 
-MEMRT_QUANT_CLONES void ao8_block(float* p, const float* g, uint8_t* mc, float* ms, uint8_t* vc, float* vs,
-                                  const AoAdamScalars& s) {
-  AoBlock<8>::step(p, g, mc, ms, vc, vs, s);
+// A block's signed and unsigned maps come in looked up once per step, not per block.
+MEMRT_QUANT_CLONES void ao8_block(float* p, const GradIn& g, int64_t begin, uint8_t* mc, float* ms, uint8_t* vc,
+                                  float* vs, const AoAdamScalars& s, const float* sm, const float* um) {
+  AoBlock<8>::step(p, g, begin, mc, ms, vc, vs, s, sm, um);
 }
-MEMRT_QUANT_CLONES void ao4_block(float* p, const float* g, uint8_t* mc, float* ms, uint8_t* vc, float* vs,
-                                  const AoAdamScalars& s) {
-  AoBlock<4>::step(p, g, mc, ms, vc, vs, s);
+MEMRT_QUANT_CLONES void ao4_block(float* p, const GradIn& g, int64_t begin, uint8_t* mc, float* ms, uint8_t* vc,
+                                  float* vs, const AoAdamScalars& s, const float* sm, const float* um) {
+  AoBlock<4>::step(p, g, begin, mc, ms, vc, vs, s, sm, um);
 }
-MEMRT_QUANT_CLONES void ao32_chunk(float* __restrict p, const float* __restrict g, float* __restrict m,
-                                   float* __restrict v, int64_t n, const AoAdamScalars& s) {
-  for (int64_t i = 0; i < n; ++i) {
+MEMRT_QUANT_CLONES void ao32_block(float* __restrict p, const GradIn& grad, int64_t begin, float* __restrict m,
+                                   float* __restrict v, int64_t len, const AoAdamScalars& s) {
+  float g[256];
+  grad.load(begin, len, g);
+  for (int64_t i = 0; i < len; ++i) {
     ao_adam_moments(p[i], g[i], m[i], v[i], s);
     p[i] = ao_adam_param(p[i], m[i], v[i], s);
   }
@@ -133,10 +135,10 @@ class AoAdamKernel final : public StepKernel {
     const AoAdamScalars s =
         ao_adam_scalars(r.lr, r.beta1, r.beta2, r.eps, r.weight_decay, r.step, r.decoupled, r.bias_correction);
     if (bits_ == 32) {
-      ao_adam32_cpu(f.p.data_ptr<float>(), f.g.data_ptr<float>(), r.state[0].data_ptr<float>(),
+      ao_adam32_cpu(f.p.data_ptr<float>(), f.grad, r.state[0].data_ptr<float>(),
                     r.state[1].data_ptr<float>(), r.n, s);
     } else {
-      ao_adam_lowbit_cpu(bits_, f.p.data_ptr<float>(), f.g.data_ptr<float>(), r.state[0].data_ptr<uint8_t>(),
+      ao_adam_lowbit_cpu(bits_, f.p.data_ptr<float>(), f.grad, r.state[0].data_ptr<uint8_t>(),
                          r.state[1].data_ptr<float>(), r.state[2].data_ptr<uint8_t>(), r.state[3].data_ptr<float>(),
                          r.n, s);
     }
@@ -212,22 +214,23 @@ AoAdamScalars ao_adam_scalars(double lr, double beta1, double beta2, double eps,
   return s;
 }
 
-void ao_adam_lowbit_cpu(int bits, float* p, const float* g, uint8_t* m_codes, float* m_scale, uint8_t* v_codes,
+void ao_adam_lowbit_cpu(int bits, float* p, const GradIn& g, uint8_t* m_codes, float* m_scale, uint8_t* v_codes,
                         float* v_scale, int64_t n, const AoAdamScalars& s) {
   const int64_t block = ao_block(bits);
   const int64_t bytes = bits == 8 ? block : block / 2;  // of codes per block
-  signed_map(bits);  // built before the threads start
-  unsigned_map(bits);
+  const float* sm = signed_map(bits).values.data();
+  const float* um = unsigned_map(bits).values.data();
   at::parallel_for(0, n / block, kGrainBlocks, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b)
-      (bits == 8 ? ao8_block : ao4_block)(p + b * block, g + b * block, m_codes + b * bytes, m_scale + b,
-                                          v_codes + b * bytes, v_scale + b, s);
+      (bits == 8 ? ao8_block : ao4_block)(p + b * block, g, b * block, m_codes + b * bytes, m_scale + b,
+                                          v_codes + b * bytes, v_scale + b, s, sm, um);
   });
 }
 
-void ao_adam32_cpu(float* p, const float* g, float* m, float* v, int64_t n, const AoAdamScalars& s) {
-  at::parallel_for(0, n, kGrainBlocks * 256, [&](int64_t i0, int64_t i1) {
-    ao32_chunk(p + i0, g + i0, m + i0, v + i0, i1 - i0, s);
+void ao_adam32_cpu(float* p, const GradIn& g, float* m, float* v, int64_t n, const AoAdamScalars& s) {
+  at::parallel_for(0, (n + 255) / 256, kGrainBlocks, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b)
+      ao32_block(p + b * 256, g, b * 256, m + b * 256, v + b * 256, std::min<int64_t>(256, n - b * 256), s);
   });
 }
 

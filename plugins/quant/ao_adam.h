@@ -14,6 +14,7 @@
 #include <memrt/optimizer.h>
 #include <memrt/param_store.h>
 
+#include "adam_state.h"
 #include "quant_math.h"
 
 namespace memrt::quant {
@@ -44,9 +45,9 @@ at::Tensor ao_map(int bits, bool is_signed);
 void ao_quantize(int bits, bool is_signed, const float* x, int64_t n, uint8_t* codes, float* scale);
 
 // n elements (a whole number of blocks) from a block boundary; codes of 4 bits hold n / 2 bytes.
-void ao_adam_lowbit_cpu(int bits, float* p, const float* g, uint8_t* m_codes, float* m_scale, uint8_t* v_codes,
+void ao_adam_lowbit_cpu(int bits, float* p, const GradIn& g, uint8_t* m_codes, float* m_scale, uint8_t* v_codes,
                         float* v_scale, int64_t n, const AoAdamScalars& s);
-void ao_adam32_cpu(float* p, const float* g, float* m, float* v, int64_t n, const AoAdamScalars& s);
+void ao_adam32_cpu(float* p, const GradIn& g, float* m, float* v, int64_t n, const AoAdamScalars& s);
 
 // The kernel of ao_format(bits) (bits 8 or 4), or of ao32_format() (bits 32).
 std::shared_ptr<const StepKernel> ao_adam_kernel(int bits);

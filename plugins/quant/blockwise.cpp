@@ -98,16 +98,8 @@ void quantize_blockwise(const float* x, int64_t n, int64_t block, const Quantize
   check_block(block, "quantize_blockwise");
   at::parallel_for(0, num_blocks(n, block), kGrainBlocks, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
-      const int64_t begin = b * block, end = std::min(begin + block, n);
-      float m = 0.f;
-      for (int64_t i = begin; i < end; ++i) m = std::max(m, std::fabs(x[i]));
-      absmax[b] = m;
-      if (m == 0.f) {
-        std::fill(codes + begin, codes + end, uint8_t{0});
-        continue;
-      }
-      const float inv = 1.f / m;
-      for (int64_t i = begin; i < end; ++i) codes[i] = table.code(x[i] * inv);
+      const int64_t begin = b * block;
+      quantize_block(x + begin, std::min(block, n - begin), table.data(), codes + begin, absmax + b);
     }
   });
 }
@@ -117,8 +109,8 @@ void dequantize_blockwise(const uint8_t* codes, const float* absmax, int64_t n, 
   check_block(block, "dequantize_blockwise");
   at::parallel_for(0, num_blocks(n, block), kGrainBlocks, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
-      const int64_t begin = b * block, end = std::min(begin + block, n);
-      for (int64_t i = begin; i < end; ++i) out[i] = map256[codes[i]] * absmax[b];
+      const int64_t begin = b * block;
+      dequantize_block(codes + begin, absmax[b], std::min(block, n - begin), map256, out + begin);
     }
   });
 }

@@ -37,6 +37,29 @@ class QuantizeTable {
   std::array<uint8_t, kTableSize> codes_{};
 };
 
+// One block of len values: absmax = max |x| (an integer max over |x|'s bits, which vectorises),
+// codes[i] = table[table_index(x[i] * (1 / absmax))], all 0 in an all-zero block; `table` is a
+// QuantizeTable's data(). Inline, so a caller's per-ISA clones compile it with their own vectors.
+inline void quantize_block(const float* __restrict x, int64_t len, const uint8_t* __restrict table,
+                           uint8_t* __restrict codes, float* absmax) {
+  uint32_t largest = 0;
+  for (int64_t i = 0; i < len; ++i) largest = largest > abs_bits(x[i]) ? largest : abs_bits(x[i]);
+  const float m = from_bits(largest);
+  *absmax = m;
+  if (m == 0.f) {
+    for (int64_t i = 0; i < len; ++i) codes[i] = 0;
+    return;
+  }
+  const float inv = 1.f / m;
+  for (int64_t i = 0; i < len; ++i) codes[i] = table[table_index(x[i] * inv)];
+}
+
+// The inverse for one block: map[codes[i]] * absmax in fp32.
+inline void dequantize_block(const uint8_t* __restrict codes, float absmax, int64_t len, const float* __restrict map,
+                             float* __restrict out) {
+  for (int64_t i = 0; i < len; ++i) out[i] = map[codes[i]] * absmax;
+}
+
 // Blockwise 8-bit quantization of n values (blocks of `block`, the last one shorter): absmax[b] =
 // max |x| of block b; codes[i] = table.code(x[i] * (1 / absmax)) (all 0 in an all-zero block).
 void quantize_blockwise(const float* x, int64_t n, int64_t block, const QuantizeTable& table,

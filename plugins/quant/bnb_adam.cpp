@@ -60,10 +60,10 @@ class BnbAdamKernel final : public StepKernel {
     const BnbAdamScalars s =
         bnb_adam_scalars(r.lr, r.beta1, r.beta2, r.eps, r.weight_decay, r.step, r.bias_correction);
     if (eight_bit_) {
-      bnb_adam8_cpu(f.p.data_ptr<float>(), f.g.data_ptr<float>(), r.state[0].data_ptr<uint8_t>(),
+      bnb_adam8_cpu(f.p.data_ptr<float>(), f.grad, r.state[0].data_ptr<uint8_t>(),
                     r.state[1].data_ptr<float>(), r.state[2].data_ptr<uint8_t>(), r.state[3].data_ptr<float>(), r.n, s);
     } else {
-      bnb_adam32_cpu(f.p.data_ptr<float>(), f.g.data_ptr<float>(), r.state[0].data_ptr<float>(),
+      bnb_adam32_cpu(f.p.data_ptr<float>(), f.grad, r.state[0].data_ptr<float>(),
                      r.state[1].data_ptr<float>(), r.n, s);
     }
     f.finish(r);
@@ -119,43 +119,36 @@ BnbAdamScalars bnb_adam_scalars(double lr, double beta1, double beta2, double ep
 
 namespace {
 
-// bitsandbytes' quantize_blockwise of one block (quantize_blockwise() in blockwise.cpp, written as
-// loops that vectorise).
-inline void requantize(const float* __restrict x, int64_t len, const uint8_t* __restrict table,
-                       uint8_t* __restrict codes, float* absmax) {
-  uint32_t largest = 0;
-  for (int64_t i = 0; i < len; ++i) largest = std::max(largest, abs_bits(x[i]));
-  const float m = from_bits(largest);
-  *absmax = m;
-  if (m == 0.f) {
-    for (int64_t i = 0; i < len; ++i) codes[i] = 0;
-    return;
-  }
-  const float inv = 1.f / m;
-  for (int64_t i = 0; i < len; ++i) codes[i] = table[table_index(x[i] * inv)];
-}
+// The two maps and their quantization tables, looked up once per step, not per block.
+struct BnbMaps {
+  const float* signed_map;
+  const float* unsigned_map;
+  const uint8_t* signed_table;
+  const uint8_t* unsigned_table;
+};
 
-// One block (len <= 256): dequantize both moments, update them and p, requantize.
-MEMRT_QUANT_CLONES void bnb_adam8_block(float* __restrict p, const float* __restrict g, uint8_t* __restrict m_codes,
-                                        float* m_absmax, uint8_t* __restrict v_codes, float* v_absmax, int64_t len,
-                                        const BnbAdamScalars& s) {
-  const float* sm = signed_map();
-  const float* um = unsigned_map();
-  float m[kBnbBlock], v[kBnbBlock];
-  const float am = *m_absmax, av = *v_absmax;
-  for (int64_t i = 0; i < len; ++i) m[i] = sm[m_codes[i]] * am;
-  for (int64_t i = 0; i < len; ++i) v[i] = um[v_codes[i]] * av;
+// One block (len <= 256): the gradient widened, both moments dequantized, updated with p, and
+// requantized.
+MEMRT_QUANT_CLONES void bnb_adam8_block(float* __restrict p, const GradIn& grad, int64_t begin, uint8_t* m_codes,
+                                        float* m_absmax, uint8_t* v_codes, float* v_absmax, int64_t len,
+                                        const BnbAdamScalars& s, const BnbMaps& maps) {
+  float g[kBnbBlock], m[kBnbBlock], v[kBnbBlock];
+  grad.load(begin, len, g);
+  dequantize_block(m_codes, *m_absmax, len, maps.signed_map, m);
+  dequantize_block(v_codes, *v_absmax, len, maps.unsigned_map, v);
   for (int64_t i = 0; i < len; ++i) {
     bnb_adam_moments(g[i], m[i], v[i], s);
     p[i] = bnb_adam8_param(p[i], m[i], v[i], s);
   }
-  requantize(m, len, signed_table().data(), m_codes, m_absmax);
-  requantize(v, len, unsigned_table().data(), v_codes, v_absmax);
+  quantize_block(m, len, maps.signed_table, m_codes, m_absmax);
+  quantize_block(v, len, maps.unsigned_table, v_codes, v_absmax);
 }
 
-MEMRT_QUANT_CLONES void bnb_adam32_chunk(float* __restrict p, const float* __restrict g, float* __restrict m,
-                                         float* __restrict v, int64_t n, const BnbAdamScalars& s) {
-  for (int64_t i = 0; i < n; ++i) {
+MEMRT_QUANT_CLONES void bnb_adam32_block(float* __restrict p, const GradIn& grad, int64_t begin, float* __restrict m,
+                                         float* __restrict v, int64_t len, const BnbAdamScalars& s) {
+  float g[kBnbBlock];
+  grad.load(begin, len, g);
+  for (int64_t i = 0; i < len; ++i) {
     bnb_adam_moments(g[i], m[i], v[i], s);
     p[i] = bnb_adam32_param(p[i], m[i], v[i], s);
   }
@@ -163,22 +156,24 @@ MEMRT_QUANT_CLONES void bnb_adam32_chunk(float* __restrict p, const float* __res
 
 }  // namespace
 
-void bnb_adam8_cpu(float* p, const float* g, uint8_t* m_codes, float* m_absmax, uint8_t* v_codes,
+void bnb_adam8_cpu(float* p, const GradIn& g, uint8_t* m_codes, float* m_absmax, uint8_t* v_codes,
                    float* v_absmax, int64_t n, const BnbAdamScalars& s) {
-  signed_table();  // built before the threads start
-  unsigned_table();
+  const BnbMaps maps{signed_map(), unsigned_map(), signed_table().data(), unsigned_table().data()};
   at::parallel_for(0, (n + kBnbBlock - 1) / kBnbBlock, kGrainBlocks, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t begin = b * kBnbBlock;
-      bnb_adam8_block(p + begin, g + begin, m_codes + begin, m_absmax + b, v_codes + begin, v_absmax + b,
-                      std::min(kBnbBlock, n - begin), s);
+      bnb_adam8_block(p + begin, g, begin, m_codes + begin, m_absmax + b, v_codes + begin, v_absmax + b,
+                      std::min(kBnbBlock, n - begin), s, maps);
     }
   });
 }
 
-void bnb_adam32_cpu(float* p, const float* g, float* m, float* v, int64_t n, const BnbAdamScalars& s) {
-  at::parallel_for(0, n, kGrainBlocks * kBnbBlock, [&](int64_t i0, int64_t i1) {
-    bnb_adam32_chunk(p + i0, g + i0, m + i0, v + i0, i1 - i0, s);
+void bnb_adam32_cpu(float* p, const GradIn& g, float* m, float* v, int64_t n, const BnbAdamScalars& s) {
+  at::parallel_for(0, (n + kBnbBlock - 1) / kBnbBlock, kGrainBlocks, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t begin = b * kBnbBlock;
+      bnb_adam32_block(p + begin, g, begin, m + begin, v + begin, std::min(kBnbBlock, n - begin), s);
+    }
   });
 }
 

@@ -10,6 +10,7 @@
 #include <memrt/optimizer.h>
 #include <memrt/param_store.h>
 
+#include "adam_state.h"
 #include "quant_math.h"
 
 namespace memrt::quant {
@@ -33,11 +34,11 @@ void plan_bnb_adam8(StorePlan& plan);
 BnbAdamScalars bnb_adam_scalars(double lr, double beta1, double beta2, double eps, double weight_decay,
                                 int64_t step, bool bias_correction);
 
-// n elements from a block boundary: p updated in place from g (already times the gradient factor),
-// the blocks' codes and absmax dequantized, updated and requantized.
-void bnb_adam8_cpu(float* p, const float* g, uint8_t* m_codes, float* m_absmax, uint8_t* v_codes,
+// n elements from a block boundary: p updated in place from the gradient g, the blocks' codes and
+// absmax dequantized, updated and requantized.
+void bnb_adam8_cpu(float* p, const GradIn& g, uint8_t* m_codes, float* m_absmax, uint8_t* v_codes,
                    float* v_absmax, int64_t n, const BnbAdamScalars& s);
-void bnb_adam32_cpu(float* p, const float* g, float* m, float* v, int64_t n, const BnbAdamScalars& s);
+void bnb_adam32_cpu(float* p, const GradIn& g, float* m, float* v, int64_t n, const BnbAdamScalars& s);
 
 // The kernel of kBnb8Format (eight_bit) or kBnb32Format.
 std::shared_ptr<const StepKernel> bnb_adam_kernel(bool eight_bit);

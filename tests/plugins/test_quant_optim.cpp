@@ -126,8 +126,10 @@ Trained train(const LowBit& lowbit, const Inputs& in, const OptimizerConfig& cfg
   run.optimizer = make_optimizer(cfg, run.store, kernels);
   for (int t = 0; t < kSteps; ++t) {
     for (size_t i = 0; i < in.params.size(); ++i)
-      run.store->param(static_cast<int>(i)).mutable_grad() = in.grads[static_cast<size_t>(t)][i].clone();
-    run.optimizer->step({cfg.lr, 1.0});
+      run.store->param(static_cast<int>(i)).mutable_grad() = in.grads[static_cast<size_t>(t)][i] * 4;
+    // The gradients as a loss-scaled or clipped step hands them over: 4x, with the factor 1/4
+    // (exact in fp32), so the kernels must apply the factor to match the library's steps.
+    run.optimizer->step({cfg.lr, 0.25});
     run.optimizer->zero_grad();
   }
   return run;
@@ -240,6 +242,21 @@ TEST(QuantOptim, TwoRanksPartitionsHoldStageZerosBlocks) {
         expect_equal_bits(at::cat({a, b}), want, what + " (rank 0 then rank 1)");
       }
     }
+  }
+}
+
+// The kernels read a 16-bit gradient a block at a time: each element widened exactly and times the
+// factor, as LibTorch's conversion and an fp32 product give it.
+TEST(QuantOptim, GradientsOfEveryDtypeLoadAsWidenedTimesTheFactor) {
+  at::manual_seed(3);
+  const at::Tensor g = at::randn({1000}) * 100;
+  for (at::ScalarType t : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    const at::Tensor in = g.to(t);
+    std::vector<float> out(300);
+    const GradIn grad{in.data_ptr(), t, 0.37f};
+    grad.load(500, 300, out.data());
+    const at::Tensor want = in.slice(0, 500, 800).to(at::kFloat) * 0.37f;
+    expect_equal_bits(at::from_blob(out.data(), {300}, at::kFloat).clone(), want, c10::toString(t));
   }
 }
 
