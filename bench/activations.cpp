@@ -10,31 +10,16 @@
 #include <ATen/Parallel.h>
 #include <torch/autograd.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <vector>
 
+#include "bench_timing.h"
 #include "memrt/ops.h"
 
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double ms_per_call(const std::function<void()>& f, int calls) {
-  const auto t0 = Clock::now();
-  for (int i = 0; i < calls; ++i) f();
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / calls;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-}  // namespace
+using memrt::bench::median;
+using memrt::bench::ms_per_call;
 
 int main(int argc, char** argv) {
   const int64_t rows = argc > 1 ? std::atoll(argv[1]) : 2048;

@@ -121,6 +121,13 @@ MEMRT_HOST_DEVICE inline uint32_t unpack4(const uint8_t* packed, int64_t i) {
   return (i & 1) ? byte & 15u : byte >> 4;
 }
 
+// A block's scale under double quantization: the signed dynamic map's value of its 8-bit code times
+// its group's nested absmax, plus the offset (bitsandbytes' dequantize_blockwise(...) + offset: two
+// fp32 roundings).
+MEMRT_HOST_DEVICE inline float nested_scale(const float* map256, uint8_t code, float nested_absmax, float offset) {
+  return add_rn(mul_rn(map256[code], nested_absmax), offset);
+}
+
 // ---- bitsandbytes' Adam/AdamW (8-bit blockwise and 32-bit), as its CPU backend computes them ----
 // Scalars of one update, computed in double from the hyper-parameters and rounded to fp32 once, as
 // torch does with the Python floats bitsandbytes passes to its tensor operations.

@@ -91,8 +91,6 @@ std::vector<BadConfig> bad_configs() {
        {"YAML", "'torch_dtype'", "trains in bf16"}},
       {"qlora_without_4bit", "", "adapter: qlora\nlora_r: 8\n", {}, 1,
        {"YAML", "'adapter'", "load_in_4bit"}},
-      {"four_bit_without_lora", "", "load_in_4bit: true\n", {}, 1,
-       {"YAML", "'load_in_4bit'", "LoRA is off"}},
       // ---- known to DeepSpeed, cannot be honoured ----
       {"tensor_parallel", "{" + kMbs + R"(, "tensor_parallel": {"autotp_size": 2}})", "", {}, 1,
        {"DS", "'tensor_parallel'", "not supported", "data parallel"}},

@@ -450,8 +450,9 @@ TEST(Plugins, QloraBuildsQuantAndLora) {
   EXPECT_EQ(q->options.find("optim")->as_string(), "adamw_8bit");  // one plugin owns both keys
   EXPECT_NE(plugin(c, "lora"), nullptr);
   EXPECT_NE(plugin(c, "checkpoint"), nullptr);
-  const TrainConfig d = load("", "quantization_bit: 4\nfinetuning_type: lora\n");
-  EXPECT_TRUE(plugin(d, "quant")->options.find("load_in_4bit")->as_bool());
+  const TrainConfig d = load("", "quantization_bit: 4\nfinetuning_type: lora\n");  // routed as written
+  ASSERT_NE(plugin(d, "quant"), nullptr);
+  EXPECT_EQ(plugin(d, "quant")->options.find("quantization_bit")->as_int(), 4);
 }
 
 TEST(Plugins, ThirdPartyPluginsArray) {

@@ -73,8 +73,8 @@ bool same_bits(const at::Tensor& a, const at::Tensor& b) {
          std::memcmp(a.data_ptr(), b.data_ptr(), static_cast<size_t>(a.nbytes())) == 0;
 }
 
-void expect_kernel_matches_reference(at::ScalarType compute, at::ScalarType grad, CpuKernels kernels) {
-  const std::string what = std::string(cpu_kernels_name(kernels)) + " kernels, compute " +
+void expect_kernel_matches_reference(at::ScalarType compute, at::ScalarType grad, ops::CpuKernels kernels) {
+  const std::string what = std::string(ops::to_string(kernels)) + " kernels, compute " +
                            c10::toString(compute) + ", gradient " + c10::toString(grad);
   at::manual_seed(11);
   Buffers kernel = make_buffers(compute, grad, kN);
@@ -108,10 +108,10 @@ const std::vector<std::pair<at::ScalarType, at::ScalarType>> kCombinations = {
 
 // The kernels this processor can run, each held to the scalar reference (and kBest, what the
 // step runs by default).
-std::vector<CpuKernels> runnable_kernels() {
-  std::vector<CpuKernels> out;
-  for (CpuKernels k : {CpuKernels::kBest, CpuKernels::kAvx512, CpuKernels::kAvx2, CpuKernels::kPortable})
-    if (cpu_supports(k)) out.push_back(k);
+std::vector<ops::CpuKernels> runnable_kernels() {
+  std::vector<ops::CpuKernels> out;
+  for (ops::CpuKernels k : {ops::CpuKernels::kBest, ops::CpuKernels::kAvx512, ops::CpuKernels::kAvx2, ops::CpuKernels::kPortable})
+    if (ops::cpu_supports(k)) out.push_back(k);
   return out;
 }
 
@@ -123,9 +123,9 @@ TEST(FusedAdam, EveryKernelMatchesTheScalarReferenceBitForBit) {
   std::printf("portable loops built for AVX-512, AVX2 and x86-64; this CPU runs %s; hand-written kernels: "
               "AVX-512F %s, AVX2+F16C %s\n",
               __builtin_cpu_supports("avx512f") ? "AVX-512" : __builtin_cpu_supports("avx2") ? "AVX2" : "x86-64",
-              cpu_supports(CpuKernels::kAvx512) ? "yes" : "no", cpu_supports(CpuKernels::kAvx2) ? "yes" : "no");
+              ops::cpu_supports(ops::CpuKernels::kAvx512) ? "yes" : "no", ops::cpu_supports(ops::CpuKernels::kAvx2) ? "yes" : "no");
 #endif
-  for (CpuKernels kernels : runnable_kernels())
+  for (ops::CpuKernels kernels : runnable_kernels())
     for (const auto& [compute, grad] : kCombinations) expect_kernel_matches_reference(compute, grad, kernels);
 }
 
@@ -173,14 +173,14 @@ TEST(FusedAdam, SpecialValuesGiveTheSameBitsInEveryKernel) {
       r.n -= 3;
       return r;
     };
-    auto steps = [&](Buffers& b, CpuKernels kernels) {
+    auto steps = [&](Buffers& b, ops::CpuKernels kernels) {
       for (int64_t t = 1; t <= 3; ++t) fused_adam_cpu(from3(b.range()), scalars(1e-2, 0.0, t), 1.f / 64, kernels);
     };
     Buffers portable = clone(start);
-    steps(portable, CpuKernels::kPortable);
-    for (CpuKernels kernels : runnable_kernels()) {
-      if (kernels == CpuKernels::kPortable) continue;
-      SCOPED_TRACE(std::string(cpu_kernels_name(kernels)) + " kernels");
+    steps(portable, ops::CpuKernels::kPortable);
+    for (ops::CpuKernels kernels : runnable_kernels()) {
+      if (kernels == ops::CpuKernels::kPortable) continue;
+      SCOPED_TRACE(std::string(ops::to_string(kernels)) + " kernels");
       Buffers b = clone(start);
       steps(b, kernels);
       EXPECT_TRUE(same_bits(b.compute, portable.compute)) << "compute copy";
@@ -359,13 +359,13 @@ TEST(FusedAdam, ACombinationWithoutAKernelIsAnErrorNamingIt) {
   }
   // Kernels this processor cannot run are refused, not run into an illegal instruction.
   Buffers mixed = make_buffers(at::kBFloat16, at::kBFloat16, 64);
-  for (CpuKernels k : {CpuKernels::kAvx512, CpuKernels::kAvx2}) {
-    if (cpu_supports(k)) continue;
+  for (ops::CpuKernels k : {ops::CpuKernels::kAvx512, ops::CpuKernels::kAvx2}) {
+    if (ops::cpu_supports(k)) continue;
     try {
       fused_adam_cpu(mixed.range(), scalars(1e-3, 0.0, 1), 1.f, k);
-      FAIL() << cpu_kernels_name(k) << " kernels ran on a processor without them";
+      FAIL() << ops::to_string(k) << " kernels ran on a processor without them";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(std::string("cannot run the ") + cpu_kernels_name(k)), std::string::npos)
+      EXPECT_NE(std::string(e.what()).find(std::string("cannot run the ") + ops::to_string(k)), std::string::npos)
           << e.what();
     }
   }

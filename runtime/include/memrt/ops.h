@@ -43,6 +43,14 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
 // elsewhere it is at::gelu. Saves x for backward, as at::gelu does.
 at::Tensor gelu_tanh(const at::Tensor& x);
 
+// The instruction sets of memrt's hand-written CPU kernels (the optimizer step's, plugins/quant's
+// dequantization), picked at run time: kBest is the widest this processor runs, kPortable the
+// compiler's loops. Every kernel gives the portable loop's bits; tests hold each to it.
+enum class CpuKernels { kBest, kAvx512, kAvx2, kPortable };
+// kAvx512: AVX-512F; kAvx2: AVX2 and F16C; kBest and kPortable: always.
+bool cpu_supports(CpuKernels kernels);
+const char* to_string(CpuKernels kernels);  // "best", "AVX-512F", "AVX2+F16C", "portable"
+
 // One line for the start of a run: the processor, the ISA ATen's kernels use, the BLAS, and the
 // path fp32/bf16/fp16 matrix products take, so that a slow machine explains itself.
 std::string describe_cpu_math();

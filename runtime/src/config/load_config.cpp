@@ -153,6 +153,9 @@ const std::vector<std::pair<std::string, std::vector<std::string>>> kYamlKeys = 
     {"bnb_4bit_quant_type", {"bnb_4bit_quant_type"}},
     {"bnb_4bit_use_double_quant", {"bnb_4bit_use_double_quant"}},
     {"bnb_4bit_compute_dtype", {"bnb_4bit_compute_dtype"}},
+    {"bnb_4bit_quant_storage", {"bnb_4bit_quant_storage"}},
+    {"quantization_type", {"quantization_type"}},
+    {"double_quantization", {"double_quantization"}},
     {"quantization_bit", {"quantization_bit"}},
     {"quantization_method", {"quantization_method"}},
     {"deepspeed", {"deepspeed"}},
@@ -1150,43 +1153,32 @@ void Loader::resolve_checkpoint(const ConfigNode* ac) {
 }
 
 void Loader::resolve_lora_and_quant() {
-  // ---- 4-bit base weights (bitsandbytes keys; LLaMA-Factory quantization_bit) ----
+  // ---- quantized base weights: plugins/quant owns these keys and checks them; the loader routes
+  // them there when one asks for a quantized base, and notes whether 4 bits were asked for (QLoRA
+  // and freeze tuning depend on it).
   const ConfigNode* q4 = yv("load_in_4bit");
   const ConfigNode* qbit = yv("quantization_bit");
-  if (const ConfigNode* q8 = yv("load_in_8bit"); q8 && q8->as_bool()) {
-    throw q8->error("is not supported by memrt (LLM.int8 weights): use load_in_4bit (NF4/FP4) for frozen base weights");
-  }
-  if (const ConfigNode* m = yv("quantization_method"); m && m->as_string() != "bnb") {
-    throw m->error("is \"" + m->as_string() + "\", which memrt does not support: use \"bnb\" (bitsandbytes-style NF4/FP4)");
-  }
-  bool load4 = q4 && q4->as_bool();
-  if (qbit) {
-    if (qbit->as_int() != 4) throw qbit->error("is " + std::to_string(qbit->as_int()) + "; memrt supports 4 (NF4/FP4 weights)");
-    if (q4 && !q4->as_bool()) {
-      throw ConfigError(qbit->file(), qbit->path(), "is 4 but " + where(*q4) + " is false: remove one");
-    }
-    load4 = true;
-  }
-  ConfigNode qopts = ConfigNode::object(yaml_file, "");
-  std::vector<std::string> qkeys;
-  const char* bnb_keys[] = {"bnb_4bit_quant_type", "bnb_4bit_use_double_quant", "bnb_4bit_compute_dtype"};
-  if (load4) {
-    const ConfigNode* src_node = q4 ? q4 : qbit;
-    qopts.set("load_in_4bit", ConfigNode::boolean(true, src_node->file(), src_node->path()));
-    qkeys.push_back(src_node->file() + ": " + src_node->path());
-    for (const char* k : bnb_keys) {
+  const ConfigNode* q8 = yv("load_in_8bit");
+  // Present and not `false` (a value of the wrong type is routed too: the plugin names it).
+  const auto asks = [](const ConfigNode* n) { return n && !n->is_null() && !(n->is_bool() && !n->as_bool()); };
+  const bool load4 = asks(q4) || asks(qbit);
+  const char* quant_keys[] = {"load_in_4bit", "load_in_8bit", "quantization_bit", "quantization_method",
+                              "quantization_type", "double_quantization", "bnb_4bit_quant_type",
+                              "bnb_4bit_use_double_quant", "bnb_4bit_compute_dtype", "bnb_4bit_quant_storage"};
+  if (load4 || asks(q8)) {
+    ConfigNode qopts = ConfigNode::object(yaml_file, "");
+    std::vector<std::string> qkeys;
+    for (const char* k : quant_keys) {
       if (const ConfigNode* n = yv(k)) {
-        check_type(*n, std::string(k) == "bnb_4bit_use_double_quant" ? Ty::Bool : Ty::Str);
         qopts.set(k, *n);
         qkeys.push_back(n->file() + ": " + n->path());
       }
     }
     add_plugin("quant", qkeys.front(), qkeys, qopts);
   } else {
-    for (const char* k : bnb_keys) {
-      if (const ConfigNode* n = yv(k)) {
-        diag.warnings.push_back(where(*n) + " is accepted but ignored: load_in_4bit is not true");
-      }
+    for (const char* k : quant_keys) {
+      const ConfigNode* n = yv(k);
+      if (n && n != q4 && n != q8) diag.warnings.push_back(where(*n) + " is accepted but ignored: load_in_4bit is not true");
     }
   }
 
@@ -1310,8 +1302,9 @@ void Loader::resolve_lora_and_quant() {
   }
   if (load4 && !lora_on) {
     const ConfigNode* src_node = q4 ? q4 : qbit;
-    throw src_node->error("freezes the base weights in 4 bits, but LoRA is off, so nothing would train: add "
-                          "LoRA (use_peft: true or adapter: qlora, with lora_r) or remove it");
+    diag.warnings.push_back(where(*src_node) + " without LoRA: the blocks' projections are frozen in 4 bits and "
+                            "only the other parameters (embeddings, norms, biases, lm_head) train, which Hugging "
+                            "Face and LLaMA-Factory refuse; QLoRA adds adapters (use_peft: true or adapter: qlora)");
   }
 }
 

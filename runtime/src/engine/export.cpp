@@ -29,6 +29,11 @@ std::string export_checkpoint(const std::string& checkpoint, const std::string& 
   int64_t tensors = 0;
   for (auto& item : model->named_parameters(/*recurse=*/true)) {
     const std::string& name = item.key();
+    if (saved.contains(name) && !saved.trainable(name) && !saved.frozen_format(name).empty()) {
+      throw FileError(saved.path(), "keeps '" + name + "' quantized (\"" + saved.frozen_format(name) +
+                                    "\", by the plugin that froze it); export writes full-precision weights and "
+                                    "cannot export a quantized base yet");
+    }
     if (!saved.contains(name) || saved.shape(name) != item.value().sizes().vec()) {
       throw FileError(saved.path(), "has no parameter '" + name + "' of the shape the model in config.json "
                                     "gives it: the run changed the model's modules (e.g. adapters), "

@@ -134,4 +134,26 @@ std::string describe(const CpuFacts& f, const MatmulPlan& plan) {
   return os.str();
 }
 
+bool cpu_supports(CpuKernels kernels) {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)  // where the kernels are compiled
+  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  if (kernels == CpuKernels::kAvx512) return avx512;
+  if (kernels == CpuKernels::kAvx2) return avx2;
+#else
+  if (kernels == CpuKernels::kAvx512 || kernels == CpuKernels::kAvx2) return false;
+#endif
+  return true;
+}
+
+const char* to_string(CpuKernels kernels) {
+  switch (kernels) {
+    case CpuKernels::kBest: return "best";
+    case CpuKernels::kAvx512: return "AVX-512F";
+    case CpuKernels::kAvx2: return "AVX2+F16C";
+    case CpuKernels::kPortable: return "portable";
+  }
+  return "?";
+}
+
 }  // namespace memrt::ops

@@ -11,6 +11,7 @@
 
 #include <c10/core/ScalarType.h>
 
+#include "memrt/ops.h"
 #include "optim/optimizer_math.h"
 
 namespace at {
@@ -58,20 +59,15 @@ struct GradStats {
 // result depends on n and the values only, not on the ISA or the number of threads.
 GradStats grad_stats_cpu(const void* grad, at::ScalarType type, int64_t n);
 
-// Which loops pass 2 runs with a master: hand-written AVX-512F or AVX2+F16C kernels, or the
-// portable ones (the compiler's vectorisation for AVX-512, AVX2 and baseline x86-64); kBest picks
-// the widest kernels this processor can run. All give the same bits; tests hold each to the scalar
-// reference. (Without a master pass 2 always runs the portable loop.)
-enum class CpuKernels { kBest, kAvx512, kAvx2, kPortable };
-bool cpu_supports(CpuKernels kernels);  // kBest and kPortable: always
-const char* cpu_kernels_name(CpuKernels kernels);
-
 // Pass 2: for each element, g = grad * grad_factor (1 / (loss scale * clip coefficient)), then
 // adam_update(p, g, m, v, s) on the master (or the fp32 compute copy), then the compute copy
-// written back. Throws memrt::Error for a combination the step does not take, or kernels this
-// processor cannot run.
+// written back. `kernels` (memrt/ops.h): with a master, hand-written AVX-512F or AVX2+F16C kernels
+// or the portable loops (the compiler's vectorisation for AVX-512, AVX2 and baseline x86-64), all
+// giving the same bits (tests hold each to the scalar reference); without one, always the portable
+// loop. Throws memrt::Error for a combination the step does not take, or kernels this processor
+// cannot run.
 void fused_adam_cpu(const AdamRange& range, const AdamScalars& s, float grad_factor,
-                    CpuKernels kernels = CpuKernels::kBest);
+                    ops::CpuKernels kernels = ops::CpuKernels::kBest);
 
 // Pass 2 on a CUDA device (builds with MEMRT_BUILD_CUDA only): one thread per element, the same
 // adam_update() and conversions (optimizer_math.h), on `stream` (a cudaStream_t).

@@ -288,28 +288,6 @@ MEMRT_GRAD_STATS_CHUNK(stats_fp16, c10::Half)
 
 }  // namespace
 
-bool cpu_supports(CpuKernels kernels) {
-#if MEMRT_X86_KERNELS
-  static const bool avx512 = __builtin_cpu_supports("avx512f");
-  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-  if (kernels == CpuKernels::kAvx512) return avx512;
-  if (kernels == CpuKernels::kAvx2) return avx2;
-#else
-  if (kernels == CpuKernels::kAvx512 || kernels == CpuKernels::kAvx2) return false;
-#endif
-  return true;
-}
-
-const char* cpu_kernels_name(CpuKernels kernels) {
-  switch (kernels) {
-    case CpuKernels::kBest: return "best";
-    case CpuKernels::kAvx512: return "AVX-512F";
-    case CpuKernels::kAvx2: return "AVX2+F16C";
-    case CpuKernels::kPortable: return "portable";
-  }
-  return "?";
-}
-
 GradStats grad_stats_cpu(const void* grad, at::ScalarType type, int64_t n) {
   if (type != at::kFloat && type != at::kBFloat16 && type != at::kHalf) {
     throw Error(std::string("gradient statistics: no kernel for ") + c10::toString(type) +
@@ -339,7 +317,7 @@ GradStats grad_stats_cpu(const void* grad, at::ScalarType type, int64_t n) {
   return total;
 }
 
-void fused_adam_cpu(const AdamRange& r, const AdamScalars& s, float factor, CpuKernels kernels) {
+void fused_adam_cpu(const AdamRange& r, const AdamScalars& s, float factor, ops::CpuKernels kernels) {
   using BF = c10::BFloat16;
   using H = c10::Half;
   if (r.state_type != at::kFloat || r.stochastic_round || (!r.master && r.compute_type == at::kBFloat16))
@@ -354,20 +332,20 @@ void fused_adam_cpu(const AdamRange& r, const AdamScalars& s, float factor, CpuK
   };
   // The mixed-precision step: the widest hand-written kernel the processor has (or the one asked
   // for), else the portable loop.
-  if (kernels == CpuKernels::kBest) {
-    kernels = cpu_supports(CpuKernels::kAvx512) ? CpuKernels::kAvx512
-              : cpu_supports(CpuKernels::kAvx2) ? CpuKernels::kAvx2
-                                                 : CpuKernels::kPortable;
-  } else if (!cpu_supports(kernels)) {
-    throw Error(std::string("fused Adam step: this processor cannot run the ") + cpu_kernels_name(kernels) +
-                " kernels (ask for CpuKernels::kBest, which picks the widest it can)");
+  if (kernels == ops::CpuKernels::kBest) {
+    kernels = ops::cpu_supports(ops::CpuKernels::kAvx512) ? ops::CpuKernels::kAvx512
+              : ops::cpu_supports(ops::CpuKernels::kAvx2) ? ops::CpuKernels::kAvx2
+                                                 : ops::CpuKernels::kPortable;
+  } else if (!ops::cpu_supports(kernels)) {
+    throw Error(std::string("fused Adam step: this processor cannot run the ") + ops::to_string(kernels) +
+                " kernels (ask for ops::CpuKernels::kBest, which picks the widest it can)");
   }
   auto run_mixed = [&](auto portable, auto* compute, const auto* grad) {
 #if MEMRT_X86_KERNELS
     using C = std::remove_pointer_t<decltype(compute)>;
     using G = std::remove_const_t<std::remove_pointer_t<decltype(grad)>>;
-    if (kernels == CpuKernels::kAvx512) return run(avx512::fused_mixed<C, G>, compute, grad);
-    if (kernels == CpuKernels::kAvx2) return run(avx2::fused_mixed<C, G>, compute, grad);
+    if (kernels == ops::CpuKernels::kAvx512) return run(avx512::fused_mixed<C, G>, compute, grad);
+    if (kernels == ops::CpuKernels::kAvx2) return run(avx2::fused_mixed<C, G>, compute, grad);
 #endif
     run(portable, compute, grad);
   };

@@ -1,0 +1,57 @@
+// plugins/quant/base4.h — a model's 4-bit frozen base (load_in_4bit): which weights become NF4/FP4,
+// how they are planned, quantized as each block is built, and laid out in the store
+// (docs/quant.md, "4-bit frozen weights").
+//
+//   plan_params     every 2-D weight inside the blocks (the projections: GPT-2's c_attn, c_proj,
+//                   c_fc, Llama's q/k/v/o, gate/up/down) becomes its packed codes: uint8
+//                   [ceil(n/2), 1], frozen, and its layer's bias is frozen with it. Embeddings,
+//                   norms and lm_head keep their dtype and trainability (bitsandbytes quantizes
+//                   Linear layers only, never lm_head).
+//   on_block_ready  each such projection is quantized and replaced by a Linear4bit: the block's
+//                   full-precision weights are freed before the next block is built.
+//   plan_store      each one's frozen layout (linear4bit_layout): codes and scales as quant_state.
+//   memory          the tile scratch every Linear4bit shares, claimed and estimated as `other`.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <memrt/model.h>
+#include <memrt/param_store.h>
+
+#include "linear4bit.h"
+
+namespace memrt::quant {
+
+struct Base4Options {
+  Map4 type = Map4::kNf4;     // bnb_4bit_quant_type
+  bool double_quant = true;   // bnb_4bit_use_double_quant
+  std::optional<at::ScalarType> compute_dtype;  // bnb_4bit_compute_dtype; unset: the run's
+};
+
+class Base4 {
+ public:
+  explicit Base4(Base4Options options) : options_(options) {}
+
+  // Replaces every block projection's weight by its packed codes and freezes its bias (both of the
+  // host's calls: on the shapes, where it records each weight's (out, in), and on the built model,
+  // already quantized).
+  void plan_params(std::vector<ParamInfo>& params);
+  // Quantizes block `block`'s projections and installs a Linear4bit for each.
+  void quantize(Block& block);
+  void plan_store(StorePlan& plan) const;
+  // The tile scratch every Linear4bit shares (fp32 or 16-bit tiles, whichever is larger).
+  int64_t scratch_bytes() const;
+  const Base4Options& options() const { return options_; }
+
+ private:
+  Base4Options options_;
+  std::map<std::string, std::vector<int64_t>> shapes_;  // quantized weight -> (out, in)
+  std::shared_ptr<const TileScratch> scratch_;
+};
+
+}  // namespace memrt::quant
