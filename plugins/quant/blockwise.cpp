@@ -96,10 +96,11 @@ QuantizeTable::QuantizeTable(const at::Tensor& map256) {
 void quantize_blockwise(const float* x, int64_t n, int64_t block, const QuantizeTable& table,
                         uint8_t* codes, float* absmax) {
   check_block(block, "quantize_blockwise");
+  const TableCodesFn codes_fn = table_codes_kernel();
   at::parallel_for(0, num_blocks(n, block), kGrainBlocks, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t begin = b * block;
-      quantize_block(x + begin, std::min(block, n - begin), table.data(), codes + begin, absmax + b);
+      quantize_block(x + begin, std::min(block, n - begin), table.data(), codes + begin, absmax + b, codes_fn);
     }
   });
 }

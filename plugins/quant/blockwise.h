@@ -11,6 +11,7 @@
 #include <ATen/ATen.h>
 
 #include "quant_math.h"
+#include "table_codes.h"
 
 namespace memrt::quant {
 
@@ -31,17 +32,19 @@ class QuantizeTable {
   explicit QuantizeTable(const float* map256);
   explicit QuantizeTable(const at::Tensor& map256);  // 256 fp32 values, ascending
   uint8_t code(float normalized) const { return codes_[table_index(normalized)]; }
-  const uint8_t* data() const { return codes_.data(); }  // by grid point, kTableSize codes
+  // By grid point, kTableSize codes and 3 bytes of padding (a 32-bit gather at the last point).
+  const uint8_t* data() const { return codes_.data(); }
 
  private:
-  std::array<uint8_t, kTableSize> codes_{};
+  std::array<uint8_t, kTableSize + 3> codes_{};
 };
 
 // One block of len values: absmax = max |x| (an integer max over |x|'s bits, which vectorises),
-// codes[i] = table[table_index(x[i] * (1 / absmax))], all 0 in an all-zero block; `table` is a
-// QuantizeTable's data(). Inline, so a caller's per-ISA clones compile it with their own vectors.
+// codes[i] = table[table_index(x[i] * (1 / absmax))] by `codes_fn` (table_codes.h), all 0 in an
+// all-zero block; `table` is a QuantizeTable's data(). Inline, so a caller's per-ISA clones compile
+// it with their own vectors.
 inline void quantize_block(const float* __restrict x, int64_t len, const uint8_t* __restrict table,
-                           uint8_t* __restrict codes, float* absmax) {
+                           uint8_t* __restrict codes, float* absmax, TableCodesFn codes_fn) {
   uint32_t largest = 0;
   for (int64_t i = 0; i < len; ++i) largest = largest > abs_bits(x[i]) ? largest : abs_bits(x[i]);
   const float m = from_bits(largest);
@@ -50,8 +53,7 @@ inline void quantize_block(const float* __restrict x, int64_t len, const uint8_t
     for (int64_t i = 0; i < len; ++i) codes[i] = 0;
     return;
   }
-  const float inv = 1.f / m;
-  for (int64_t i = 0; i < len; ++i) codes[i] = table[table_index(x[i] * inv)];
+  codes_fn(x, len, 1.f / m, table, codes);
 }
 
 // The inverse for one block: map[codes[i]] * absmax in fp32.

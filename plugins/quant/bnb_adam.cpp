@@ -125,6 +125,7 @@ struct BnbMaps {
   const float* unsigned_map;
   const uint8_t* signed_table;
   const uint8_t* unsigned_table;
+  TableCodesFn codes;  // the widest quantizer loop this processor runs
 };
 
 // One block (len <= 256): the gradient widened, both moments dequantized, updated with p, and
@@ -140,8 +141,8 @@ MEMRT_QUANT_CLONES void bnb_adam8_block(float* __restrict p, const GradIn& grad,
     bnb_adam_moments(g[i], m[i], v[i], s);
     p[i] = bnb_adam8_param(p[i], m[i], v[i], s);
   }
-  quantize_block(m, len, maps.signed_table, m_codes, m_absmax);
-  quantize_block(v, len, maps.unsigned_table, v_codes, v_absmax);
+  quantize_block(m, len, maps.signed_table, m_codes, m_absmax, maps.codes);
+  quantize_block(v, len, maps.unsigned_table, v_codes, v_absmax, maps.codes);
 }
 
 MEMRT_QUANT_CLONES void bnb_adam32_block(float* __restrict p, const GradIn& grad, int64_t begin, float* __restrict m,
@@ -158,7 +159,8 @@ MEMRT_QUANT_CLONES void bnb_adam32_block(float* __restrict p, const GradIn& grad
 
 void bnb_adam8_cpu(float* p, const GradIn& g, uint8_t* m_codes, float* m_absmax, uint8_t* v_codes,
                    float* v_absmax, int64_t n, const BnbAdamScalars& s) {
-  const BnbMaps maps{signed_map(), unsigned_map(), signed_table().data(), unsigned_table().data()};
+  const BnbMaps maps{signed_map(), unsigned_map(), signed_table().data(), unsigned_table().data(),
+                     table_codes_kernel()};
   at::parallel_for(0, (n + kBnbBlock - 1) / kBnbBlock, kGrainBlocks, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t begin = b * kBnbBlock;

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <iostream>
+#include <limits>
 #include <map>
 #include <string>
 #include <utility>
@@ -17,6 +19,7 @@
 #include "io/safetensors.h"
 #include "quant/ao_adam.h"
 #include "quant/blockwise.h"
+#include "quant/table_codes.h"
 
 namespace memrt::quant {
 namespace {
@@ -234,6 +237,36 @@ TEST(QuantFormats, TorchaoStateQuantizerIsTorchaosBitForBit) {
     expect_bits(codes, want[name + ".codes"], name + " codes");
     expect_bits(scale, want[name + ".scale"], name + " scales");
   }
+}
+
+// The 8-bit quantizer's hand-written loops (table_codes.h) give the portable loop's codes, which
+// the test above holds to bitsandbytes': on the awkward values (the table's steps and the map's
+// midpoints, one ulp either side), values past the clamps, infinities and NaN, at lengths around
+// the kernels' widths (16 and 8).
+TEST(QuantFormats, EightBitQuantizerKernelsGiveThePortableCodes) {
+  at::manual_seed(12);
+  const at::Tensor map = dynamic_map(true);
+  const QuantizeTable table(map);
+  at::Tensor x = awkward_values(4096, map);
+  const float odd[] = {-1.f, 1.f, -1.5f, 2.f, std::nextafter(1.f, 2.f), std::nextafter(-1.f, -2.f),
+                       std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                       std::numeric_limits<float>::quiet_NaN(), 0.f, -0.f};
+  for (size_t i = 0; i < sizeof(odd) / sizeof(odd[0]); ++i) x[static_cast<int64_t>(i) * 7] = odd[i];
+  const float* values = x.data_ptr<float>();
+  int tried = 0;
+  for (ops::CpuKernels k : {ops::CpuKernels::kAvx512, ops::CpuKernels::kAvx2, ops::CpuKernels::kBest}) {
+    if (!ops::cpu_supports(k)) continue;
+    ++tried;
+    for (int64_t len : {int64_t{4096}, int64_t{255}, int64_t{17}, int64_t{15}, int64_t{8}, int64_t{7}}) {
+      for (float inv : {1.f, 0.37f}) {
+        std::vector<uint8_t> want(static_cast<size_t>(len)), got(static_cast<size_t>(len));
+        table_codes_kernel(ops::CpuKernels::kPortable)(values, len, inv, table.data(), want.data());
+        table_codes_kernel(k)(values, len, inv, table.data(), got.data());
+        EXPECT_EQ(got, want) << ops::to_string(k) << ", " << len << " values, times " << inv;
+      }
+    }
+  }
+  std::cout << "  kernels tried against the portable loop on this processor: " << tried << "\n";
 }
 
 }  // namespace

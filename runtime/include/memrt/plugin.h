@@ -368,12 +368,13 @@ class Plugin {
 // 2.2: Plugin::plan_params (ParamPlanContext), ConfigNode::as_names. 2.3: the store's per-group
 // setters (GroupSelector), state formats (StateFormat), segment order (StorePlan::segment_range)
 // and SegmentContext::slots / ::shared. 2.4: Plugin::estimate_planned_memory. 2.5:
-// OptimizerContext::step_kernels (StepKernel, StepRange in memrt/optimizer.h). The host refuses a plugin whose ABI
+// OptimizerContext::step_kernels (StepKernel, StepRange in memrt/optimizer.h). 2.6: the CPU kernel
+// dispatch in memrt/ops.h (ops::CpuKernels, cpu_supports, to_string). The host refuses a plugin whose ABI
 // major differs, whose ABI minor is newer than the host's, or whose LibTorch version, C++ ABI flag or CUDA flag differ from its own
 // — plugins pass at::Tensor and nn::Module across the boundary, the same contract as PyTorch C++
 // extensions.
 #define MEMRT_PLUGIN_ABI_MAJOR 2
-#define MEMRT_PLUGIN_ABI_MINOR 5
+#define MEMRT_PLUGIN_ABI_MINOR 6
 #define MEMRT_PLUGIN_ENTRY_SYMBOL "memrt_plugin_entry"
 
 extern "C" {
