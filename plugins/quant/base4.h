@@ -46,7 +46,6 @@ class Base4 {
   void plan_store(StorePlan& plan) const;
   // The tile scratch every Linear4bit shares (fp32 or 16-bit tiles, whichever is larger).
   int64_t scratch_bytes() const;
-  const Base4Options& options() const { return options_; }
 
  private:
   Base4Options options_;

@@ -1,6 +1,7 @@
 #include "blockwise.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "memrt/error.h"
@@ -34,6 +35,18 @@ void check_map(const at::Tensor& map, int64_t size, const char* what) {
 }
 
 }  // namespace
+
+const float* dynamic_map_values(bool is_signed) {
+  static const std::array<std::array<float, 256>, 2> maps = [] {
+    std::array<std::array<float, 256>, 2> m{};
+    for (int s = 0; s < 2; ++s) {
+      const at::Tensor t = dynamic_map(s == 1).contiguous();
+      std::copy(t.data_ptr<float>(), t.data_ptr<float>() + 256, m[static_cast<size_t>(s)].begin());
+    }
+    return m;
+  }();
+  return maps[is_signed ? 1 : 0].data();
+}
 
 at::Tensor dynamic_map(bool is_signed, int max_exponent_bits, int total_bits) {
   // create_dynamic_map(signed, max_exponent_bits, total_bits), operation for operation.

@@ -19,6 +19,9 @@ namespace memrt::quant {
 // 2^total_bits fp32 values in ascending order, computed with the same LibTorch float32 operations
 // (so the same bits). 8 bits: the optimizers' maps; torchao's 4-bit signed map is (true, 3, 4).
 at::Tensor dynamic_map(bool is_signed, int max_exponent_bits = 7, int total_bits = 8);
+// dynamic_map(is_signed) as 256 fp32 values in plain memory, built once per process: a kernel's
+// constant, not a tensor the memory report would count.
+const float* dynamic_map_values(bool is_signed);
 // torchao's unsigned 4-bit map: linspace(0, 1, 17) without its 0 (16 values, 1/16 .. 1).
 at::Tensor linear_map16();
 

@@ -24,21 +24,6 @@ const QuantizeTable& unsigned_table() {
   static const QuantizeTable table(dynamic_map(false));
   return table;
 }
-// The maps as plain arrays: constants of the kernel, not tensors the memory report would count.
-std::array<float, 256> map_array(bool is_signed) {
-  std::array<float, 256> out{};
-  const at::Tensor map = dynamic_map(is_signed);
-  std::copy(map.data_ptr<float>(), map.data_ptr<float>() + 256, out.begin());
-  return out;
-}
-const float* signed_map() {
-  static const std::array<float, 256> map = map_array(true);
-  return map.data();
-}
-const float* unsigned_map() {
-  static const std::array<float, 256> map = map_array(false);
-  return map.data();
-}
 
 // Blocks per task: 16 blocks of 256 elements, each task's buffers in the L1 cache.
 constexpr int64_t kGrainBlocks = 16;
@@ -159,7 +144,7 @@ MEMRT_QUANT_CLONES void bnb_adam32_block(float* __restrict p, const GradIn& grad
 
 void bnb_adam8_cpu(float* p, const GradIn& g, uint8_t* m_codes, float* m_absmax, uint8_t* v_codes,
                    float* v_absmax, int64_t n, const BnbAdamScalars& s) {
-  const BnbMaps maps{signed_map(), unsigned_map(), signed_table().data(), unsigned_table().data(),
+  const BnbMaps maps{dynamic_map_values(true), dynamic_map_values(false), signed_table().data(), unsigned_table().data(),
                      table_codes_kernel()};
   at::parallel_for(0, (n + kBnbBlock - 1) / kBnbBlock, kGrainBlocks, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {

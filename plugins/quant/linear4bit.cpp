@@ -24,17 +24,6 @@ int64_t tile_extent(int64_t dim, int64_t other, int64_t elem_bytes, int64_t budg
   return std::min(dim, std::max(kBlocks64, fit));
 }
 
-// The signed dynamic map, once per process, in plain memory (not a tracked tensor).
-const std::array<float, 256>& signed_map() {
-  static const std::array<float, 256> map = [] {
-    std::array<float, 256> m{};
-    const at::Tensor t = dynamic_map(true).contiguous();
-    std::copy(t.data_ptr<float>(), t.data_ptr<float>() + 256, m.begin());
-    return m;
-  }();
-  return map;
-}
-
 // len elements from element i of the packed codes, each map[code] * s, as T: an odd first element
 // alone, then whole bytes through the kernel, then a last high nibble alone.
 template <typename T>
@@ -165,7 +154,7 @@ Linear4bitImpl::Linear4bitImpl(Quantized4 q, const at::Tensor& bias_in, std::opt
     : q_(std::move(q)), compute_dtype_(compute_dtype), scratch_(std::move(scratch)), tile_budget_(tile_budget) {
   if (q_.shape.size() != 2 || q_.block != 64)
     throw Error("Linear4bit: expects a 2-D weight quantized in blocks of 64");
-  signed_map();  // built now, while the model is, not in the first forward
+  dynamic_map_values(true);  // built now, while the model is, not in the first forward
   register_parameter("weight", q_.packed, /*requires_grad=*/false);
   if (bias_in.defined()) bias = register_parameter("bias", bias_in, bias_in.requires_grad());
   register_buffer("weight_absmax", q_.absmax);
@@ -192,7 +181,7 @@ at::Tensor Linear4bitImpl::multiply(const at::Tensor& x, const at::Tensor& b) co
   for (int64_t r = 0; r < out; r += t.rows) {
     const int64_t rows = std::min(t.rows, out - r);
     const at::Tensor w = scratch_->tile(rows, in, dtype);
-    dequantize_4bit_tile(q_, signed_map().data(), r, r + rows, 0, in, w);
+    dequantize_4bit_tile(q_, dynamic_map_values(true), r, r + rows, 0, in, w);
     at::Tensor yr = y.narrow(1, r, rows);
     const at::Tensor br = b.defined() ? b.narrow(0, r, rows) : at::Tensor();
     if (!native) {
@@ -216,7 +205,7 @@ at::Tensor Linear4bitImpl::multiply_transposed(const at::Tensor& dy) const {
   for (int64_t c = 0; c < in; c += t.cols) {
     const int64_t cols = std::min(t.cols, in - c);
     const at::Tensor w = scratch_->tile(out, cols, dtype);
-    dequantize_4bit_tile(q_, signed_map().data(), 0, out, c, c + cols, w);
+    dequantize_4bit_tile(q_, dynamic_map_values(true), 0, out, c, c + cols, w);
     at::Tensor dxc = dx.narrow(1, c, cols);
     if (native) {
       at::mm_out(dxc, dy, w);

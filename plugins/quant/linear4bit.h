@@ -76,7 +76,6 @@ class Linear4bitImpl : public torch::nn::Module {
                  std::shared_ptr<const TileScratch> scratch, int64_t tile_budget = kTileBytes);
   at::Tensor forward(const at::Tensor& x);
 
-  const Quantized4& quantized() const { return q_; }
   int64_t out_features() const { return q_.shape[0]; }
   int64_t in_features() const { return q_.shape[1]; }
   at::Tensor bias;  // undefined without one
@@ -84,7 +83,6 @@ class Linear4bitImpl : public torch::nn::Module {
   // y (M, out) in the compute dtype = x (M, in) W^T (+ bias), and dx (M, in) = dy (M, out) W.
   at::Tensor multiply(const at::Tensor& x, const at::Tensor& bias) const;
   at::Tensor multiply_transposed(const at::Tensor& dy) const;
-  std::optional<at::ScalarType> compute_dtype() const { return compute_dtype_; }
 
  private:
   Quantized4 q_;

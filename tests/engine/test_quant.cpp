@@ -186,17 +186,32 @@ TEST(Quant, FourBitBaseTrainsInBitsandbytesBytesAndResumes) {
   EXPECT_FALSE(fs::exists(dir.path() / "hf" / "model.safetensors"));
 }
 
+// The formats of the frozen parameters a checkpoint's store.json lists (format "" is a plain one).
+std::vector<std::string> frozen_formats(const fs::path& checkpoint) {
+  const rapidjson::Document store = read_json(checkpoint / "store.json");
+  std::vector<std::string> out;
+  for (const auto& p : store["frozen"].GetArray())
+    if (p["format"].GetStringLength() > 0) out.emplace_back(p["format"].GetString());
+  return out;
+}
+
 // Two ranks under ZeRO-2, bf16 compute with bnb_4bit_compute_dtype bfloat16 and FP4 without double
-// quantization: each rank holds the whole frozen base (4-bit bases are replicated below stage 3)
-// and trains as one rank does.
+// quantization, asked for in bitsandbytes' keys on one rank and in LLaMA-Factory's on two: both
+// keep the 8 projections as FP4, each rank holds the whole frozen base (4-bit bases are replicated
+// below stage 3), and two ranks train as one does.
 TEST(Quant, FourBitBaseUnderZeroTwoInBf16) {
   TempDir dir("quant_fp4_zero2");
-  const std::string args = "--load_in_4bit=true --bnb_4bit_quant_type=fp4 --bnb_4bit_use_double_quant=false "
-                           "--bnb_4bit_compute_dtype=bfloat16 --max_steps=20";
+  const std::string common = "--bnb_4bit_compute_dtype=bfloat16 --max_steps=20 --save_steps=20";
+  const std::string bnb = "--load_in_4bit=true --bnb_4bit_quant_type=fp4 --bnb_4bit_use_double_quant=false ";
+  const std::string llama_factory = "--quantization_bit=4 --quantization_type=fp4 --double_quantization=false ";
   const std::string bf16 = R"("gradient_clipping": 1.0, "bf16": {"enabled": true})";
-  const fs::path one = train(dir, "one", R"({"train_batch_size": 8, )" + bf16 + "}", args);
+  const fs::path one = train(dir, "one", R"({"train_batch_size": 8, )" + bf16 + "}", bnb + common);
   const fs::path two = train(dir, "two", R"({"train_batch_size": 8, "zero_optimization": {"stage": 2}, )" + bf16 + "}",
-                             args, "--num_procs 2 --master_port " + std::to_string(free_port()));
+                             llama_factory + common, "--num_procs 2 --master_port " + std::to_string(free_port()));
+  for (const fs::path& run : {one, two}) {
+    SCOPED_TRACE(run.filename().string());
+    EXPECT_EQ(frozen_formats(run / "global_step20"), std::vector<std::string>(8, "fp4"));
+  }
   const int64_t C = 128, F = 512;
   // FP4 without double quantization: two codes a byte and an fp32 absmax per 64.
   auto fp4_bytes = [](int64_t n) { return n / 2 + 4 * ((n + 63) / 64); };
