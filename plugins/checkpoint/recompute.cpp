@@ -5,6 +5,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -137,6 +138,28 @@ void RngState::restore() const {
 #endif
 }
 
+namespace {
+
+// LibTorch 2.13 holds autograd nodes in c10::intrusive_ptr, earlier 2.x releases in std::shared_ptr:
+// a node is made the way this LibTorch's set_history() takes it.
+template <typename T, typename = void>
+struct HistoryTakesIntrusive : std::false_type {};
+template <typename T>
+struct HistoryTakesIntrusive<T, std::void_t<decltype(torch::autograd::set_history(
+                                    std::declval<const at::Tensor&>(), std::declval<const c10::intrusive_ptr<T>&>()))>>
+    : std::true_type {};
+
+template <typename N, typename... Args>
+auto make_node(Args&&... args) {
+  if constexpr (HistoryTakesIntrusive<torch::autograd::Node>::value) {
+    return c10::make_intrusive<N>(std::forward<Args>(args)...);
+  } else {
+    return std::make_shared<N>(std::forward<Args>(args)...);
+  }
+}
+
+}  // namespace
+
 at::Tensor checkpoint(const BlockFn& fn, const at::Tensor& x, const RecomputeOptions& options,
                       RecomputeTiming* timing) {
   if (!at::GradMode::is_enabled()) return fn(x);
@@ -156,8 +179,7 @@ at::Tensor checkpoint(const BlockFn& fn, const at::Tensor& x, const RecomputeOpt
     y = fn(x);
   }
   if (!y.defined() || y.is_alias_of(x)) return fn(x);  // nothing to save: run it normally
-  auto node = c10::make_intrusive<RecomputeBackward>(fn, std::move(saved), x.requires_grad(),
-                                                     x.device(), std::move(rng), timing);
+  auto node = make_node<RecomputeBackward>(fn, std::move(saved), x.requires_grad(), x.device(), std::move(rng), timing);
   node->set_next_edges(torch::autograd::collect_next_edges(x));
   torch::autograd::set_history(y, node);
   if (timing) {
