@@ -3,7 +3,7 @@
 #
 #   scripts/setup.sh            # prints the Python interpreter of the LibTorch venv on its last line
 #   scripts/setup.sh --test     # the same, plus what only the tests need (headless Chromium,
-#                               # the quantization oracles bitsandbytes and torchao)
+#                               # the quantization oracles bitsandbytes, torchao and accelerate)
 #
 # Debian packages come from apt-get; LibTorch comes from the `torch` wheel on PyPI, installed into
 # a virtual environment outside the source tree ($MEMRT_VENV, default ~/.cache/memrt/venv-torch<ver>)
@@ -66,16 +66,21 @@ fi
 touch "$stamp"
 
 # The quantization tests' oracles (docs/quant.md), pinned: they run on the venv's torch, so pip must
-# not replace it (--no-deps: their other dependencies, numpy and packaging, come with transformers).
+# not replace it (--no-deps: their other dependencies, numpy, packaging, pyyaml and huggingface_hub,
+# come with transformers). accelerate (with psutil) is what transformers needs to load a model
+# quantized by bitsandbytes, as the pre-quantized checkpoint test makes one.
 MEMRT_BNB_VERSION=0.50.2
 MEMRT_TORCHAO_VERSION=0.18.0
-test_stamp="$venv/.memrt-test-deps-bnb$MEMRT_BNB_VERSION-ao$MEMRT_TORCHAO_VERSION"
+MEMRT_ACCELERATE_VERSION=1.15.0
+MEMRT_PSUTIL_VERSION=7.2.2
+test_stamp="$venv/.memrt-test-deps-bnb$MEMRT_BNB_VERSION-ao$MEMRT_TORCHAO_VERSION-acc$MEMRT_ACCELERATE_VERSION"
 if [ "$with_test" -eq 1 ] && [ ! -f "$test_stamp" ]; then
-  log "installing bitsandbytes==$MEMRT_BNB_VERSION and torchao==$MEMRT_TORCHAO_VERSION into $venv (test oracles)"
+  log "installing bitsandbytes==$MEMRT_BNB_VERSION, torchao==$MEMRT_TORCHAO_VERSION and accelerate==$MEMRT_ACCELERATE_VERSION into $venv (test oracles)"
   "$venv/bin/pip" install -q --disable-pip-version-check --no-deps \
-      "bitsandbytes==${MEMRT_BNB_VERSION}" "torchao==${MEMRT_TORCHAO_VERSION}" >&2
-  "$venv/bin/python" -c "import bitsandbytes, torchao" >/dev/null 2>&1 ||
-    { log "bitsandbytes or torchao did not import from $venv"; exit 1; }
+      "bitsandbytes==${MEMRT_BNB_VERSION}" "torchao==${MEMRT_TORCHAO_VERSION}" \
+      "accelerate==${MEMRT_ACCELERATE_VERSION}" "psutil==${MEMRT_PSUTIL_VERSION}" >&2
+  "$venv/bin/python" -c "import bitsandbytes, torchao, accelerate" >/dev/null 2>&1 ||
+    { log "bitsandbytes, torchao or accelerate did not import from $venv"; exit 1; }
   touch "$test_stamp"
 fi
 echo "$venv/bin/python"

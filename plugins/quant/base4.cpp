@@ -5,6 +5,7 @@
 #include <torch/nn/modules/container/any.h>
 #include <torch/nn/modules/linear.h>
 
+#include <memrt/config_node.h>
 #include <memrt/error.h>
 
 namespace memrt::quant {
@@ -31,6 +32,85 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
+Quantized4 read_bnb4bit(const CheckpointReader& checkpoint, const std::string& name,
+                        const std::vector<int64_t>& shape, const Base4Options& options) {
+  const std::string file = checkpoint.file_of(name);
+  const auto fail = [&](const std::string& tensor, const std::string& what) {
+    return FileError(file, "tensor '" + tensor + "': " + what);
+  };
+  const char* type_name = options.type == Map4::kNf4 ? "nf4" : "fp4";
+  const std::string state_name = name + ".quant_state.bitsandbytes__" + type_name;
+  if (!checkpoint.contains(state_name)) {
+    const char* other = options.type == Map4::kNf4 ? "fp4" : "nf4";
+    throw fail(name, std::string("stored as uint8 codes but without '") + state_name + "'" +
+                         (checkpoint.contains(name + ".quant_state.bitsandbytes__" + other)
+                              ? std::string(": it is quantized as ") + other + " while config.json's quantization_config says " +
+                                    type_name
+                              : ": not a bitsandbytes 4-bit weight as transformers saves one"));
+  }
+  // The quant_state: a uint8 tensor holding QuantState.as_dict()'s JSON.
+  const at::Tensor state_bytes = checkpoint.tensor(state_name).contiguous();
+  const std::string text(reinterpret_cast<const char*>(state_bytes.data_ptr<uint8_t>()),
+                         static_cast<size_t>(state_bytes.numel()));
+  const ConfigNode state = parse_json_text(text, file + " (tensor '" + state_name + "')");
+  const auto field = [&](const char* key) -> const ConfigNode& {
+    const ConfigNode* n = state.find(key);
+    if (!n) throw fail(state_name, std::string("the quant_state has no '") + key + "'");
+    return *n;
+  };
+  if (field("quant_type").as_string() != type_name)
+    throw fail(state_name, "quant_type is \"" + field("quant_type").as_string() + "\", not \"" + type_name + "\"");
+  if (field("blocksize").as_int() != 64)
+    throw fail(state_name, "blocksize is " + std::to_string(field("blocksize").as_int()) +
+                               "; memrt's 4-bit bases use bitsandbytes' default of 64: quantize the "
+                               "full-precision model again, or load it and let load_in_4bit quantize it");
+  std::vector<int64_t> stored_shape;
+  for (const ConfigNode& d : field("shape").as_array()) stored_shape.push_back(d.as_int());
+  if (stored_shape != shape)
+    throw fail(state_name, "shape is " + c10::str(at::IntArrayRef(stored_shape)) + " but config.json's model needs " +
+                               c10::str(at::IntArrayRef(shape)));
+  const int64_t n = shape[0] * shape[1];
+  const int64_t blocks = (n + 63) / 64;
+  const auto read = [&](const std::string& tensor, at::ScalarType dtype, std::vector<int64_t> want) {
+    if (!checkpoint.contains(tensor)) throw fail(tensor, "missing (the bitsandbytes 4-bit weight '" + name + "' needs it)");
+    const at::Tensor t = checkpoint.tensor(tensor);
+    if (t.scalar_type() != dtype || t.sizes().vec() != want)
+      throw fail(tensor, std::string("is ") + c10::toString(t.scalar_type()) + " " + c10::str(t.sizes()) + ", expected " +
+                             c10::toString(dtype) + " " + c10::str(at::IntArrayRef(want)));
+    return t.clone();  // out of the mapped file
+  };
+  const auto same_map = [&](const std::string& tensor, const at::Tensor& want) {
+    const at::Tensor got = read(tensor, at::kFloat, {want.numel()});
+    if (!at::equal(got, want))
+      throw fail(tensor, "differs from bitsandbytes' map: memrt dequantizes with the standard " + std::string(type_name) +
+                             " and dynamic maps only");
+  };
+  same_map(name + ".quant_map", map4(options.type));
+
+  Quantized4 q;
+  q.type = options.type;
+  q.block = 64;
+  q.shape = shape;
+  q.packed = read(name, at::kByte, {(n + 1) / 2, 1});
+  const bool nested = state.contains("nested_blocksize");
+  if (nested != options.double_quant)
+    throw fail(state_name, std::string(nested ? "is" : "is not") + " double-quantized, but config.json's "
+                           "quantization_config says bnb_4bit_use_double_quant " + (options.double_quant ? "true" : "false"));
+  if (!nested) {
+    q.absmax = read(name + ".absmax", at::kFloat, {blocks});
+    return q;
+  }
+  if (field("nested_blocksize").as_int() != 256)
+    throw fail(state_name, "nested_blocksize is " + std::to_string(field("nested_blocksize").as_int()) +
+                               "; memrt's double quantization uses bitsandbytes' 256");
+  same_map(name + ".nested_quant_map", dynamic_map(true));
+  q.absmax = read(name + ".absmax", at::kByte, {blocks});
+  q.nested_absmax = read(name + ".nested_absmax", at::kFloat, {(blocks + 255) / 256});
+  q.offset = at::scalar_tensor(static_cast<float>(field("nested_offset").as_double()), at::kFloat);
+  q.nested_block = 256;
+  return q;
+}
+
 void Base4::plan_params(std::vector<ParamInfo>& params) {
   for (ParamInfo& p : params) {
     if (p.dtype == at::kByte && shapes_.count(p.name)) {  // the built model: already quantized
@@ -54,7 +134,7 @@ void Base4::plan_params(std::vector<ParamInfo>& params) {
   }
 }
 
-void Base4::quantize(Block& block) {
+void Base4::quantize(Block& block, const CheckpointReader* checkpoint) {
   if (!scratch_) {
     scratch_ = std::make_shared<TileScratch>(scratch_bytes());
   }
@@ -70,7 +150,9 @@ void Base4::quantize(Block& block) {
     if (linear->weight.sizes().vec() != it->second)
       throw Error("load_in_4bit: '" + weight + "' has shape " + c10::str(linear->weight.sizes()) +
                   ", not the planned " + c10::str(at::IntArrayRef(it->second)));
-    Quantized4 q = quantize_4bit(linear->weight.detach(), options_.type, 64, options_.double_quant);
+    Quantized4 q = checkpoint && checkpoint->contains(weight) && checkpoint->tensor(weight).scalar_type() == at::kByte
+                       ? read_bnb4bit(*checkpoint, weight, it->second, options_)
+                       : quantize_4bit(linear->weight.detach(), options_.type, 64, options_.double_quant);
     at::Tensor bias = linear->bias.defined() ? linear->bias : at::Tensor();
     block.replace_linear(name, torch::nn::AnyModule(Linear4bit(
                                    std::move(q), bias, options_.compute_dtype, scratch_)));

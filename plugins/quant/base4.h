@@ -33,6 +33,15 @@ struct Base4Options {
   std::optional<at::ScalarType> compute_dtype;  // bnb_4bit_compute_dtype; unset: the run's
 };
 
+// A projection weight as transformers saves a bitsandbytes 4-bit model: `name` uint8 [ceil(n/2), 1],
+// name.absmax, name.quant_map, name.quant_state.bitsandbytes__<nf4|fp4> (the JSON of
+// QuantState.as_dict: quant_type, blocksize, shape, dtype, and with double quantization
+// nested_blocksize, nested_offset) and, with it, name.nested_absmax and name.nested_quant_map.
+// Checked against `shape` (out, in) and `options` (the maps bit for bit, the block sizes memrt
+// uses: 64 and 256); each mismatch a memrt::FileError naming the file and tensor.
+Quantized4 read_bnb4bit(const CheckpointReader& checkpoint, const std::string& name,
+                        const std::vector<int64_t>& shape, const Base4Options& options);
+
 class Base4 {
  public:
   explicit Base4(Base4Options options) : options_(options) {}
@@ -41,8 +50,10 @@ class Base4 {
   // host's calls: on the shapes, where it records each weight's (out, in), and on the built model,
   // already quantized).
   void plan_params(std::vector<ParamInfo>& params);
-  // Quantizes block `block`'s projections and installs a Linear4bit for each.
-  void quantize(Block& block);
+  // Installs a Linear4bit for each of block `block`'s planned projections: read as stored where
+  // `checkpoint` (may be nullptr) holds it in bitsandbytes' 4-bit format (read_bnb4bit), else
+  // quantized from the weight the block was built with.
+  void quantize(Block& block, const CheckpointReader* checkpoint);
   void plan_store(StorePlan& plan) const;
   // The tile scratch every Linear4bit shares (fp32 or 16-bit tiles, whichever is larger).
   int64_t scratch_bytes() const;

@@ -57,7 +57,7 @@ class QuantPlugin final : public memrt::Plugin {
   }
 
   void on_block_ready(memrt::BlockReady& ctx) override {
-    if (base_) base_->quantize(ctx.block);
+    if (base_) base_->quantize(ctx.block, ctx.checkpoint);
   }
 
   void estimate_memory(memrt::memory::MemoryEstimate& estimate) const override {

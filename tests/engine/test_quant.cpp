@@ -242,4 +242,58 @@ TEST(Quant, LlamaFromConfigsLoadsInFourBitsToTheByte) {
   EXPECT_NEAR(8.0 * static_cast<double>(bytes) / static_cast<double>(weights), 4.127, 0.0005);
 }
 
+// A Hugging Face directory that transformers saved quantized by bitsandbytes (bnb4bit_checkpoint.py:
+// a Llama loaded with BitsAndBytesConfig, then save_pretrained) loads as stored, with no quant key
+// in train.yaml: config.json's quantization_config turns the 4-bit base on and decides its format
+// (a train.yaml key saying otherwise is ignored with a warning, as in transformers). Its codes are
+// the ones memrt makes from the full-precision checkpoint (quantization equal to bitsandbytes'), so
+// the two runs train alike to the bit, in NF4 with double quantization and in FP4 without, counted
+// as estimated. A map memrt does not dequantize with, or another quant_method, is refused naming
+// the file and the tensor or key.
+TEST(Quant, BitsandbytesFourBitCheckpointLoadsAsSaved) {
+  TempDir dir("quant_prequantized");
+  const RunResult py = run(std::string(MEMRT_PYTHON) + " " + MEMRT_SOURCE_DIR + "/tests/engine/bnb4bit_checkpoint.py " +
+                           dir.path().string());
+  ASSERT_EQ(py.exit_code, 0) << py.out;
+  const std::string ds = dir.write("ds.json", R"({"train_batch_size": 8, "gradient_clipping": 1.0})");
+  const std::string yaml = dir.write("train.yaml", "block_size: 64\nmax_steps: 4\nlogging_steps: 1\nlearning_rate: 1.0e-3\n");
+  const auto launch = [&](const std::string& name, const std::string& model, const std::string& args) {
+    const fs::path out = dir.path() / name;
+    return std::make_pair(run(kLauncher + " --deepspeed " + ds + " " + yaml + " --model_name_or_path=" +
+                              (dir.path() / model).string() + " --output_dir=" + out.string() + " " + args),
+                          out);
+  };
+  const struct {
+    const char* dir;
+    const char* quantize_on_load;
+  } cases[] = {{"nf4", "--load_in_4bit=true"},
+               {"fp4", "--load_in_4bit=true --bnb_4bit_quant_type=fp4 --bnb_4bit_use_double_quant=false"}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.dir);
+    const auto [saved, saved_out] = launch(std::string(c.dir) + "_saved", c.dir, "--bnb_4bit_quant_type=nf4");
+    ASSERT_EQ(saved.exit_code, 0) << saved.out;
+    EXPECT_NE(saved.out.find("'bnb_4bit_quant_type' is ignored: " + (dir.path() / c.dir / "config.json").string() +
+                             " is already quantized"),
+              std::string::npos)
+        << saved.out;
+    const auto [loaded, loaded_out] = launch(std::string(c.dir) + "_on_load", "fp", c.quantize_on_load);
+    ASSERT_EQ(loaded.exit_code, 0) << loaded.out;
+    const std::vector<double> want = losses(loaded_out), got = losses(saved_out);
+    ASSERT_EQ(got.size(), 4u);
+    EXPECT_EQ(got, want);
+    EXPECT_EQ(bytes_as_estimated(saved_out, "quant_state", "device"),
+              bytes_as_estimated(loaded_out, "quant_state", "device"));
+  }
+
+  const auto [bad_map, unused1] = launch("bad_map", "nf4_badmap", "");
+  EXPECT_NE(bad_map.exit_code, 0);
+  EXPECT_NE(bad_map.out.find("model.safetensors: tensor 'model.layers.1.mlp.up_proj.weight.quant_map': differs from "
+                             "bitsandbytes' map"),
+            std::string::npos)
+      << bad_map.out;
+  const auto [gptq, unused2] = launch("gptq", "nf4_gptq", "");
+  EXPECT_NE(gptq.exit_code, 0);
+  EXPECT_NE(gptq.out.find("config.json: 'quantization_config.quant_method': is \"gptq\""), std::string::npos) << gptq.out;
+}
+
 }  // namespace

@@ -270,7 +270,7 @@ TEST(Models, OnBlockReadyRunsOncePerBlockInOrderBeforeTheNextBlockExists) {
     std::vector<int64_t> order, live_at_call;
     std::vector<std::string> prefixes;
     BuildOptions opt;
-    opt.on_block_ready = [&](int64_t i, Block& b) {
+    opt.on_block_ready = [&](int64_t i, Block& b, const CheckpointReader*) {
       order.push_back(i);
       prefixes.push_back(b.hf_prefix());
       live_at_call.push_back(CountingAllocator::live() - base);

@@ -86,4 +86,20 @@ class CausalLM : public torch::nn::Module {
   }
 };
 
+// The Hugging Face checkpoint a model is loaded from, as plugins read it while blocks are built
+// (BlockReady::checkpoint, ABI 2.7): tensors by Hugging Face name, memory-mapped, in their dtype
+// and layout on disk. The host loads every parameter it can itself; a parameter a plugin replaces
+// (plan_params gave it a non-floating dtype, e.g. a 4-bit base) that the file holds in the
+// plugin's own format — a non-floating tensor under the parameter's name, with companions named
+// "<name>.<suffix>" — is left to the plugin, which reads it here.
+class CheckpointReader {
+ public:
+  virtual ~CheckpointReader() = default;
+  virtual bool contains(const std::string& name) const = 0;
+  // The tensor as stored; memrt::FileError naming the checkpoint when absent.
+  virtual at::Tensor tensor(const std::string& name) const = 0;
+  // The file holding `name`, for messages.
+  virtual std::string file_of(const std::string& name) const = 0;
+};
+
 }  // namespace memrt

@@ -154,6 +154,8 @@ struct BlockReady {
   Block& block;  // may be modified in place (quantize, partition, cast)
   const RunInfo& run;
   Communicator& comm;
+  // ABI 2.7: the checkpoint the model is loaded from (memrt/model.h), or nullptr (random init).
+  const CheckpointReader* checkpoint = nullptr;
 };
 
 // The model's parameters as they will be trained, before the model is touched (ABI 2.2): a plugin
@@ -369,12 +371,13 @@ class Plugin {
 // setters (GroupSelector), state formats (StateFormat), segment order (StorePlan::segment_range)
 // and SegmentContext::slots / ::shared. 2.4: Plugin::estimate_planned_memory. 2.5:
 // OptimizerContext::step_kernels (StepKernel, StepRange in memrt/optimizer.h). 2.6: the CPU kernel
-// dispatch in memrt/ops.h (ops::CpuKernels, cpu_supports, to_string). The host refuses a plugin whose ABI
+// dispatch in memrt/ops.h (ops::CpuKernels, cpu_supports, to_string). 2.7: BlockReady::checkpoint
+// (CheckpointReader in memrt/model.h: a replaced parameter stored in a plugin's format). The host refuses a plugin whose ABI
 // major differs, whose ABI minor is newer than the host's, or whose LibTorch version, C++ ABI flag or CUDA flag differ from its own
 // — plugins pass at::Tensor and nn::Module across the boundary, the same contract as PyTorch C++
 // extensions.
 #define MEMRT_PLUGIN_ABI_MAJOR 2
-#define MEMRT_PLUGIN_ABI_MINOR 6
+#define MEMRT_PLUGIN_ABI_MINOR 7
 #define MEMRT_PLUGIN_ENTRY_SYMBOL "memrt_plugin_entry"
 
 extern "C" {

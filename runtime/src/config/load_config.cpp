@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "config/batch_triple.h"
@@ -347,6 +348,8 @@ struct Loader {
 
   // optimizer.params.bf16_stochastic_round when true: checked against the bf16 section.
   const ConfigNode* stochastic_round_ = nullptr;
+  // model_name_or_path's config.json `quantization_config`: a checkpoint saved quantized.
+  std::optional<ConfigNode> hf_quant_;
 };
 
 void Loader::read_inputs() {
@@ -1161,11 +1164,49 @@ void Loader::resolve_lora_and_quant() {
   const ConfigNode* q8 = yv("load_in_8bit");
   // Present and not `false` (a value of the wrong type is routed too: the plugin names it).
   const auto asks = [](const ConfigNode* n) { return n && !n->is_null() && !(n->is_bool() && !n->as_bool()); };
-  const bool load4 = asks(q4) || asks(qbit);
   const char* quant_keys[] = {"load_in_4bit", "load_in_8bit", "quantization_bit", "quantization_method",
                               "quantization_type", "double_quantization", "bnb_4bit_quant_type",
                               "bnb_4bit_use_double_quant", "bnb_4bit_compute_dtype", "bnb_4bit_quant_storage"};
-  if (load4 || asks(q8)) {
+  if (hf_quant_) {
+    // A checkpoint saved quantized loads quantized whatever train.yaml says, with its own settings
+    // (transformers: "the quantization_config from the model will be used").
+    const ConfigNode& hq = *hf_quant_;
+    const ConfigNode* method = hq.find("quant_method");
+    if (!method || !method->is_string() || method->as_string() != "bitsandbytes")
+      throw ConfigError(hq.file(), method ? method->path() : hq.path(),
+                        std::string("is ") + (method && method->is_string() ? "\"" + method->as_string() + "\""
+                                                                            : method ? method->describe() : "absent") +
+                            ": memrt loads checkpoints quantized by bitsandbytes in 4 bits (quant_method "
+                            "\"bitsandbytes\", load_in_4bit true); use the model's full-precision checkpoint "
+                            "(with load_in_4bit: true to quantize it as it loads)");
+    ConfigNode qopts = ConfigNode::object(hq.file(), hq.path());
+    std::vector<std::string> qkeys;
+    for (const char* k : {"load_in_4bit", "load_in_8bit", "bnb_4bit_quant_type", "bnb_4bit_use_double_quant",
+                          "bnb_4bit_compute_dtype", "bnb_4bit_quant_storage"}) {
+      if (const ConfigNode* n = hq.find(k)) {
+        qopts.set(k, *n);
+        qkeys.push_back(n->file() + ": " + n->path());
+      }
+    }
+    if (!asks(hq.find("load_in_4bit")) && !asks(hq.find("load_in_8bit")))
+      throw ConfigError(hq.file(), hq.path(), "quantizes neither in 4 nor in 8 bits (load_in_4bit and load_in_8bit "
+                                              "are not true): not a bitsandbytes checkpoint memrt can load");
+    if (const ConfigNode* skip = hq.find("llm_int8_skip_modules"); skip && !skip->is_null() && !skip->as_names().empty())
+      diag.warnings.push_back(where(*skip) + " is not read: memrt quantizes every block projection and no other module; "
+                              "a listed projection stored in full precision is quantized as it loads");
+    for (const char* k : quant_keys) {
+      if (const ConfigNode* n = yv(k))
+        diag.warnings.push_back(where(*n) + " is ignored: " + hq.file() + " is already quantized, and its " +
+                                "quantization_config decides (as in transformers)");
+    }
+    add_plugin("quant", qkeys.front(), qkeys, qopts);
+    q4 = hq.find("load_in_4bit");
+    qbit = q8 = nullptr;
+  }
+  const bool load4 = asks(q4) || asks(qbit);
+  if (hf_quant_) {
+    // routed above
+  } else if (load4 || asks(q8)) {
     ConfigNode qopts = ConfigNode::object(yaml_file, "");
     std::vector<std::string> qkeys;
     for (const char* k : quant_keys) {
@@ -1374,6 +1415,7 @@ void Loader::resolve_model_and_data() {
           break;
         }
       }
+      if (const ConfigNode* q = hf.find("quantization_config"); q && !q->is_null()) hf_quant_ = *q;
     }
   } else if (block) {
     ConfigReader r(*block, diag);

@@ -186,6 +186,7 @@ EstimateReport estimate_memory(const TrainConfig& cfg, const RunInfo& run, Plugi
   report.terms.push_back({"memrt", plan.table});
   for (memory::EstimateTerm& t : plugins.estimate_memory(plan)) report.terms.push_back(std::move(t));
   report.table = plan.table;
+  report.params = std::move(params);
   return report;
 }
 
@@ -241,8 +242,10 @@ void Engine::setup() {
     build.init_std = cfg_.model.init_std;
     build.seed = cfg_.seed;
     build.weights_dir = cfg_.model.name_or_path;
-    build.on_block_ready = [&](int64_t index, Block& block) {
-      BlockReady ctx{index, block, run_, *dist_};
+    for (const ParamInfo& p : estimate_.params)
+      if (!at::isFloatingType(p.dtype)) build.replaced.insert(p.name);
+    build.on_block_ready = [&](int64_t index, Block& block, const CheckpointReader* checkpoint) {
+      BlockReady ctx{index, block, run_, *dist_, checkpoint};
       plugins_.each("on_block_ready", -1, [&](Plugin& p) { p.on_block_ready(ctx); });
     };
     model_ = build_model(run_.shape, build);

@@ -10,6 +10,7 @@
 #include "memory/block_cache.h"
 #include "memory/tracking_allocator.h"
 #include "memrt/memory.h"
+#include "memrt/param_store.h"
 
 namespace memrt {
 
@@ -31,6 +32,7 @@ struct LeakFinding {
 struct EstimateReport {
   memory::Table table;
   std::vector<memory::EstimateTerm> terms;
+  std::vector<ParamInfo> params;  // the parameters as the plugins planned them (plan_params on the shapes)
   int64_t peak_bytes() const { return table.total(); }
 };
 

@@ -321,7 +321,8 @@ HfWeights::Located HfWeights::locate(const std::string& hf_name) const {
   return {it->second, key};
 }
 
-void HfWeights::check(const ModelShape& shape, const std::vector<ParamSpec>& specs) {
+void HfWeights::check(const ModelShape& shape, const std::vector<ParamSpec>& specs,
+                      const std::set<std::string>& replaced) {
   // Base-model checkpoints (GPT2Model.save_pretrained) name tensors without the prefix.
   const std::string prefix = base_prefix(shape);
   bool any_prefixed = false;
@@ -329,10 +330,17 @@ void HfWeights::check(const ModelShape& shape, const std::vector<ParamSpec>& spe
   strip_prefix_ = any_prefixed || by_name_.empty() ? "" : prefix;
 
   std::set<std::string> expected;
+  plugin_reads_.clear();
+  std::vector<std::string> plugin_prefixes;  // "<key>." of the tensors a plugin reads
   for (const ParamSpec& spec : specs) {
     Located loc = locate(spec.name);
     expected.insert(loc.key);
     const auto& e = loc.file->entry(loc.key);
+    if (replaced.count(spec.name) && !at::isFloatingType(e.dtype)) {
+      plugin_reads_.insert(spec.name);
+      plugin_prefixes.push_back(loc.key + ".");
+      continue;
+    }
     std::vector<int64_t> want = spec.shape;
     if (spec.transposed_on_disk) std::swap(want[0], want[1]);
     if (e.shape != want)
@@ -346,8 +354,13 @@ void HfWeights::check(const ModelShape& shape, const std::vector<ParamSpec>& spe
                           *safetensors_dtype_name(e.dtype) +
                           "; model weights must be floating point (F32, F16, BF16, F64)");
   }
+  const auto companion = [&](const std::string& name) {
+    for (const std::string& owner : plugin_prefixes)
+      if (name.rfind(owner, 0) == 0) return true;
+    return false;
+  };
   for (const auto& [name, file] : by_name_) {
-    if (expected.count(name) || ignorable_buffer(shape, name)) continue;
+    if (expected.count(name) || ignorable_buffer(shape, name) || companion(name)) continue;
     const std::string full = strip_prefix_ + name;
     if (shape.tie_embeddings && (name == "lm_head.weight")) {
       const std::string emb = shape.arch == "gpt2" ? "transformer.wte.weight" : "model.embed_tokens.weight";
@@ -374,6 +387,18 @@ at::Tensor HfWeights::tensor(const ParamSpec& spec) const {
   at::Tensor t = loc.file->tensor(loc.key);
   return spec.transposed_on_disk ? t.t() : t;
 }
+
+bool HfWeights::contains(const std::string& name) const {
+  const std::string key = !strip_prefix_.empty() && name.rfind(strip_prefix_, 0) == 0 ? name.substr(strip_prefix_.size()) : name;
+  return by_name_.count(key) > 0;
+}
+
+at::Tensor HfWeights::tensor(const std::string& name) const {
+  Located loc = locate(name);
+  return loc.file->tensor(loc.key);
+}
+
+std::string HfWeights::file_of(const std::string& name) const { return locate(name).file->path(); }
 
 void HfWeights::drop_pages(const ParamSpec& spec) const {
   Located loc = locate(spec.name);

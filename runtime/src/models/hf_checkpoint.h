@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -28,7 +29,7 @@ ModelShape read_hf_config(const std::string& dir);
 std::string hf_config_json(const ModelShape& shape, double init_std = 0.02);
 
 // The weights of a checkpoint directory, memory-mapped (nothing is read until used).
-class HfWeights {
+class HfWeights final : public CheckpointReader {
  public:
   // Opens model.safetensors, or the shards listed by model.safetensors.index.json.
   static HfWeights open(const std::string& dir);
@@ -39,7 +40,18 @@ class HfWeights {
   // skipped), a tied lm_head present on disk must equal the embedding. Checkpoints saved from
   // the base model (GPT2Model: "h.0..." without "transformer.") are accepted too.
   // Violations: memrt::FileError naming the tensor and the file.
-  void check(const ModelShape& shape, const std::vector<ParamSpec>& specs);
+  // `replaced`: parameters a plugin replaces (memrt/model.h, CheckpointReader). One stored as a
+  // non-floating tensor is the plugin's to read — its shape, dtype and companion tensors
+  // "<name>.<suffix>" are not checked here, and plugin_reads() says so; one stored in floating
+  // point is checked and loaded as any other (the plugin converts it).
+  void check(const ModelShape& shape, const std::vector<ParamSpec>& specs,
+             const std::set<std::string>& replaced = {});
+  bool plugin_reads(const std::string& name) const { return plugin_reads_.count(name) > 0; }
+
+  // CheckpointReader: any tensor by Hugging Face name (base-model files' names resolved as check() found them).
+  bool contains(const std::string& name) const override;
+  at::Tensor tensor(const std::string& name) const override;
+  std::string file_of(const std::string& name) const override;
 
   // The tensor for `spec`, in the model's layout (transposed view for Conv1D weights), viewing the
   // mapped file in its dtype on disk; copy_ it into the parameter to convert.
@@ -62,6 +74,7 @@ class HfWeights {
   std::map<std::string, const SafetensorsFile*> by_name_;
   std::map<std::string, std::string> file_of_;
   std::string strip_prefix_;  // "transformer." / "model." when the file has base-model names
+  std::set<std::string> plugin_reads_;
 };
 
 // Writes <dir>/config.json and the weights with HF names (GPT-2 Conv1D weights transposed back to

@@ -111,7 +111,7 @@ std::shared_ptr<CausalLM> build_model(const ModelShape& shape, const BuildOption
   std::optional<HfWeights> weights;
   if (!options.weights_dir.empty()) {
     weights = HfWeights::open(options.weights_dir);
-    weights->check(shape, specs);  // before anything is allocated
+    weights->check(shape, specs, options.replaced);  // before anything is allocated
   }
   at::Generator gen = at::detail::createCPUGenerator(options.seed);
 
@@ -122,7 +122,9 @@ std::shared_ptr<CausalLM> build_model(const ModelShape& shape, const BuildOption
       auto it = spec_of.find(name);
       if (it == spec_of.end())
         throw Error("build_model: internal error: parameter '" + name + "' has no spec");
-      if (weights) {
+      if (weights && weights->plugin_reads(name)) {
+        p.zero_();  // stored in a plugin's format: its on_block_ready reads it
+      } else if (weights) {
         p.copy_(weights->tensor(*it->second));  // converts bf16/fp16 on disk to fp32
         weights->drop_pages(*it->second);       // the file need not stay resident
       } else
@@ -139,7 +141,7 @@ std::shared_ptr<CausalLM> build_model(const ModelShape& shape, const BuildOption
       params.emplace_back(block->hf_prefix() + "." + item.key(), item.value());
     fill(params);
     model->append_block(block);
-    if (options.on_block_ready) options.on_block_ready(i, *block);
+    if (options.on_block_ready) options.on_block_ready(i, *block, weights ? &*weights : nullptr);
   }
   model->finish();
   fill(model->final_parameters());

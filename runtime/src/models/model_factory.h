@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -25,8 +26,12 @@ struct BuildOptions {
   uint64_t seed = 0;
   std::string weights_dir;  // a Hugging Face checkpoint directory to load weights from; empty = random init
   // Called once per block, in order, as soon as the block exists with its final weights (random
-  // or loaded), so a plugin can quantize or partition it before the next block is materialised.
-  std::function<void(int64_t index, Block& block)> on_block_ready;
+  // or loaded), so a plugin can quantize or partition it before the next block is materialised;
+  // `checkpoint` is the weights_dir's tensors (nullptr without one).
+  std::function<void(int64_t index, Block& block, const CheckpointReader* checkpoint)> on_block_ready;
+  // Parameters a plugin replaces (planned with a non-floating dtype): stored in the plugin's format
+  // they are left to on_block_ready (zero until then), in floating point loaded as usual.
+  std::set<std::string> replaced;
 };
 
 // Builds the model (fp32, CPU). Order: embeddings, then for each block: allocate, initialise or
