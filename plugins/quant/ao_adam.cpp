@@ -9,89 +9,87 @@
 #include <memrt/error.h>
 
 #include "adam_state.h"
+#include "ao_codes.h"
 #include "blockwise.h"
 #include "cpu_loops.h"
+#include "dequant4.h"
 
 namespace memrt::quant {
 
 namespace {
 
-// A map as the kernel's constant (a plain array: not a tensor the memory report would count).
-struct Map {
-  std::vector<float> values;
-  int size() const { return static_cast<int>(values.size()); }
-};
-
-Map make_map(const at::Tensor& t) {
+std::vector<float> values_of(const at::Tensor& t) {
   const at::Tensor c = t.contiguous();
-  return Map{std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel())};
+  return std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
 }
+
+// A map as the kernel's constant (a plain array: not a tensor the memory report would count) and
+// its quantizer (ao_codes.h), built once per process.
+struct Map {
+  explicit Map(const at::Tensor& t) : values(values_of(t)), quantizer(values.data(), static_cast<int>(values.size())) {}
+  std::vector<float> values;
+  AoQuantizer quantizer;
+};
 
 // torchao's maps: 8 bits, bitsandbytes' dynamic maps; 4 bits, create_dynamic_map(True, 3, 4) and
 // linspace(0, 1, 17)[1:].
 const Map& signed_map(int bits) {
-  static const Map m8 = make_map(ao_map(8, true)), m4 = make_map(ao_map(4, true));
+  static const Map m8(ao_map(8, true)), m4(ao_map(4, true));
   return bits == 8 ? m8 : m4;
 }
 const Map& unsigned_map(int bits) {
-  static const Map m8 = make_map(ao_map(8, false)), m4 = make_map(ao_map(4, false));
+  static const Map m8(ao_map(8, false)), m4(ao_map(4, false));
   return bits == 8 ? m8 : m4;
 }
 
-// One block of torchao's state, Bits 8 (256 elements, a code a byte) or 4 (128, two codes a byte),
-// written as loops that vectorise; each is the scalar rule of quant_math.h element by element.
+// The 4-bit dequantization's hand-written loop (dequant4.h: map16[code] * scale with the map in
+// registers), looked up once per step.
+struct AoLoops {
+  Dequant4Fn<float> dequant4 = dequant4_kernel<float>(ops::CpuKernels::kBest);
+};
+
+// One block of torchao's state, Bits 8 (256 elements, a code a byte) or 4 (128, two codes a byte);
+// each step is the scalar rule of quant_math.h element by element.
 template <int Bits>
 struct AoBlock {
   static constexpr int64_t kLength = Bits == 8 ? 256 : 128;
-  static constexpr int kCodes = Bits == 8 ? 256 : 16;
 
   // map[code] * scale (element 2j in the high nibble of byte j at 4 bits).
   static void dequantize(const uint8_t* __restrict codes, float scale, const float* __restrict map,
-                         float* __restrict out) {
+                         float* __restrict out, const AoLoops& loops) {
     if constexpr (Bits == 8) {
       dequantize_block(codes, scale, kLength, map, out);
     } else {
-      for (int64_t j = 0; j < kLength / 2; ++j) {
-        out[2 * j] = map[codes[j] >> 4] * scale;
-        out[2 * j + 1] = map[codes[j] & 15] * scale;
-      }
+      loops.dequant4(codes, kLength / 2, map, scale, out);
     }
   }
 
   // torchao's scale_tensor and quantize_{8,4}bit_with_qmap: scale = max(max |x|, 1e-12), then
-  // ao_code(x / scale) by the same binary search, one step for all elements at a time.
-  static void quantize(const float* __restrict x, const float* __restrict map, uint8_t* __restrict codes,
-                       float* scale) {
+  // ao_code(x / scale).
+  static void quantize(const float* __restrict x, const Map& map, uint8_t* __restrict codes, float* scale) {
     uint32_t largest = 0;
     for (int64_t i = 0; i < kLength; ++i) largest = std::max(largest, abs_bits(x[i]));
     const float s = std::max(from_bits(largest), 1e-12f);
     *scale = s;
-    float y[kLength];
-    int32_t c[kLength];
-    for (int64_t i = 0; i < kLength; ++i) {
-      y[i] = x[i] / s;
-      c[i] = 0;
-    }
-    for (int32_t step = kCodes / 2; step >= 1; step /= 2)
-      for (int64_t i = 0; i < kLength; ++i) c[i] += y[i] >= map[c[i] + step] ? step : 0;
-    for (int64_t i = 0; i < kLength; ++i) {
-      const int32_t up = c[i] + 1 < kCodes ? c[i] + 1 : kCodes - 1;
-      c[i] = ao_rounds_up(y[i], map[c[i]], map[up]) ? up : c[i];
-    }
     if constexpr (Bits == 8) {
-      for (int64_t i = 0; i < kLength; ++i) codes[i] = static_cast<uint8_t>(c[i]);
+      map.quantizer.codes(x, kLength, s, codes);
     } else {
-      for (int64_t j = 0; j < kLength / 2; ++j)
-        codes[j] = pack4(static_cast<uint8_t>(c[2 * j]), static_cast<uint8_t>(c[2 * j + 1]));
+      uint8_t c[kLength];
+      map.quantizer.codes(x, kLength, s, c);
+      for (int64_t j = 0; j < kLength / 2; ++j) codes[j] = pack4(c[2 * j], c[2 * j + 1]);
     }
   }
 
-  static void step(float* __restrict p, const GradIn& grad, int64_t begin, uint8_t* m_codes, float* m_scale,
-                   uint8_t* v_codes, float* v_scale, const AoAdamScalars& s, const float* sm, const float* um) {
+  // Inline into each ISA clone of ao8_block/ao4_block, so the update loop takes that ISA's vectors
+  // (the map lookups are the hand-written loops', not gathers GCC would emulate).
+  __attribute__((always_inline)) static void step(float* __restrict p, const GradIn& grad, int64_t begin,
+                                                  uint8_t* m_codes, float* m_scale, uint8_t* v_codes,
+                                                  float* v_scale, const AoAdamScalars& s, const Map& sm,
+                                                  const Map& um, const AoLoops& loops) {
     float g[kLength], m[kLength], v[kLength];
     grad.load(begin, kLength, g);
-    dequantize(m_codes, *m_scale, sm, m);
-    dequantize(v_codes, *v_scale, um, v);
+    dequantize(m_codes, *m_scale, sm.values.data(), m, loops);
+    dequantize(v_codes, *v_scale, um.values.data(), v, loops);
     for (int64_t i = 0; i < kLength; ++i) {
       ao_adam_moments(p[i], g[i], m[i], v[i], s);
       p[i] = ao_adam_param(p[i], m[i], v[i], s);
@@ -103,12 +101,14 @@ struct AoBlock {
 
 // A block's signed and unsigned maps come in looked up once per step, not per block.
 MEMRT_QUANT_CLONES void ao8_block(float* p, const GradIn& g, int64_t begin, uint8_t* mc, float* ms, uint8_t* vc,
-                                  float* vs, const AoAdamScalars& s, const float* sm, const float* um) {
-  AoBlock<8>::step(p, g, begin, mc, ms, vc, vs, s, sm, um);
+                                  float* vs, const AoAdamScalars& s, const Map& sm, const Map& um,
+                                  const AoLoops& loops) {
+  AoBlock<8>::step(p, g, begin, mc, ms, vc, vs, s, sm, um, loops);
 }
 MEMRT_QUANT_CLONES void ao4_block(float* p, const GradIn& g, int64_t begin, uint8_t* mc, float* ms, uint8_t* vc,
-                                  float* vs, const AoAdamScalars& s, const float* sm, const float* um) {
-  AoBlock<4>::step(p, g, begin, mc, ms, vc, vs, s, sm, um);
+                                  float* vs, const AoAdamScalars& s, const Map& sm, const Map& um,
+                                  const AoLoops& loops) {
+  AoBlock<4>::step(p, g, begin, mc, ms, vc, vs, s, sm, um, loops);
 }
 MEMRT_QUANT_CLONES void ao32_block(float* __restrict p, const GradIn& grad, int64_t begin, float* __restrict m,
                                    float* __restrict v, int64_t len, const AoAdamScalars& s) {
@@ -160,7 +160,7 @@ at::Tensor ao_map(int bits, bool is_signed) {
 
 void ao_quantize(int bits, bool is_signed, const float* x, int64_t n, uint8_t* codes, float* scale) {
   const int64_t block = ao_block(bits), bytes = bits == 8 ? block : block / 2;
-  const float* map = (is_signed ? signed_map(bits) : unsigned_map(bits)).values.data();
+  const Map& map = is_signed ? signed_map(bits) : unsigned_map(bits);
   for (int64_t b = 0; b < n / block; ++b) {
     if (bits == 8) {
       AoBlock<8>::quantize(x + b * block, map, codes + b * bytes, scale + b);
@@ -218,12 +218,13 @@ void ao_adam_lowbit_cpu(int bits, float* p, const GradIn& g, uint8_t* m_codes, f
                         float* v_scale, int64_t n, const AoAdamScalars& s) {
   const int64_t block = ao_block(bits);
   const int64_t bytes = bits == 8 ? block : block / 2;  // of codes per block
-  const float* sm = signed_map(bits).values.data();
-  const float* um = unsigned_map(bits).values.data();
+  const Map& sm = signed_map(bits);
+  const Map& um = unsigned_map(bits);
+  const AoLoops loops;
   at::parallel_for(0, n / block, kGrainBlocks, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b)
       (bits == 8 ? ao8_block : ao4_block)(p + b * block, g, b * block, m_codes + b * bytes, m_scale + b,
-                                          v_codes + b * bytes, v_scale + b, s, sm, um);
+                                          v_codes + b * bytes, v_scale + b, s, sm, um, loops);
   });
 }
 

@@ -6,10 +6,7 @@
 
 #include "quant_math.h"
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define MEMRT_QUANT_X86 1
-#include <immintrin.h>
-#endif
+#include "x86_simd.h"
 
 namespace memrt::quant {
 

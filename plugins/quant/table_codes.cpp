@@ -6,10 +6,7 @@
 
 #include "quant_math.h"
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define MEMRT_QUANT_X86 1
-#include <immintrin.h>
-#endif
+#include "x86_simd.h"
 
 namespace memrt::quant {
 
@@ -52,19 +49,13 @@ void codes_avx512(const float* x, int64_t len, float inv, const uint8_t* table, 
 void codes_avx2(const float* x, int64_t len, float inv, const uint8_t* table, uint8_t* codes) {
   const __m256 scale = _mm256_set1_ps(inv), lo = _mm256_set1_ps(-1.f), hi = _mm256_set1_ps(1.f),
                half = _mm256_set1_ps(0.5f), points = _mm256_set1_ps(static_cast<float>(kTableSize - 1));
-  // Byte 0 of each 32-bit lane to the lane group's first four bytes.
-  const __m256i first_bytes = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
-                                               0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
   int64_t i = 0;
   for (; i + 8 <= len; i += 8) {
     __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), scale);
     v = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
     const __m256 t = _mm256_mul_ps(_mm256_add_ps(v, hi), half);
     const __m256i index = _mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(t, points), half));
-    const __m256i code = _mm256_shuffle_epi8(
-        _mm256_i32gather_epi32(reinterpret_cast<const int*>(table), index, 1), first_bytes);
-    const __m128i eight = _mm_unpacklo_epi32(_mm256_castsi256_si128(code), _mm256_extracti128_si256(code, 1));
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + i), eight);
+    store_low_bytes8(_mm256_i32gather_epi32(reinterpret_cast<const int*>(table), index, 1), codes + i);
   }
   codes_portable(x + i, len - i, inv, table, codes + i);
 }

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <limits>
 #include <map>
@@ -18,6 +19,7 @@
 #include "../data/test_util.h"
 #include "io/safetensors.h"
 #include "quant/ao_adam.h"
+#include "quant/ao_codes.h"
 #include "quant/blockwise.h"
 #include "quant/table_codes.h"
 
@@ -263,6 +265,77 @@ TEST(QuantFormats, EightBitQuantizerKernelsGiveThePortableCodes) {
         table_codes_kernel(ops::CpuKernels::kPortable)(values, len, inv, table.data(), want.data());
         table_codes_kernel(k)(values, len, inv, table.data(), got.data());
         EXPECT_EQ(got, want) << ops::to_string(k) << ", " << len << " values, times " << inv;
+      }
+    }
+  }
+  std::cout << "  kernels tried against the portable loop on this processor: " << tried << "\n";
+}
+
+// torchao's quantizer loops (ao_codes.h) give the portable loop's codes on each of its four maps:
+// values on, and one ulp either side of, every map value and every midpoint, random values at
+// several scales, infinities and NaN (which leave the 8-bit table for the search), at lengths
+// around the kernels' widths (16 and 8), divided by 1 and by a scale that is no power of two; and
+// every one of the 2^24 fp32 values in [-1, 1] with the low 8 bits of their pattern zero, through
+// the 8-bit maps' tables.
+TEST(QuantFormats, TorchaoQuantizerKernelsGiveThePortableCodes) {
+  at::manual_seed(13);
+  int tried = 0;
+  for (ops::CpuKernels k : {ops::CpuKernels::kAvx512, ops::CpuKernels::kAvx2, ops::CpuKernels::kBest}) {
+    if (!ops::cpu_supports(k)) continue;
+    ++tried;
+    for (int bits : {8, 4}) {
+      for (bool is_signed : {true, false}) {
+        const at::Tensor map = ao_map(bits, is_signed).contiguous();
+        const int size = static_cast<int>(map.numel());
+        const float* mv = map.data_ptr<float>();
+        const AoQuantizer portable(mv, size, ops::CpuKernels::kPortable), kernel(mv, size, k);
+        // Every 8-bit map has its table on this processor's vector kernels (the search otherwise).
+        EXPECT_EQ(kernel.uses_table(), size == 256) << ops::to_string(k) << ", " << bits << "-bit map";
+        std::vector<float> x;
+        for (int i = 0; i < size; ++i) {
+          const float mid = i + 1 < size ? 0.5f * (mv[i] + mv[i + 1]) : mv[i];
+          for (float v : {mv[i], mid}) {
+            float below = v, above = v;
+            x.push_back(v);
+            for (int ulp = 0; ulp < 4; ++ulp) {
+              below = std::nextafter(below, -2.f);
+              above = std::nextafter(above, 2.f);
+              x.push_back(below);
+              x.push_back(above);
+            }
+          }
+        }
+        const at::Tensor r = at::rand({1000}) * 2 - 1;
+        for (int64_t i = 0; i < r.numel(); ++i) x.push_back(r[i].item<float>() * (i % 3 == 0 ? 1e-3f : 1.f));
+        for (float v : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                        std::numeric_limits<float>::quiet_NaN(), 0.f, -0.f, 1.f, -1.f, 1.5f, -1.5f})
+          x.push_back(v);
+        for (int64_t len : {static_cast<int64_t>(x.size()), int64_t{255}, int64_t{17}, int64_t{15}, int64_t{8}, int64_t{7}}) {
+          for (float scale : {1.f, 0.37f}) {
+            std::vector<uint8_t> want(static_cast<size_t>(len)), got(static_cast<size_t>(len));
+            portable.codes(x.data(), len, scale, want.data());
+            kernel.codes(x.data(), len, scale, got.data());
+            EXPECT_EQ(got, want) << ops::to_string(k) << ", " << bits << "-bit " << (is_signed ? "signed" : "unsigned")
+                                 << " map, " << len << " values, divided by " << scale;
+          }
+        }
+        if (size == 256) {
+          std::vector<float> sweep;
+          for (uint32_t b = 0; b < (1u << 24); ++b) {
+            float v = 0.f;
+            const uint32_t bits32 = b << 8;
+            std::memcpy(&v, &bits32, sizeof v);
+            if (std::fabs(v) <= 1.f) sweep.push_back(v);
+          }
+          const int64_t n = static_cast<int64_t>(sweep.size());
+          std::vector<uint8_t> want(sweep.size()), got(sweep.size());
+          portable.codes(sweep.data(), n, 1.f, want.data());
+          kernel.codes(sweep.data(), n, 1.f, got.data());
+          int64_t differ = 0;
+          for (size_t i = 0; i < sweep.size(); ++i) differ += want[i] != got[i];
+          EXPECT_EQ(differ, 0) << ops::to_string(k) << ", " << (is_signed ? "signed" : "unsigned") << " 8-bit map: of "
+                               << n << " values in [-1, 1]";
+        }
       }
     }
   }
