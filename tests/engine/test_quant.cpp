@@ -247,8 +247,8 @@ TEST(Quant, LlamaFromConfigsLoadsInFourBitsToTheByte) {
 // in train.yaml: config.json's quantization_config turns the 4-bit base on and decides its format
 // (a train.yaml key saying otherwise is ignored with a warning, as in transformers). Its codes are
 // the ones memrt makes from the full-precision checkpoint (quantization equal to bitsandbytes'), so
-// the two runs train alike to the bit, in NF4 with double quantization and in FP4 without, counted
-// as estimated. A map memrt does not dequantize with, or another quant_method, is refused naming
+// the two runs train alike to the bit — a Llama in NF4 with double quantization and in FP4 without,
+// a GPT-2 (Conv1D projections) in NF4 — counted as estimated. A map memrt does not dequantize with, or another quant_method, is refused naming
 // the file and the tensor or key.
 TEST(Quant, BitsandbytesFourBitCheckpointLoadsAsSaved) {
   TempDir dir("quant_prequantized");
@@ -265,9 +265,11 @@ TEST(Quant, BitsandbytesFourBitCheckpointLoadsAsSaved) {
   };
   const struct {
     const char* dir;
+    const char* full_precision;
     const char* quantize_on_load;
-  } cases[] = {{"nf4", "--load_in_4bit=true"},
-               {"fp4", "--load_in_4bit=true --bnb_4bit_quant_type=fp4 --bnb_4bit_use_double_quant=false"}};
+  } cases[] = {{"nf4", "fp", "--load_in_4bit=true"},
+               {"fp4", "fp", "--load_in_4bit=true --bnb_4bit_quant_type=fp4 --bnb_4bit_use_double_quant=false"},
+               {"gpt2_nf4", "gpt2_fp", "--load_in_4bit=true"}};
   for (const auto& c : cases) {
     SCOPED_TRACE(c.dir);
     const auto [saved, saved_out] = launch(std::string(c.dir) + "_saved", c.dir, "--bnb_4bit_quant_type=nf4");
@@ -276,7 +278,7 @@ TEST(Quant, BitsandbytesFourBitCheckpointLoadsAsSaved) {
                              " is already quantized"),
               std::string::npos)
         << saved.out;
-    const auto [loaded, loaded_out] = launch(std::string(c.dir) + "_on_load", "fp", c.quantize_on_load);
+    const auto [loaded, loaded_out] = launch(std::string(c.dir) + "_on_load", c.full_precision, c.quantize_on_load);
     ASSERT_EQ(loaded.exit_code, 0) << loaded.out;
     const std::vector<double> want = losses(loaded_out), got = losses(saved_out);
     ASSERT_EQ(got.size(), 4u);
