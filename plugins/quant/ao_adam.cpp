@@ -90,9 +90,10 @@ struct AoBlock {
     grad.load(begin, kLength, g);
     dequantize(m_codes, *m_scale, sm.values.data(), m, loops);
     dequantize(v_codes, *v_scale, um.values.data(), v, loops);
+    const AoAdamScalars sc = s;  // a local copy: its branches are loop-invariant, and the loop vectorises
     for (int64_t i = 0; i < kLength; ++i) {
-      ao_adam_moments(p[i], g[i], m[i], v[i], s);
-      p[i] = ao_adam_param(p[i], m[i], v[i], s);
+      ao_adam_moments(p[i], g[i], m[i], v[i], sc);
+      p[i] = ao_adam_param(p[i], m[i], v[i], sc);
     }
     quantize(m, sm, m_codes, m_scale);
     quantize(v, um, v_codes, v_scale);
@@ -114,9 +115,10 @@ MEMRT_QUANT_CLONES void ao32_block(float* __restrict p, const GradIn& grad, int6
                                    float* __restrict v, int64_t len, const AoAdamScalars& s) {
   float g[256];
   grad.load(begin, len, g);
+  const AoAdamScalars sc = s;  // local: loop-invariant branches, a vectorised loop
   for (int64_t i = 0; i < len; ++i) {
-    ao_adam_moments(p[i], g[i], m[i], v[i], s);
-    p[i] = ao_adam_param(p[i], m[i], v[i], s);
+    ao_adam_moments(p[i], g[i], m[i], v[i], sc);
+    p[i] = ao_adam_param(p[i], m[i], v[i], sc);
   }
 }
 

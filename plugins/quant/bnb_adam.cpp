@@ -122,9 +122,10 @@ MEMRT_QUANT_CLONES void bnb_adam8_block(float* __restrict p, const GradIn& grad,
   grad.load(begin, len, g);
   dequantize_block(m_codes, *m_absmax, len, maps.signed_map, m);
   dequantize_block(v_codes, *v_absmax, len, maps.unsigned_map, v);
+  const BnbAdamScalars sc = s;  // local: loop-invariant branches, a vectorised loop
   for (int64_t i = 0; i < len; ++i) {
-    bnb_adam_moments(g[i], m[i], v[i], s);
-    p[i] = bnb_adam8_param(p[i], m[i], v[i], s);
+    bnb_adam_moments(g[i], m[i], v[i], sc);
+    p[i] = bnb_adam8_param(p[i], m[i], v[i], sc);
   }
   quantize_block(m, len, maps.signed_table, m_codes, m_absmax, maps.codes);
   quantize_block(v, len, maps.unsigned_table, v_codes, v_absmax, maps.codes);
@@ -134,9 +135,10 @@ MEMRT_QUANT_CLONES void bnb_adam32_block(float* __restrict p, const GradIn& grad
                                          float* __restrict v, int64_t len, const BnbAdamScalars& s) {
   float g[kBnbBlock];
   grad.load(begin, len, g);
+  const BnbAdamScalars sc = s;  // local: loop-invariant branches, a vectorised loop
   for (int64_t i = 0; i < len; ++i) {
-    bnb_adam_moments(g[i], m[i], v[i], s);
-    p[i] = bnb_adam32_param(p[i], m[i], v[i], s);
+    bnb_adam_moments(g[i], m[i], v[i], sc);
+    p[i] = bnb_adam32_param(p[i], m[i], v[i], sc);
   }
 }
 
