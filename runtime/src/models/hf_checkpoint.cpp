@@ -311,10 +311,13 @@ HfWeights HfWeights::open(const std::string& dir) {
   return w;
 }
 
+std::string HfWeights::key_of(const std::string& hf_name) const {
+  return !strip_prefix_.empty() && hf_name.rfind(strip_prefix_, 0) == 0 ? hf_name.substr(strip_prefix_.size())
+                                                                        : hf_name;
+}
+
 HfWeights::Located HfWeights::locate(const std::string& hf_name) const {
-  std::string key = hf_name;
-  if (!strip_prefix_.empty() && hf_name.rfind(strip_prefix_, 0) == 0)
-    key = hf_name.substr(strip_prefix_.size());
+  const std::string key = key_of(hf_name);
   auto it = by_name_.find(key);
   if (it == by_name_.end())
     throw FileError(dir_, "tensor '" + key + "' is missing from the checkpoint");
@@ -388,10 +391,7 @@ at::Tensor HfWeights::tensor(const ParamSpec& spec) const {
   return spec.transposed_on_disk ? t.t() : t;
 }
 
-bool HfWeights::contains(const std::string& name) const {
-  const std::string key = !strip_prefix_.empty() && name.rfind(strip_prefix_, 0) == 0 ? name.substr(strip_prefix_.size()) : name;
-  return by_name_.count(key) > 0;
-}
+bool HfWeights::contains(const std::string& name) const { return by_name_.count(key_of(name)) > 0; }
 
 at::Tensor HfWeights::tensor(const std::string& name) const {
   Located loc = locate(name);

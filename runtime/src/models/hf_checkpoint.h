@@ -67,7 +67,8 @@ class HfWeights final : public CheckpointReader {
     const SafetensorsFile* file;
     std::string key;  // the name on disk
   };
-  Located locate(const std::string& hf_name) const;  // FileError when absent
+  std::string key_of(const std::string& hf_name) const;  // the name on disk (base-model files: no prefix)
+  Located locate(const std::string& hf_name) const;      // FileError when absent
 
   std::string dir_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
