@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "adam_buffers.h"
 #include "optim/fused_adam.h"
 #include "optim/optimizer_math.h"
 #include "quant/blockwise.h"
@@ -63,25 +64,6 @@ class Cuda : public ::testing::Test {
 
 // ---- the fused Adam step and SGD ----------------------------------------------------------------
 
-struct AdamBuffers {
-  at::Tensor master, compute, grad, m, v;  // master undefined without one
-  AdamBuffers to_gpu() const {
-    return {master.defined() ? gpu(master) : master, gpu(compute), gpu(grad), gpu(m), gpu(v)};
-  }
-  AdamRange range() { return adam_range(master, compute, grad, m, v); }
-};
-
-AdamBuffers adam_buffers(at::ScalarType compute, at::ScalarType grad, int64_t n) {
-  AdamBuffers b;
-  const at::Tensor p = at::randn({n});
-  if (compute != at::kFloat) b.master = p.clone();
-  b.compute = p.to(compute);
-  b.grad = (at::randn({n}) * 100).to(grad);  // as if scaled by a loss scale
-  b.m = at::zeros({n});
-  b.v = at::zeros({n});
-  return b;
-}
-
 TEST_F(Cuda, FusedAdamStepIsTheCpuStepBitForBit) {
   const std::pair<at::ScalarType, at::ScalarType> combos[] = {{at::kFloat, at::kFloat},
                                                               {at::kBFloat16, at::kBFloat16},
@@ -90,8 +72,8 @@ TEST_F(Cuda, FusedAdamStepIsTheCpuStepBitForBit) {
                                                               {at::kHalf, at::kFloat}};
   for (const auto& [compute, grad] : combos) {
     const std::string what = std::string("compute ") + c10::toString(compute) + ", gradient " + c10::toString(grad);
-    AdamBuffers cpu = adam_buffers(compute, grad, 3 * 65536 + 37);
-    AdamBuffers dev = cpu.to_gpu();
+    test::Buffers cpu = test::make_buffers(compute, grad, 3 * 65536 + 37);
+    test::Buffers dev = cpu.to(at::Device(at::kCUDA, 0));
     for (int64_t t = 1; t <= 3; ++t) {
       const AdamScalars s = adam_scalars(1e-3, 0.9, 0.999, 1e-8, 0.01, /*decoupled=*/true, true, t);
       fused_adam_cpu(cpu.range(), s, 0.01f);

@@ -19,9 +19,12 @@
 #include "memrt/error.h"
 #include "optim/fused_adam.h"
 #include "optim/optimizer_math.h"
+#include "adam_buffers.h"
 #include "test_util.h"
 
 using namespace memrt;
+using memrt::test::Buffers;
+using memrt::test::make_buffers;
 using memrt::test::read_raw;
 using memrt::test::run_reference;
 using memrt::test::TempDir;
@@ -34,24 +37,6 @@ constexpr int64_t kN = 3 * (1 << 15) + 37;  // several parallel chunks and a tai
 // AdamW's scalars of step t (1-based), with reference_optim.py's b1=0.8 b2=0.95 eps=1e-2.
 AdamScalars scalars(double lr, double wd, int64_t t) {
   return adam_scalars(lr, 0.8, 0.95, 1e-2, wd, /*decoupled=*/true, /*bias_correction=*/true, t);
-}
-
-struct Buffers {
-  at::Tensor master, compute, grad, m, v;  // master undefined without one
-  AdamRange range() {
-    return adam_range(master, compute, grad, m, v);
-  }
-};
-
-Buffers make_buffers(at::ScalarType compute, at::ScalarType grad, int64_t n) {
-  Buffers b;
-  at::Tensor p = at::randn({n});
-  if (compute != at::kFloat) b.master = p.clone();
-  b.compute = p.to(compute);
-  b.grad = (at::randn({n}) * 100).to(grad);  // as if scaled by a loss scale
-  b.m = at::zeros({n});
-  b.v = at::zeros({n});
-  return b;
 }
 
 // The scalar reference: one element at a time, in this file's own loop (built without FMA

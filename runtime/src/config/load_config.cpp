@@ -1202,11 +1202,7 @@ void Loader::resolve_lora_and_quant() {
     add_plugin("quant", qkeys.front(), qkeys, qopts);
     q4 = hq.find("load_in_4bit");
     qbit = q8 = nullptr;
-  }
-  const bool load4 = asks(q4) || asks(qbit);
-  if (hf_quant_) {
-    // routed above
-  } else if (load4 || asks(q8)) {
+  } else if (asks(q4) || asks(qbit) || asks(q8)) {
     ConfigNode qopts = ConfigNode::object(yaml_file, "");
     std::vector<std::string> qkeys;
     for (const char* k : quant_keys) {
@@ -1222,6 +1218,7 @@ void Loader::resolve_lora_and_quant() {
       if (n && n != q4 && n != q8) diag.warnings.push_back(where(*n) + " is accepted but ignored: load_in_4bit is not true");
     }
   }
+  const bool load4 = asks(q4) || asks(qbit);
 
   // ---- LoRA: on when use_peft / adapter / finetuning_type say so, or when LoRA keys are given
   // without any switch.
