@@ -191,6 +191,18 @@ TEST(Nodes, BuildMutateSerialise) {
   EXPECT_EQ(back.to_json(), o.to_json());
 }
 
+// A number written with a fraction stays a float through to_json, as Python's json keeps it
+// (transformers' BitsAndBytesConfig refuses an llm_int8_threshold of 6 where 6.0 is expected).
+TEST(Nodes, NumbersWrittenAsFloatsStayFloats) {
+  EXPECT_EQ(ConfigNode::real(6.0).to_json(), "6.0");
+  EXPECT_EQ(ConfigNode::number(6.0).to_json(), "6");
+  EXPECT_EQ(ConfigNode::real(1e-5).to_json(), "1e-05");
+  EXPECT_EQ(parse_json_text(R"({"a": 6.0, "b": 6, "c": 1e2, "d": -0.5})", "t.json").to_json(0),
+            R"({"a": 6.0, "b": 6, "c": 100.0, "d": -0.5})");
+  EXPECT_EQ(parse_yaml_text("a: 6.0\nb: 6\nc: 1.0e-3\n", "t.yaml").to_json(0), R"({"a": 6.0, "b": 6, "c": 0.001})");
+  EXPECT_EQ(parse_json_text("6.0", "t.json").as_int(), 6);  // still integral where an integer is read
+}
+
 TEST(NearestKey, EditDistanceCaseInsensitive) {
   const std::vector<std::string> keys = {"gradient_clipping", "gradient_accumulation_steps", "train_batch_size",
                                          "steps_per_print", "offload_optimizer"};

@@ -35,6 +35,9 @@ class ConfigNode {
   static ConfigNode null(std::string file = {}, std::string path = {});
   static ConfigNode boolean(bool v, std::string file = {}, std::string path = {});
   static ConfigNode number(double v, std::string file = {}, std::string path = {});
+  // A number written with a fraction or exponent ("6.0", "1e-5"): to_json keeps it a float ("6.0"),
+  // as Python's json does for the configs transformers reads (which may require a float).
+  static ConfigNode real(double v, std::string file = {}, std::string path = {});
   static ConfigNode string(std::string v, std::string file = {}, std::string path = {});
   static ConfigNode array(std::string file = {}, std::string path = {});
   static ConfigNode object(std::string file = {}, std::string path = {});
@@ -47,6 +50,7 @@ class ConfigNode {
   bool is_null() const noexcept { return kind_ == Kind::Null; }
   bool is_bool() const noexcept { return kind_ == Kind::Bool; }
   bool is_number() const noexcept { return kind_ == Kind::Number; }
+  bool is_real() const noexcept { return kind_ == Kind::Number && real_; }
   bool is_string() const noexcept { return kind_ == Kind::String; }
   bool is_array() const noexcept { return kind_ == Kind::Array; }
   bool is_object() const noexcept { return kind_ == Kind::Object; }
@@ -86,6 +90,7 @@ class ConfigNode {
   Kind kind_ = Kind::Null;
   bool bool_ = false;
   double num_ = 0.0;
+  bool real_ = false;
   std::string str_;
   std::vector<ConfigNode> items_;
   std::vector<Member> members_;

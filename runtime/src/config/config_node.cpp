@@ -37,6 +37,11 @@ ConfigNode ConfigNode::number(double v, std::string file, std::string path) {
   n.num_ = v;
   return n;
 }
+ConfigNode ConfigNode::real(double v, std::string file, std::string path) {
+  ConfigNode n = number(v, std::move(file), std::move(path));
+  n.real_ = true;
+  return n;
+}
 ConfigNode ConfigNode::string(std::string v, std::string file, std::string path) {
   ConfigNode n = null(std::move(file), std::move(path));
   n.kind_ = Kind::String;
@@ -250,7 +255,9 @@ static void to_json_impl(const ConfigNode& n, int indent, int depth, std::string
     case ConfigNode::Kind::Bool: out += n.as_bool() ? "true" : "false"; break;
     case ConfigNode::Kind::Number: {
       const double v = n.as_double();
-      out += std::isfinite(v) ? format_number(v) : "null";
+      std::string text = std::isfinite(v) ? format_number(v) : "null";
+      if (n.is_real() && std::isfinite(v) && text.find_first_of(".e") == std::string::npos) text += ".0";
+      out += text;
       break;
     }
     case ConfigNode::Kind::String: json_string(out, n.as_string()); break;
@@ -382,7 +389,7 @@ class JsonBuilder : public rapidjson::BaseReaderHandler<rapidjson::UTF8<>, JsonB
   bool Uint(unsigned u) { return add(ConfigNode::number(u, file_, next_path())); }
   bool Int64(int64_t i) { return add(ConfigNode::number(static_cast<double>(i), file_, next_path())); }
   bool Uint64(uint64_t u) { return add(ConfigNode::number(static_cast<double>(u), file_, next_path())); }
-  bool Double(double d) { return add(ConfigNode::number(d, file_, next_path())); }
+  bool Double(double d) { return add(ConfigNode::real(d, file_, next_path())); }
   bool String(const char* s, rapidjson::SizeType len, bool) {
     return add(ConfigNode::string(std::string(s, len), file_, next_path()));
   }
@@ -548,7 +555,10 @@ ConfigNode yaml_scalar(const YAML::Node& y, const std::string& file, const std::
     return ConfigNode::boolean(false, file, path);
   }
   double v = 0;
-  if (yaml_number(s, v)) return ConfigNode::number(v, file, path);
+  if (yaml_number(s, v)) {
+    const bool real = s.find_first_of(".eE") != std::string::npos;
+    return real ? ConfigNode::real(v, file, path) : ConfigNode::number(v, file, path);
+  }
   return ConfigNode::string(s, file, path);
 }
 
