@@ -7,6 +7,7 @@
 
 #include <memrt/config_node.h>
 #include <memrt/error.h>
+#include <memrt/plugin.h>
 
 namespace memrt::quant {
 
@@ -166,6 +167,57 @@ void Base4::plan_store(StorePlan& plan) const {
     plan.set_frozen_layout(static_cast<int>(slot),
                            linear4bit_layout(name, numel_of(shape), options_.type, options_.double_quant));
   }
+}
+
+void Base4::export_model(ExportContext& ctx) const {
+  const char* type_name = options_.type == Map4::kNf4 ? "nf4" : "fp4";
+  const std::vector<std::string> saved = ctx.saved.names();
+  bool any = false;
+  for (const auto& [name, shape] : shapes_) {
+    if (std::find(saved.begin(), saved.end(), name) == saved.end() || ctx.saved.format(name) != type_name)
+      continue;  // not saved in this format: export names it
+    const FrozenLayout layout = linear4bit_layout(name, numel_of(shape), options_.type, options_.double_quant);
+    ctx.tensors[name] = ctx.saved.read(name);
+    ctx.tensors[name + ".absmax"] = ctx.saved.read(name, layout.tensors[1].name);
+    ctx.tensors[name + ".quant_map"] = map4(options_.type);
+    // QuantState.as_dict(packed=True)'s JSON, as json.dumps writes it. "dtype": the weight's before
+    // quantizing, which dequantize_4bit returns: export's fp32.
+    std::string state = std::string("{\"quant_type\": \"") + type_name + "\", \"blocksize\": 64, \"dtype\": \"float32\", " +
+                        "\"shape\": [" + std::to_string(shape[0]) + ", " + std::to_string(shape[1]) + "]";
+    if (options_.double_quant) {
+      ctx.tensors[name + ".nested_absmax"] = ctx.saved.read(name, layout.tensors[2].name);
+      ctx.tensors[name + ".nested_quant_map"] = dynamic_map(true);
+      const float offset = ctx.saved.read(name, layout.tensors[3].name).item<float>();
+      state += ", \"nested_blocksize\": 256, \"nested_dtype\": \"float32\", \"nested_offset\": " +
+               ConfigNode::real(offset).to_json(0);
+    }
+    state += "}";
+    ctx.tensors[name + ".quant_state.bitsandbytes__" + type_name] =
+        at::from_blob(state.data(), {static_cast<int64_t>(state.size())}, at::kByte).clone();
+    ctx.handled.insert(name);
+    any = true;
+  }
+  if (!any) return;
+  // BitsAndBytesConfig.to_dict() as transformers writes it into config.json (keys sorted). The
+  // compute dtype: the configured one, else float32 (transformers' default, export's dtype).
+  const char* compute = "float32";
+  if (options_.compute_dtype == at::kBFloat16) compute = "bfloat16";
+  if (options_.compute_dtype == at::kHalf) compute = "float16";
+  ConfigNode q = ConfigNode::object();
+  q.set("_load_in_4bit", ConfigNode::boolean(true));
+  q.set("_load_in_8bit", ConfigNode::boolean(false));
+  q.set("bnb_4bit_compute_dtype", ConfigNode::string(compute));
+  q.set("bnb_4bit_quant_storage", ConfigNode::string("uint8"));
+  q.set("bnb_4bit_quant_type", ConfigNode::string(type_name));
+  q.set("bnb_4bit_use_double_quant", ConfigNode::boolean(options_.double_quant));
+  q.set("llm_int8_enable_fp32_cpu_offload", ConfigNode::boolean(false));
+  q.set("llm_int8_has_fp16_weight", ConfigNode::boolean(false));
+  q.set("llm_int8_skip_modules", ConfigNode::null());
+  q.set("llm_int8_threshold", ConfigNode::real(6.0));
+  q.set("load_in_4bit", ConfigNode::boolean(true));
+  q.set("load_in_8bit", ConfigNode::boolean(false));
+  q.set("quant_method", ConfigNode::string("bitsandbytes"));
+  ctx.config.set("quantization_config", std::move(q));
 }
 
 int64_t Base4::scratch_bytes() const {

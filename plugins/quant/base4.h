@@ -11,6 +11,8 @@
 //                   full-precision weights are freed before the next block is built.
 //   plan_store      each one's frozen layout (linear4bit_layout): codes and scales as quant_state.
 //   memory          the tile scratch every Linear4bit shares, claimed and estimated as `other`.
+//   export_model    each one as transformers saves a bitsandbytes model (the format read_bnb4bit
+//                   reads), and config.json's quantization_config.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +26,10 @@
 #include <memrt/param_store.h>
 
 #include "linear4bit.h"
+
+namespace memrt {
+struct ExportContext;
+}
 
 namespace memrt::quant {
 
@@ -55,6 +61,9 @@ class Base4 {
   // quantized from the weight the block was built with.
   void quantize(Block& block, const CheckpointReader* checkpoint);
   void plan_store(StorePlan& plan) const;
+  // `launcher export`: every planned weight the checkpoint saved in this format, written as
+  // read_bnb4bit reads it, marked handled; and quantization_config as BitsAndBytesConfig writes it.
+  void export_model(ExportContext& ctx) const;
   // The tile scratch every Linear4bit shares (fp32 or 16-bit tiles, whichever is larger).
   int64_t scratch_bytes() const;
 

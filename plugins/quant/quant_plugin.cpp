@@ -74,6 +74,10 @@ class QuantPlugin final : public memrt::Plugin {
     }
   }
 
+  void export_model(memrt::ExportContext& ctx) override {
+    if (base_) base_->export_model(ctx);
+  }
+
   void build_optimizer(memrt::OptimizerContext& ctx) override {
     using namespace memrt::quant;
     if (state_ == LowBit::kBnb8) {

@@ -155,8 +155,7 @@ TEST(Quant, LowBitStateResumesOnAnotherPartitioningAndComposesWithBf16) {
 // `load_in_4bit`: every block projection (2 x (3C^2 + C^2 + 2CF) = 393,216 weights) NF4 with double
 // quantization, quantized as each block is built, counted as quant_state in bitsandbytes' bytes,
 // measured as estimated at the peak; the rest of the model trains (with a warning saying so). A
-// checkpoint keeps the frozen codes: a run resumed from it continues as the straight one did;
-// export refuses it by name.
+// checkpoint keeps the frozen codes: a run resumed from it continues as the straight one did.
 TEST(Quant, FourBitBaseTrainsInBitsandbytesBytesAndResumes) {
   TempDir dir("quant_nf4");
   const std::string ds = R"({"train_batch_size": 8, "gradient_clipping": 1.0})";
@@ -179,11 +178,6 @@ TEST(Quant, FourBitBaseTrainsInBitsandbytesBytesAndResumes) {
   ASSERT_EQ(got.size(), 6u);
   for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i + 6], 1e-5 * want[i + 6]) << "step " << i + 7;
 
-  // Export writes full-precision weights: a quantized base is refused by name, nothing written.
-  const RunResult e = run(kLauncher + " export " + (straight / "global_step6").string() + " " + (dir.path() / "hf").string());
-  EXPECT_NE(e.exit_code, 0);
-  EXPECT_NE(e.out.find("keeps 'transformer.h.0.attn.c_attn.weight' quantized (\"nf4\""), std::string::npos) << e.out;
-  EXPECT_FALSE(fs::exists(dir.path() / "hf" / "model.safetensors"));
 }
 
 // The formats of the frozen parameters a checkpoint's store.json lists (format "" is a plain one).
@@ -296,6 +290,60 @@ TEST(Quant, BitsandbytesFourBitCheckpointLoadsAsSaved) {
   const auto [gptq, unused2] = launch("gptq", "nf4_gptq", "");
   EXPECT_NE(gptq.exit_code, 0);
   EXPECT_NE(gptq.out.find("config.json: 'quantization_config.quant_method': is \"gptq\""), std::string::npos) << gptq.out;
+}
+
+// `launcher export` of a 4-bit run writes what transformers saves from a bitsandbytes model: a Llama
+// in NF4 with double quantization and a GPT-2 (Conv1D projections) in FP4 without, trained 3 steps
+// on one sample (every batch is that sample, so each logged loss is the model's loss on it). The
+// export loads in transformers with bitsandbytes, bnb_4bit_export.py checking every tensor and
+// quant_state against what bitsandbytes packs from the loaded model, byte for byte; transformers'
+// loss on the sample, memrt's loss after loading the export as stored, and the straight run's at its
+// 4th step (the same weights: the step's loss comes before its update) agree to fp32 rounding.
+TEST(Quant, FourBitExportLoadsInTransformersAndBack) {
+  TempDir dir("quant_export");
+  std::string sample;
+  for (int i = 0; i < 33; ++i) sample += static_cast<char>('a' + (i * 7) % 26);
+  std::string text;
+  for (int i = 0; i < 4; ++i) text += sample;
+  const std::string data = dir.write("sample.txt", text);
+  const std::string ds = dir.write("ds.json", R"({"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 1.0})");
+  const struct {
+    const char* name;
+    const char* model;
+    const char* quant;
+    const char* written;  // export's count of the quantized weights
+  } cases[] = {{"llama_nf4", "{arch: llama, n_layer: 2, n_head: 4, n_kv_head: 2, d_model: 64, d_ff: 128, vocab_size: 256, n_ctx: 32}",
+                "--load_in_4bit=true", "quant: 14"},
+               {"gpt2_fp4", "{arch: gpt2, n_layer: 2, n_head: 2, d_model: 64, d_ff: 128, vocab_size: 256, n_ctx: 32}",
+                "--load_in_4bit=true --bnb_4bit_quant_type=fp4 --bnb_4bit_use_double_quant=false", "quant: 8"}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string common = " --train_file=" + data + " --logging_steps=1 --learning_rate=1.0e-3 --output_dir=";
+    const fs::path out = dir.path() / c.name, hf = dir.path() / (std::string(c.name) + "_hf");
+    const RunResult a = run(kLauncher + " --deepspeed " + ds + " " +
+                            dir.write(std::string(c.name) + ".yaml", std::string("model: ") + c.model + "\nblock_size: 32\n") +
+                            " " + c.quant + " --max_steps=4 --save_steps=3" + common + out.string());
+    ASSERT_EQ(a.exit_code, 0) << a.out;
+    const RunResult e = run(kLauncher + " export " + (out / "global_step3").string() + " " + hf.string());
+    ASSERT_EQ(e.exit_code, 0) << e.out;
+    EXPECT_NE(e.out.find(std::string("parameters written by plugins (") + c.written + "), the rest fp32"), std::string::npos) << e.out;
+
+    const RunResult py = run(std::string(MEMRT_PYTHON) + " " + MEMRT_SOURCE_DIR + "/tests/engine/bnb4bit_export.py " +
+                             hf.string() + " " + data + " 32");
+    ASSERT_EQ(py.exit_code, 0) << py.out;
+    const size_t at = py.out.rfind("loss ");
+    ASSERT_NE(at, std::string::npos) << py.out;
+    const double theirs = std::stod(py.out.substr(at + 5));
+
+    // memrt reads the export as stored (its config.json's quantization_config turns the base on).
+    const fs::path back = dir.path() / (std::string(c.name) + "_back");
+    const RunResult b = run(kLauncher + " --deepspeed " + ds + " " + dir.write("back.yaml", "block_size: 32\n") +
+                            " --model_name_or_path=" + hf.string() + " --max_steps=1" + common + back.string());
+    ASSERT_EQ(b.exit_code, 0) << b.out;
+    const double ours = losses(back).at(0), trained = losses(out).at(3);
+    EXPECT_NEAR(ours, theirs, 1e-6 * theirs);
+    EXPECT_NEAR(ours, trained, 1e-6 * trained);
+  }
 }
 
 }  // namespace

@@ -71,6 +71,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -269,6 +270,42 @@ struct ErrorContext {
   const std::exception& error;
 };
 
+// ---- export (ABI 2.8) ------------------------------------------------------------------------------
+// `launcher export` loads the plugins a checkpoint's run used (its plugins.json), configures each
+// with its saved options, runs plan_params on the model's shapes and then export_model, so that a
+// parameter only its plugin understands (a 4-bit base, an adapter) is written by that plugin
+// (docs/checkpoints.md, "Export").
+
+// The checkpoint's parameters, by their names in the model, as the store saved them.
+class SavedParameters {
+ public:
+  virtual ~SavedParameters() = default;
+  virtual std::vector<std::string> names() const = 0;
+  virtual bool trainable(const std::string& name) const = 0;
+  // A frozen parameter's format as its plugin laid it out (FrozenLayout::format); "" for the rest.
+  virtual const std::string& format(const std::string& name) const = 0;
+  // The parameter's value ("weight": a trainable one's exact weight, its fp32 master where the run
+  // kept one) or one of a frozen parameter's module buffers (FrozenLayout's names), whole, in the
+  // dtype and shape it was saved in. memrt::FileError naming the file when it cannot be read.
+  virtual at::Tensor read(const std::string& name, const std::string& buffer = "weight") const = 0;
+};
+
+struct ExportContext {
+  const RunInfo& run;  // shape: the model of config.json; rank 0 of 1
+  const SavedParameters& saved;
+  // The tensors export writes, by Hugging Face name (sharded as the files of transformers). The host
+  // has put every parameter of the model whose format is plain here, in fp32 and Hugging Face's
+  // layout (GPT-2's Conv1D weights transposed); a plugin adds those it wrote, and may replace or
+  // remove entries (an adapter merged into its base weight).
+  std::map<std::string, at::Tensor>& tensors;
+  // config.json as it will be written (transformers' keys for the model); a plugin adds its own
+  // (quantization_config).
+  ConfigNode& config;
+  // Saved parameters a plugin has written (in any form): export refuses to finish while a saved
+  // parameter is neither here nor among the model's plain ones, naming it and its format.
+  std::set<std::string>& handled;
+};
+
 // Extra fields for the log line and metrics.jsonl (e.g. "loss_scale", "skipped_steps").
 using Metrics = std::map<std::string, double>;
 
@@ -357,6 +394,11 @@ class Plugin {
   // groups, dtypes, placements and alignment as the run will have them): for terms that depend on
   // that layout (ZeRO stage 2's buckets). Recorded in this plugin's term like estimate_memory.
   virtual void estimate_planned_memory(memory::MemoryEstimate& /*estimate*/) const {}
+
+  // ---- ABI 2.8 ----
+
+  // `launcher export`: write the parameters in this plugin's formats (ExportContext).
+  virtual void export_model(ExportContext& /*ctx*/) {}
 };
 
 }  // namespace memrt
@@ -372,12 +414,13 @@ class Plugin {
 // and SegmentContext::slots / ::shared. 2.4: Plugin::estimate_planned_memory. 2.5:
 // OptimizerContext::step_kernels (StepKernel, StepRange in memrt/optimizer.h). 2.6: the CPU kernel
 // dispatch in memrt/ops.h (ops::CpuKernels, cpu_supports, to_string). 2.7: BlockReady::checkpoint
-// (CheckpointReader in memrt/model.h: a replaced parameter stored in a plugin's format). The host refuses a plugin whose ABI
+// (CheckpointReader in memrt/model.h: a replaced parameter stored in a plugin's format). 2.8:
+// Plugin::export_model (ExportContext, SavedParameters). The host refuses a plugin whose ABI
 // major differs, whose ABI minor is newer than the host's, or whose LibTorch version, C++ ABI flag or CUDA flag differ from its own
 // — plugins pass at::Tensor and nn::Module across the boundary, the same contract as PyTorch C++
 // extensions.
 #define MEMRT_PLUGIN_ABI_MAJOR 2
-#define MEMRT_PLUGIN_ABI_MINOR 7
+#define MEMRT_PLUGIN_ABI_MINOR 8
 #define MEMRT_PLUGIN_ENTRY_SYMBOL "memrt_plugin_entry"
 
 extern "C" {

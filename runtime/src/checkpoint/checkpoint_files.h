@@ -21,6 +21,9 @@ std::string read_latest(const std::string& output_dir);
 // Resolves `--resume` (empty: latest) or `--resume=TAG` to a checkpoint folder.
 std::string checkpoint_dir(const std::string& output_dir, const std::string& tag);
 
+// The plugins the run loaded (plugin_host.h, plugins_json), for `launcher export`; rank 0 writes it.
+inline constexpr char kPluginsFile[] = "plugins.json";
+
 struct ManifestEntry {
   uint64_t bytes = 0;
   std::string sha256;

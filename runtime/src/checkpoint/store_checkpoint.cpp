@@ -388,6 +388,23 @@ void SavedStore::read(const std::string& param, const std::string& buffer, int64
   }
 }
 
+at::Tensor SavedStore::read_whole(const std::string& param, const std::string& buffer) const {
+  auto it = params_.find(param);
+  if (it == params_.end()) throw FileError(path_, "lists no parameter '" + param + "'");
+  const Param& p = it->second;
+  std::string dtype = p.group >= 0 ? groups_[static_cast<size_t>(p.group)].dtypes.at(kWeight) : p.dtype;
+  std::vector<int64_t> shape = p.shape;
+  if (buffer != kWeight) {
+    const auto b = std::find_if(p.buffers.begin(), p.buffers.end(), [&](const Buffer& x) { return x.name == buffer; });
+    if (b == p.buffers.end()) throw FileError(path_, "parameter '" + param + "' has no saved buffer '" + buffer + "'");
+    dtype = b->dtype;
+    shape = b->shape;
+  }
+  at::Tensor out = at::empty(shape, at::TensorOptions().dtype(*safetensors_dtype(dtype)));
+  read(param, buffer, 0, out);
+  return out;
+}
+
 int64_t SavedStore::Group::per_value(const std::string& buffer) const {
   if (buffer == kWeight) return 1;
   for (const StateTensor& t : format.tensors)

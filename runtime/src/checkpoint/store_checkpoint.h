@@ -73,6 +73,9 @@ class SavedStore {
   // `dst` (contiguous, any dtype and device: converted as copy_ does). FileError naming the rank
   // file and tensor when a shard is missing or has the wrong size.
   void read(const std::string& param, const std::string& buffer, int64_t first, at::Tensor dst) const;
+  // `param`'s "weight" or one of a frozen parameter's module buffers, whole, in the dtype and shape
+  // it was saved in.
+  at::Tensor read_whole(const std::string& param, const std::string& buffer) const;
   // A trainable parameter's group's state format (tensor dtypes as saved); empty for a frozen one.
   const StateFormat& state_format(const std::string& param) const;
   // A frozen parameter's layout as saved: its format ("" plain) and its module buffers' names,

@@ -41,9 +41,11 @@ void install_stop_signal_handlers();
 int stop_signal_received();
 
 // `launcher export`: verifies the checkpoint (a global_step* folder, or an output_dir whose
-// `latest` names one) and writes a Hugging Face directory (config.json, model.safetensors) in
-// fp32: each parameter's exact weight — its fp32 master where the run kept one, else its compute
-// copy — gathered from every rank's shards of the store. Returns a summary line.
+// `latest` names one) and writes a Hugging Face directory (config.json, model.safetensors): each
+// plain parameter's exact weight in fp32 — its fp32 master where the run kept one, else its compute
+// copy — gathered from every rank's shards of the store, and the parameters in a plugin's format as
+// that plugin writes them (the run's plugins, loaded from its plugins.json; docs/checkpoints.md).
+// Returns a summary line.
 std::string export_checkpoint(const std::string& checkpoint, const std::string& out_dir);
 
 // The facts plugins see (RunInfo) for a resolved config on a given rank.

@@ -82,6 +82,7 @@ std::string Engine::save_checkpoint() {
   if (main) {
     write_file_atomic((tmp / "config.json").string(), hf_config_json(run_.shape));
     write_file_atomic((tmp / kStoreLayoutFile).string(), store_layout_json(*store_));
+    write_file_atomic((tmp / kPluginsFile).string(), plugins_json(plugins_));
     Manifest m;
     m.tag = tag;
     m.step = step_;
@@ -95,6 +96,7 @@ std::string Engine::save_checkpoint() {
     }
     add_to_manifest(m, tmp.string(), "config.json");
     add_to_manifest(m, tmp.string(), kStoreLayoutFile);
+    add_to_manifest(m, tmp.string(), kPluginsFile);
     write_manifest(tmp.string(), m);
     fsync_path(tmp.string());
     // Only now does the checkpoint appear, whole; an older one of the same tag goes after.
@@ -116,6 +118,9 @@ std::string Engine::save_checkpoint() {
 void Engine::load_checkpoint(const std::string& dir) {
   const Manifest m = read_manifest(dir);
   for (const char* name : {"config.json", kStoreLayoutFile}) verify_checkpoint_file(dir, m, name);
+  // Not read on resume (the run's own config loads the plugins), but export reads it: a damaged one
+  // is found now, while the run that can rewrite it is running.
+  if (m.files.count(kPluginsFile)) verify_checkpoint_file(dir, m, kPluginsFile);
   const ModelShape saved_shape = read_hf_config(dir);
   if (!same_shape(saved_shape, run_.shape)) {
     throw FileError((fs::path(dir) / "config.json").string(),

@@ -1,11 +1,16 @@
-// `launcher export`: a checkpoint's store consolidated into a Hugging Face directory (engine.h).
+// `launcher export`: a checkpoint's store consolidated into a Hugging Face directory, with the
+// parameters in plugins' formats written by those plugins (engine.h, docs/checkpoints.md "Export").
 #include <filesystem>
+#include <map>
+#include <set>
+#include <utility>
 
 #include <ATen/ATen.h>
 
 #include "checkpoint/checkpoint_files.h"
 #include "checkpoint/store_checkpoint.h"
 #include "engine/engine.h"
+#include "memory/estimate.h"
 #include "models/hf_checkpoint.h"
 #include "models/model_factory.h"
 
@@ -13,44 +18,114 @@ namespace memrt {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+// The SDK's view of a saved store (memrt/plugin.h, SavedParameters).
+class SavedView final : public SavedParameters {
+ public:
+  explicit SavedView(const SavedStore& saved) : saved_(saved) {}
+  std::vector<std::string> names() const override { return saved_.param_names(); }
+  bool trainable(const std::string& name) const override { return saved_.trainable(known(name)); }
+  const std::string& format(const std::string& name) const override {
+    static const std::string kPlain;
+    return saved_.trainable(known(name)) ? kPlain : saved_.frozen_format(name);
+  }
+  at::Tensor read(const std::string& name, const std::string& buffer) const override {
+    return saved_.read_whole(known(name), buffer);
+  }
+
+ private:
+  const std::string& known(const std::string& name) const {
+    if (!saved_.contains(name)) throw FileError(saved_.path(), "lists no parameter '" + name + "'");
+    return name;
+  }
+  const SavedStore& saved_;
+};
+
+// The run's plugins as plugins.json lists them, loaded and configured as the run configured them,
+// with plan_params run on the model's shapes (what a plugin's export reads, e.g. a weight's shape).
+PluginHost load_run_plugins(const std::string& plugins_file, const RunInfo& run) {
+  std::vector<PluginSpec> specs = read_plugins_json(plugins_file);
+  for (const PluginSpec& spec : specs) {
+    if (spec.library == "(linked in)")
+      throw FileError(plugins_file, "lists plugin '" + spec.name + "', which was linked into the program that "
+                                    "trained: export loads plugins from their libraries only");
+  }
+  PluginHost plugins = PluginHost::load(specs);
+  ConfigDiagnostics notes;  // printed when the run started
+  plugins.configure(run, notes);
+  std::vector<ParamInfo> planned = shape_params(run.shape, /*decay_all=*/true);
+  plugins.plan_params(planned, run);
+  return plugins;
+}
+
+}  // namespace
+
 std::string export_checkpoint(const std::string& checkpoint, const std::string& out_dir) {
   const std::string dir = fs::exists(fs::path(checkpoint) / "manifest.json")
                               ? checkpoint
                               : checkpoint_dir(checkpoint, "");
   const Manifest m = read_manifest(dir);
   for (const char* name : {"config.json", kStoreLayoutFile}) verify_checkpoint_file(dir, m, name);
-  std::shared_ptr<CausalLM> model = build_model(read_hf_config(dir), BuildOptions{});  // fp32
+  // Checkpoints written before plugins.json export their plain parameters only.
+  const bool has_plugins = m.files.count(kPluginsFile) > 0;
+  if (has_plugins) verify_checkpoint_file(dir, m, kPluginsFile);
 
-  // Each parameter whole, from the store's shards of every rank: its exact weight (the fp32
-  // master where the run kept one).
+  RunInfo run;
+  run.shape = read_hf_config(dir);
+  run.output_dir = out_dir;
+  PluginHost plugins = has_plugins ? load_run_plugins((fs::path(dir) / kPluginsFile).string(), run) : PluginHost();
+
   RankFiles files(dir, m);
   const SavedStore saved(dir, std::ref(files));
-  at::NoGradGuard no_grad;
-  int64_t tensors = 0;
-  for (auto& item : model->named_parameters(/*recurse=*/true)) {
-    const std::string& name = item.key();
-    if (saved.contains(name) && !saved.trainable(name) && !saved.frozen_format(name).empty()) {
-      throw FileError(saved.path(), "keeps '" + name + "' quantized (\"" + saved.frozen_format(name) +
-                                    "\", by the plugin that froze it); export writes full-precision weights and "
-                                    "cannot export a quantized base yet");
-    }
-    if (!saved.contains(name) || saved.shape(name) != item.value().sizes().vec()) {
-      throw FileError(saved.path(), "has no parameter '" + name + "' of the shape the model in config.json "
-                                    "gives it: the run changed the model's modules (e.g. adapters), "
-                                    "which export does not merge");
-    }
-    saved.read(name, "weight", 0, item.value());
-    ++tensors;
+  const SavedView view(saved);
+
+  // Every parameter of the model in a plain format: its exact weight (the fp32 master where the run
+  // kept one), whole from the shards of every rank, in fp32 and Hugging Face's layout.
+  std::map<std::string, at::Tensor> tensors;
+  std::set<std::string> plain;
+  const std::vector<ParamSpec> specs = parameter_specs(run.shape);
+  int64_t parameters = 0;
+  for (const ParamSpec& spec : specs) {
+    parameters += spec.numel();
+    if (!saved.contains(spec.name) || !view.format(spec.name).empty() || saved.shape(spec.name) != spec.shape)
+      continue;  // a plugin's to write (checked below)
+    const at::Tensor t = saved.read_whole(spec.name, "weight").to(at::kFloat);
+    tensors[spec.name] = spec.transposed_on_disk ? t.t().contiguous() : t;
+    plain.insert(spec.name);
   }
-  if (tensors != static_cast<int64_t>(saved.param_names().size())) {
-    throw FileError(saved.path(), "lists " + std::to_string(saved.param_names().size()) +
-                                      " parameters; the model in config.json has " +
-                                      std::to_string(tensors) +
-                                      ": the run changed the model's modules, which export does not merge");
+
+  ConfigNode config = parse_json_text(hf_config_json(run.shape), "config.json");
+  std::set<std::string> handled;
+  ExportContext ctx{run, view, tensors, config, handled};
+  std::string writers;  // "quant: 8", the plugins that wrote parameters
+  for (const LoadedPlugin& p : plugins.plugins()) {
+    const size_t before = handled.size();
+    plugins.call(p, "export_model", -1, [&](Plugin& plugin) { plugin.export_model(ctx); });
+    if (handled.size() > before) writers += (writers.empty() ? "" : ", ") + p.name + ": " + std::to_string(handled.size() - before);
   }
-  save_hf_checkpoint(*model, out_dir);
-  return "exported " + dir + " to " + out_dir + ": config.json, model.safetensors (fp32, " +
-         std::to_string(count_parameters(*model)) + " parameters in " + std::to_string(tensors) +
+
+  const std::string by = has_plugins ? " by the plugins of its run (" + (fs::path(dir) / kPluginsFile).string() + ")"
+                                     : " (the checkpoint predates plugins.json: export writes plain parameters only)";
+  for (const std::string& name : saved.param_names()) {
+    if (plain.count(name) || handled.count(name)) continue;
+    const std::string& format = view.format(name);
+    throw FileError(saved.path(), "keeps '" + name + "'" + (format.empty() ? std::string() : " as \"" + format + "\"") +
+                                      ", which is not a parameter of the model in config.json in a plain format, "
+                                      "and it was not exported" + by);
+  }
+  for (const ParamSpec& spec : specs) {
+    if (!tensors.count(spec.name))
+      throw FileError(saved.path(), "leaves the model's parameter '" + spec.name + "' unwritten: it is not saved "
+                                    "in a plain format and was not exported" + by);
+  }
+
+  // In name order: a tensor's companions ("<name>.absmax", ...) follow it.
+  std::vector<std::pair<std::string, at::Tensor>> ordered(tensors.begin(), tensors.end());
+  save_hf_tensors(out_dir, config.to_json() + "\n", ordered);
+  return "exported " + dir + " to " + out_dir + ": config.json, model.safetensors (" +
+         (writers.empty() ? std::string("fp32") : "parameters written by plugins (" + writers + "), the rest fp32") +
+         ", " + std::to_string(parameters) + " parameters in " + std::to_string(ordered.size()) +
          " tensors, from the exact weights saved by " + std::to_string(m.world_size) + " rank(s))";
 }
 

@@ -408,14 +408,9 @@ void HfWeights::drop_pages(const ParamSpec& spec) const {
 // ---- saving -----------------------------------------------------------------------------------
 
 void save_hf_checkpoint(CausalLM& model, const std::string& dir, int64_t max_shard_bytes) {
-  const ModelShape& shape = model.shape();
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw FileError(dir, "cannot create checkpoint directory: " + ec.message());
-
   auto params = model.named_parameters(/*recurse=*/true);
   std::vector<std::pair<std::string, at::Tensor>> tensors;
-  for (const ParamSpec& spec : parameter_specs(shape)) {
+  for (const ParamSpec& spec : parameter_specs(model.shape())) {
     const at::Tensor* p = params.find(spec.name);
     if (!p)
       throw Error("save_hf_checkpoint(" + dir + "): the model has no parameter '" + spec.name +
@@ -424,6 +419,14 @@ void save_hf_checkpoint(CausalLM& model, const std::string& dir, int64_t max_sha
     at::Tensor t = p->detach();
     tensors.emplace_back(spec.name, spec.transposed_on_disk ? t.t().contiguous() : t);
   }
+  save_hf_tensors(dir, hf_config_json(model.shape()), tensors, max_shard_bytes);
+}
+
+void save_hf_tensors(const std::string& dir, const std::string& config_json,
+                     const std::vector<std::pair<std::string, at::Tensor>>& tensors, int64_t max_shard_bytes) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw FileError(dir, "cannot create checkpoint directory: " + ec.message());
   const std::map<std::string, std::string> meta{{"format", "pt"}};
   const fs::path single = fs::path(dir) / kSingleFile;
   const fs::path index = fs::path(dir) / kIndexFile;
@@ -450,7 +453,7 @@ void save_hf_checkpoint(CausalLM& model, const std::string& dir, int64_t max_sha
       fs::remove(entry.path(), ec);
   }
 
-  write_file_atomic((fs::path(dir) / "config.json").string(), hf_config_json(shape));
+  write_file_atomic((fs::path(dir) / "config.json").string(), config_json);
   if (shards.size() == 1) {
     write_safetensors(single.string(), tensors, meta);
     return;

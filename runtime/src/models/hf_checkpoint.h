@@ -8,6 +8,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -86,5 +87,9 @@ class HfWeights final : public CheckpointReader {
 // weight files of the other layout left from an earlier save are removed. A parameter a plugin
 // replaced (LoRA, NF4) is a memrt::Error: merge it back first.
 void save_hf_checkpoint(CausalLM& model, const std::string& dir, int64_t max_shard_bytes = 0);
+// The same files from tensors already in Hugging Face's names and layout, in the order given, and
+// the text of config.json.
+void save_hf_tensors(const std::string& dir, const std::string& config_json,
+                     const std::vector<std::pair<std::string, at::Tensor>>& tensors, int64_t max_shard_bytes = 0);
 
 }  // namespace memrt

@@ -37,7 +37,7 @@ std::string yes_no(int v) { return v ? "on" : "off"; }
 
 uint32_t phase_abi_minor(const char* phase) {
   // The phases a minor after 2.0 appended to Plugin (memrt/plugin.h); every other phase is 2.0's.
-  static const std::pair<const char*, uint32_t> later[] = {{"plan_params", 2}, {"estimate_planned_memory", 4}};
+  static const std::pair<const char*, uint32_t> later[] = {{"plan_params", 2}, {"estimate_planned_memory", 4}, {"export_model", 8}};
   for (const auto& [name, minor] : later)
     if (std::string(name) == phase) return minor;
   return 0;
@@ -149,6 +149,7 @@ PluginHost PluginHost::load(const std::vector<PluginSpec>& specs, const HostAbi&
     p.abi_minor = info->abi_minor;
     p.description = info->description ? info->description : "";
     p.library = path.string();
+    p.builtin = spec.library.empty();
     p.config_key = spec.config_key;
     p.options = spec.options;
     p.plugin = std::unique_ptr<Plugin, void (*)(Plugin*)>(info->create(), info->destroy);
@@ -219,6 +220,50 @@ void PluginHost::configure(const RunInfo& run, ConfigDiagnostics& diag) {
 bool PluginHost::any_reduces_gradients() const {
   return std::any_of(plugins_.begin(), plugins_.end(),
                      [](const LoadedPlugin& p) { return p.plugin->reduces_gradients(); });
+}
+
+std::string plugins_json(const PluginHost& host) {
+  ConfigNode list = ConfigNode::array();
+  for (const LoadedPlugin& p : host.plugins()) {
+    ConfigNode entry = ConfigNode::object();
+    entry.set("name", ConfigNode::string(p.name));
+    entry.set("version", ConfigNode::string(p.version));
+    entry.set("library", ConfigNode::string(p.builtin ? "" : p.library));
+    entry.set("config_key", ConfigNode::string(p.config_key));
+    entry.set("options", p.options);
+    list.push_back(std::move(entry));
+  }
+  ConfigNode doc = ConfigNode::object();
+  doc.set("format", ConfigNode::string("memrt-plugins"));
+  doc.set("version", ConfigNode::number(1));
+  doc.set("plugins", std::move(list));
+  return doc.to_json() + "\n";
+}
+
+std::vector<PluginSpec> read_plugins_json(const std::string& path) {
+  const ConfigNode doc = parse_json_file(path);
+  const ConfigNode* format = doc.find("format");
+  const ConfigNode* version = doc.find("version");
+  const ConfigNode* list = doc.find("plugins");
+  if (!format || !format->is_string() || format->as_string() != "memrt-plugins" || !version ||
+      !version->is_number() || version->as_int() != 1 || !list || !list->is_array())
+    throw FileError(path, "is not a memrt plugins.json of version 1 ({\"format\": \"memrt-plugins\", "
+                          "\"version\": 1, \"plugins\": [...]})");
+  std::vector<PluginSpec> out;
+  for (const ConfigNode& entry : list->as_array()) {
+    const auto text = [&](const char* key) -> std::string {
+      const ConfigNode* n = entry.find(key);
+      if (!n || !n->is_string()) throw FileError(path, "plugin entry '" + entry.path() + "' has no string '" + key + "'");
+      return n->as_string();
+    };
+    PluginSpec spec;
+    spec.name = text("name");
+    spec.library = text("library");
+    spec.config_key = text("config_key");
+    if (const ConfigNode* options = entry.find("options")) spec.options = *options;
+    out.push_back(std::move(spec));
+  }
+  return out;
 }
 
 std::string PluginHost::describe() const {

@@ -19,6 +19,7 @@ struct LoadedPlugin {
   std::string version;
   std::string description;
   std::string library;     // absolute path of the shared library
+  bool builtin = false;    // found in builtin_plugin_dir() by its name
   std::string config_key;  // what claimed it in the config ("fp16", "plugins[0]")
   int priority = 0;
   uint32_t abi_minor = MEMRT_PLUGIN_ABI_MINOR;  // the SDK minor it was built with
@@ -44,6 +45,15 @@ void check_plugin_abi(const memrt_plugin_info& info, const std::string& library,
 
 // The folder holding the built-in plugins: <dir of libmemrt>/memrt/plugins, or $MEMRT_PLUGIN_DIR.
 std::string builtin_plugin_dir();
+
+class PluginHost;
+
+// plugins.json, saved in every checkpoint (docs/checkpoints.md): the loaded plugins in order — name,
+// version, library ("" for a built-in, found again by name), config_key and options (the config
+// subtree configure() received) — so that `launcher export` loads and configures them as the run did.
+std::string plugins_json(const PluginHost& host);
+// The specs a plugins.json lists, in its order; memrt::FileError naming the file when malformed.
+std::vector<PluginSpec> read_plugins_json(const std::string& path);
 
 class PluginHost {
  public:
