@@ -42,9 +42,10 @@ const Map& unsigned_map(int bits) {
   return bits == 8 ? m8 : m4;
 }
 
-// The 4-bit dequantization's hand-written loop (dequant4.h: map16[code] * scale with the map in
-// registers), looked up once per step.
+// The dequantizations' hand-written loops (table_codes.h: map256[code] * scale, gathered;
+// dequant4.h: map16[code] * scale with the map in registers), looked up once per step.
 struct AoLoops {
+  TableValuesFn dequant8 = table_values_kernel();
   Dequant4Fn<float> dequant4 = dequant4_kernel<float>(ops::CpuKernels::kBest);
 };
 
@@ -58,7 +59,7 @@ struct AoBlock {
   static void dequantize(const uint8_t* __restrict codes, float scale, const float* __restrict map,
                          float* __restrict out, const AoLoops& loops) {
     if constexpr (Bits == 8) {
-      dequantize_block(codes, scale, kLength, map, out);
+      loops.dequant8(codes, kLength, map, scale, out);
     } else {
       loops.dequant4(codes, kLength / 2, map, scale, out);
     }

@@ -121,10 +121,11 @@ void quantize_blockwise(const float* x, int64_t n, int64_t block, const Quantize
 void dequantize_blockwise(const uint8_t* codes, const float* absmax, int64_t n, int64_t block,
                           const float* map256, float* out) {
   check_block(block, "dequantize_blockwise");
+  const TableValuesFn values_fn = table_values_kernel();
   at::parallel_for(0, num_blocks(n, block), kGrainBlocks, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t begin = b * block;
-      dequantize_block(codes + begin, absmax[b], std::min(block, n - begin), map256, out + begin);
+      values_fn(codes + begin, std::min(block, n - begin), map256, absmax[b], out + begin);
     }
   });
 }

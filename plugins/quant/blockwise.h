@@ -59,12 +59,6 @@ inline void quantize_block(const float* __restrict x, int64_t len, const uint8_t
   codes_fn(x, len, 1.f / m, table, codes);
 }
 
-// The inverse for one block: map[codes[i]] * absmax in fp32.
-inline void dequantize_block(const uint8_t* __restrict codes, float absmax, int64_t len, const float* __restrict map,
-                             float* __restrict out) {
-  for (int64_t i = 0; i < len; ++i) out[i] = map[codes[i]] * absmax;
-}
-
 // Blockwise 8-bit quantization of n values (blocks of `block`, the last one shorter): absmax[b] =
 // max |x| of block b; codes[i] = table.code(x[i] * (1 / absmax)) (all 0 in an all-zero block).
 void quantize_blockwise(const float* x, int64_t n, int64_t block, const QuantizeTable& table,

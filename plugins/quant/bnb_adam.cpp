@@ -110,7 +110,8 @@ struct BnbMaps {
   const float* unsigned_map;
   const uint8_t* signed_table;
   const uint8_t* unsigned_table;
-  TableCodesFn codes;  // the widest quantizer loop this processor runs
+  TableCodesFn codes;    // the widest quantizer loop this processor runs
+  TableValuesFn values;  // and dequantizer loop
 };
 
 // One block (len <= 256): the gradient widened, both moments dequantized, updated with p, and
@@ -120,8 +121,8 @@ MEMRT_QUANT_CLONES void bnb_adam8_block(float* __restrict p, const GradIn& grad,
                                         const BnbAdamScalars& s, const BnbMaps& maps) {
   float g[kBnbBlock], m[kBnbBlock], v[kBnbBlock];
   grad.load(begin, len, g);
-  dequantize_block(m_codes, *m_absmax, len, maps.signed_map, m);
-  dequantize_block(v_codes, *v_absmax, len, maps.unsigned_map, v);
+  maps.values(m_codes, len, maps.signed_map, *m_absmax, m);
+  maps.values(v_codes, len, maps.unsigned_map, *v_absmax, v);
   const BnbAdamScalars sc = s;  // local: loop-invariant branches, a vectorised loop
   for (int64_t i = 0; i < len; ++i) {
     bnb_adam_moments(g[i], m[i], v[i], sc);
@@ -147,7 +148,7 @@ MEMRT_QUANT_CLONES void bnb_adam32_block(float* __restrict p, const GradIn& grad
 void bnb_adam8_cpu(float* p, const GradIn& g, uint8_t* m_codes, float* m_absmax, uint8_t* v_codes,
                    float* v_absmax, int64_t n, const BnbAdamScalars& s) {
   const BnbMaps maps{dynamic_map_values(true), dynamic_map_values(false), signed_table().data(), unsigned_table().data(),
-                     table_codes_kernel()};
+                     table_codes_kernel(), table_values_kernel()};
   at::parallel_for(0, (n + kBnbBlock - 1) / kBnbBlock, kGrainBlocks, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t begin = b * kBnbBlock;

@@ -17,6 +17,11 @@ void codes_portable(const float* __restrict x, int64_t len, float inv, const uin
   for (int64_t i = 0; i < len; ++i) codes[i] = table[table_index(mul_rn(x[i], inv))];
 }
 
+void values_portable(const uint8_t* __restrict codes, int64_t len, const float* __restrict map, float scale,
+                     float* __restrict out) {
+  for (int64_t i = 0; i < len; ++i) out[i] = map[codes[i]] * scale;
+}
+
 #if MEMRT_QUANT_X86
 #pragma GCC push_options
 #pragma GCC target("avx512f")
@@ -40,6 +45,16 @@ void codes_avx512(const float* x, int64_t len, float inv, const uint8_t* table, 
   codes_portable(x + i, len - i, inv, table, codes + i);
 }
 
+void values_avx512(const uint8_t* codes, int64_t len, const float* map, float scale, float* out) {
+  const __m512 s = _mm512_set1_ps(scale);
+  int64_t i = 0;
+  for (; i + 16 <= len; i += 16) {
+    const __m512i index = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i)));
+    _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_i32gather_ps(index, map, 4), s));
+  }
+  values_portable(codes + i, len - i, map, scale, out + i);
+}
+
 #pragma GCC diagnostic pop
 #pragma GCC pop_options
 
@@ -60,21 +75,49 @@ void codes_avx2(const float* x, int64_t len, float inv, const uint8_t* table, ui
   codes_portable(x + i, len - i, inv, table, codes + i);
 }
 
+void values_avx2(const uint8_t* codes, int64_t len, const float* map, float scale, float* out) {
+  const __m256 s = _mm256_set1_ps(scale);
+  int64_t i = 0;
+  for (; i + 8 <= len; i += 8) {
+    const __m256i index = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i)));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_i32gather_ps(map, index, 4), s));
+  }
+  values_portable(codes + i, len - i, map, scale, out + i);
+}
+
 #pragma GCC pop_options
+#endif
+
+// The loop of `kernels` among (AVX-512, AVX2, portable); kBest: the widest this processor runs.
+template <typename Fn>
+Fn pick_kernel(ops::CpuKernels kernels, Fn avx512, Fn avx2, Fn portable, const char* what) {
+  if (!ops::cpu_supports(kernels))
+    throw Error(std::string(what) + ": this processor cannot run the " + ops::to_string(kernels) + " kernels");
+  if (avx512 && (kernels == ops::CpuKernels::kAvx512 ||
+                 (kernels == ops::CpuKernels::kBest && ops::cpu_supports(ops::CpuKernels::kAvx512))))
+    return avx512;
+  if (avx2 && (kernels == ops::CpuKernels::kAvx2 ||
+               (kernels == ops::CpuKernels::kBest && ops::cpu_supports(ops::CpuKernels::kAvx2))))
+    return avx2;
+  return portable;
+}
+
+#if MEMRT_QUANT_X86
+constexpr TableCodesFn kCodesAvx512 = &codes_avx512, kCodesAvx2 = &codes_avx2;
+constexpr TableValuesFn kValuesAvx512 = &values_avx512, kValuesAvx2 = &values_avx2;
+#else
+constexpr TableCodesFn kCodesAvx512 = nullptr, kCodesAvx2 = nullptr;
+constexpr TableValuesFn kValuesAvx512 = nullptr, kValuesAvx2 = nullptr;
 #endif
 
 }  // namespace
 
 TableCodesFn table_codes_kernel(ops::CpuKernels kernels) {
-  if (!ops::cpu_supports(kernels))
-    throw Error(std::string("8-bit quantization: this processor cannot run the ") + ops::to_string(kernels) + " kernels");
-#if MEMRT_QUANT_X86
-  if (kernels == ops::CpuKernels::kAvx512 || (kernels == ops::CpuKernels::kBest && ops::cpu_supports(ops::CpuKernels::kAvx512)))
-    return &codes_avx512;
-  if (kernels == ops::CpuKernels::kAvx2 || (kernels == ops::CpuKernels::kBest && ops::cpu_supports(ops::CpuKernels::kAvx2)))
-    return &codes_avx2;
-#endif
-  return &codes_portable;
+  return pick_kernel(kernels, kCodesAvx512, kCodesAvx2, &codes_portable, "8-bit quantization");
+}
+
+TableValuesFn table_values_kernel(ops::CpuKernels kernels) {
+  return pick_kernel(kernels, kValuesAvx512, kValuesAvx2, &values_portable, "8-bit dequantization");
 }
 
 }  // namespace memrt::quant

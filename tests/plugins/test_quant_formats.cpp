@@ -244,7 +244,8 @@ TEST(QuantFormats, TorchaoStateQuantizerIsTorchaosBitForBit) {
 // The 8-bit quantizer's hand-written loops (table_codes.h) give the portable loop's codes, which
 // the test above holds to bitsandbytes': on the awkward values (the table's steps and the map's
 // midpoints, one ulp either side), values past the clamps, infinities and NaN, at lengths around
-// the kernels' widths (16 and 8).
+// the kernels' widths (16 and 8); and its dequantizer loops the portable loop's values of those codes,
+// bit for bit.
 TEST(QuantFormats, EightBitQuantizerKernelsGiveThePortableCodes) {
   at::manual_seed(12);
   const at::Tensor map = dynamic_map(true);
@@ -265,6 +266,11 @@ TEST(QuantFormats, EightBitQuantizerKernelsGiveThePortableCodes) {
         table_codes_kernel(ops::CpuKernels::kPortable)(values, len, inv, table.data(), want.data());
         table_codes_kernel(k)(values, len, inv, table.data(), got.data());
         EXPECT_EQ(got, want) << ops::to_string(k) << ", " << len << " values, times " << inv;
+        std::vector<float> want_values(static_cast<size_t>(len)), got_values(static_cast<size_t>(len));
+        table_values_kernel(ops::CpuKernels::kPortable)(want.data(), len, map.data_ptr<float>(), 1.f / inv, want_values.data());
+        table_values_kernel(k)(want.data(), len, map.data_ptr<float>(), 1.f / inv, got_values.data());
+        EXPECT_EQ(0, std::memcmp(got_values.data(), want_values.data(), sizeof(float) * static_cast<size_t>(len)))
+            << ops::to_string(k) << ", " << len << " values dequantized";
       }
     }
   }
