@@ -2,8 +2,9 @@
 //
 // Built: LLaMA-Factory's freeze tuning (`finetuning_type: freeze`, freeze.h), in plan_params: only
 // the chosen parameters train and hold gradients and optimizer state; the others stay as frozen
-// slots of the store. Not built yet: LoRA adapters (issue 25) — the loader routes the lora_* keys
-// here, and the plugin refuses them rather than training something other than what was asked for.
+// slots of the store. Not built yet: LoRA adapters (issue 25; the design: docs/lora.md) — the loader
+// routes the lora_* keys here, and the plugin refuses them rather than training something other than
+// what was asked for.
 #include <memrt/plugin.h>
 
 #include <string>
