@@ -65,7 +65,7 @@ if [ ! -f "$stamp" ] && ! want_torch; then
 fi
 touch "$stamp"
 
-# The quantization tests' oracles (docs/quant.md), pinned: they run on the venv's torch, so pip must
+# The quantization and LoRA tests' oracles (docs/quant.md, docs/lora.md), pinned: they run on the venv's torch, so pip must
 # not replace it (--no-deps: their other dependencies, numpy, packaging, pyyaml and huggingface_hub,
 # come with transformers). accelerate (with psutil) is what transformers needs to load a model
 # quantized by bitsandbytes, as the pre-quantized checkpoint test makes one.
@@ -73,14 +73,16 @@ MEMRT_BNB_VERSION=0.50.2
 MEMRT_TORCHAO_VERSION=0.18.0
 MEMRT_ACCELERATE_VERSION=1.15.0
 MEMRT_PSUTIL_VERSION=7.2.2
-test_stamp="$venv/.memrt-test-deps-bnb$MEMRT_BNB_VERSION-ao$MEMRT_TORCHAO_VERSION-acc$MEMRT_ACCELERATE_VERSION"
+MEMRT_PEFT_VERSION=0.21.2
+test_stamp="$venv/.memrt-test-deps-bnb$MEMRT_BNB_VERSION-ao$MEMRT_TORCHAO_VERSION-acc$MEMRT_ACCELERATE_VERSION-peft$MEMRT_PEFT_VERSION"
 if [ "$with_test" -eq 1 ] && [ ! -f "$test_stamp" ]; then
-  log "installing bitsandbytes==$MEMRT_BNB_VERSION, torchao==$MEMRT_TORCHAO_VERSION and accelerate==$MEMRT_ACCELERATE_VERSION into $venv (test oracles)"
+  log "installing bitsandbytes==$MEMRT_BNB_VERSION, torchao==$MEMRT_TORCHAO_VERSION, accelerate==$MEMRT_ACCELERATE_VERSION and peft==$MEMRT_PEFT_VERSION into $venv (test oracles)"
   "$venv/bin/pip" install -q --disable-pip-version-check --no-deps \
       "bitsandbytes==${MEMRT_BNB_VERSION}" "torchao==${MEMRT_TORCHAO_VERSION}" \
-      "accelerate==${MEMRT_ACCELERATE_VERSION}" "psutil==${MEMRT_PSUTIL_VERSION}" >&2
-  "$venv/bin/python" -c "import bitsandbytes, torchao, accelerate" >/dev/null 2>&1 ||
-    { log "bitsandbytes, torchao or accelerate did not import from $venv"; exit 1; }
+      "accelerate==${MEMRT_ACCELERATE_VERSION}" "psutil==${MEMRT_PSUTIL_VERSION}" \
+      "peft==${MEMRT_PEFT_VERSION}" >&2
+  "$venv/bin/python" -c "import bitsandbytes, torchao, accelerate, peft" >/dev/null 2>&1 ||
+    { log "bitsandbytes, torchao, accelerate or peft did not import from $venv"; exit 1; }
   touch "$test_stamp"
 fi
 echo "$venv/bin/python"

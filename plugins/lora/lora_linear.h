@@ -1,0 +1,56 @@
+// plugins/lora/lora_linear.h — a LoRA adapter around one linear layer, as PEFT computes it
+// (docs/lora.md, "What PEFT computes"):
+//
+//   y = base(x) + lora_B(lora_A(dropout(x))) · scaling       scaling = alpha / r (rsLoRA: alpha / sqrt(r))
+//
+// `base` is any layer of in -> out features (nn::Linear, plugins/quant's Linear4bit: the lora plugin
+// sees only its forward and its tensors). The wrapper registers the base's own parameters and
+// buffers under their own names — the same tensors, so the parameter store's set_data reaches the
+// base's forward — and adds "lora_A.weight" (r, in) and "lora_B.weight" (out, r): in a block,
+// "<t>.weight" keeps its name and "<t>.lora_A.weight" is PEFT's key without "base_model.model.".
+#pragma once
+
+#include <cstdint>
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/any.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+
+namespace memrt::lora {
+
+struct LoraOptions {
+  int64_t r = 8;          // PEFT's defaults
+  double alpha = 8.0;
+  double dropout = 0.0;   // on A's input only
+  bool rslora = false;
+};
+
+// alpha / r, or alpha / sqrt(r) with rsLoRA.
+double lora_scaling(const LoraOptions& options);
+
+class LoraLinearImpl : public torch::nn::Module {
+ public:
+  LoraLinearImpl(torch::nn::AnyModule base, int64_t in_features, int64_t out_features, LoraOptions options);
+
+  at::Tensor forward(const at::Tensor& x);
+
+  // PEFT's init_lora_weights=True: A kaiming-uniform with a = sqrt(5) (uniform in ±1/sqrt(in)) from
+  // the default generator, B zeros — the adapter starts as the identity on the base's output.
+  void reset_parameters();
+
+  double scaling() const { return scaling_; }
+  const LoraOptions& options() const { return options_; }
+
+  torch::nn::Linear lora_A{nullptr};
+  torch::nn::Linear lora_B{nullptr};
+
+ private:
+  torch::nn::AnyModule base_;
+  LoraOptions options_;
+  double scaling_;
+};
+TORCH_MODULE(LoraLinear);
+
+}  // namespace memrt::lora
