@@ -393,6 +393,42 @@ TEST(StorePlan, AddGroupMovesTheSelectedParameters) {
                       {"group 'none'", "selects no trainable parameter"});
 }
 
+// A group's weights counted in another category (LoRA's adapters as adapters): planned and
+// allocated there, kept by a group add_group makes from it; two plugins disagreeing name each other.
+TEST(StorePlan, AGroupsWeightsCountInTheCategoryItsPluginSets) {
+  memory::install_tracking_allocator();
+  const std::vector<ParamInfo> ps = infos();
+  StorePlan plan(ps, options());
+  plan.set_author("lora");
+  plan.add_group({"lora", [](const ParamInfo& p) { return p.name == "b.weight" || p.name == "c.weight"; }});
+  plan.set_weights_category(Category::kAdapters, "lora");
+  plan.add_group({"lora_B", [](const ParamInfo& p) { return p.name == "c.weight"; }, 0.0, 16.0});
+  const auto index = [&](const std::string& name) {
+    for (size_t g = 0; g < plan.groups().size(); ++g)
+      if (plan.groups()[g].name == name) return static_cast<int>(g);
+    return -1;
+  };
+  const int decay = index("decay"), lora = index("lora"), lora_b = index("lora_B");
+  ASSERT_EQ(plan.groups().size(), 4u);  // decay, no_decay (a.bias), lora, lora_B
+  ASSERT_GE(decay, 0);
+  EXPECT_EQ(plan.weights_category(decay), Category::kWeights);
+  EXPECT_EQ(plan.weights_category(lora), Category::kAdapters);
+  EXPECT_EQ(plan.weights_category(lora_b), Category::kAdapters);
+  const memory::Table t = plan.bytes();
+  const int64_t adapters = 4 * (plan.groups()[static_cast<size_t>(lora)].padded + plan.groups()[static_cast<size_t>(lora_b)].padded);
+  EXPECT_EQ(t.at(Category::kAdapters), adapters);
+  const int no_decay = index("no_decay");
+  const int64_t others = plan.groups()[static_cast<size_t>(decay)].padded + plan.groups()[static_cast<size_t>(no_decay)].padded;
+  EXPECT_EQ(t.at(Category::kWeights), 4 * (others + 16));  // the host's groups + the frozen 4x4
+
+  const memory::Table live0 = memory::live();
+  ParamStore store(StorePlan(plan), tensors_for(ps, 5), at::kCPU);
+  EXPECT_EQ((memory::live() - live0).at(Category::kAdapters), adapters);
+  plan.set_author("other");
+  expect_error<Error>([&] { plan.set_weights_category(Category::kWeights, "lora"); },
+                      {"'lora'", "'other'", "weights category of group 'lora'"});
+}
+
 // A group's learning-rate multiplier: its parameters step as with the multiplied learning rate,
 // bit for bit; the others as without it.
 TEST(ParamStore, AGroupsLrScaleMultipliesItsLearningRate) {

@@ -83,19 +83,19 @@ class ConfigNode {
   ConfigError error(const std::string& message) const { return ConfigError(file_, path_, message); }
   // "a string (\"abc\")", "a number (3)", "an object", ... for messages.
   std::string describe() const;
-  // Serialises as JSON (integral numbers without a fraction).
+  // Serialises as JSON (integral numbers without a fraction, unless written with one: real()).
   std::string to_json(int indent = 2) const;
 
  private:
   Kind kind_ = Kind::Null;
   bool bool_ = false;
   double num_ = 0.0;
-  bool real_ = false;
   std::string str_;
   std::vector<ConfigNode> items_;
   std::vector<Member> members_;
   std::string file_;
   std::string path_;
+  bool real_ = false;  // ABI 2.8: last, so older plugins' inline accessors read the members before it
 };
 
 // JSON as DeepSpeed accepts it in practice: comments and trailing commas are allowed; duplicate

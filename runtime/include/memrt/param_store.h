@@ -277,6 +277,11 @@ class StorePlan {
   void set_grad_dtype(at::ScalarType dtype, const GroupSelector& groups);  // grad_accum_dtype
   void set_extent(StoreBuffer b, Extent extent, const GroupSelector& groups);  // kCompute: full only
   void set_placement(StoreBuffer b, memory::Placement placement, const GroupSelector& groups);
+  // ABI 2.8: the memory category the groups' compute weights are counted in (weights by default),
+  // so that a plugin's own trainable parameters are reported apart: LoRA's adapters as adapters.
+  // A group made by add_group from them keeps it.
+  void set_weights_category(memory::Category category, const GroupSelector& groups);
+  memory::Category weights_category(int group) const;
   // Every group (and, before 2.3, the only form): the same as with GroupSelector().
   void set_compute_dtype(at::ScalarType dtype);
   void set_master_weights(bool on);
@@ -292,8 +297,8 @@ class StorePlan {
   void check() const;
 
   // This rank's bytes of every buffer the store allocates, by (category, placement): compute ->
-  // weights (frozen parameters included), master -> master_weights, grad (flat) -> gradients,
-  // state (every tensor of its format) -> optimizer_state.
+  // its group's weights_category (weights unless set; frozen parameters: their layout's), master ->
+  // master_weights, grad (flat) -> gradients, state (every tensor of its format) -> optimizer_state.
   memory::Table bytes() const;
   // One line per group, for the start-up log.
   std::string describe() const;
@@ -321,6 +326,8 @@ class StorePlan {
   std::vector<int64_t> segments_;      // per slot
   std::vector<StateFormat> formats_;   // per group
   std::vector<FrozenLayout> frozen_;   // per slot (empty for a trainable one)
+  // ---- added in ABI 2.8 ----
+  std::map<std::string, memory::Category> weights_category_;  // by group name; absent: weights
 };
 
 // The allocated store.

@@ -415,8 +415,8 @@ class Plugin {
 // OptimizerContext::step_kernels (StepKernel, StepRange in memrt/optimizer.h). 2.6: the CPU kernel
 // dispatch in memrt/ops.h (ops::CpuKernels, cpu_supports, to_string). 2.7: BlockReady::checkpoint
 // (CheckpointReader in memrt/model.h: a replaced parameter stored in a plugin's format). 2.8:
-// Plugin::export_model (ExportContext, SavedParameters). The host refuses a plugin whose ABI
-// major differs, whose ABI minor is newer than the host's, or whose LibTorch version, C++ ABI flag or CUDA flag differ from its own
+// Plugin::export_model (ExportContext, SavedParameters), StorePlan::set_weights_category,
+// ConfigNode::real. The host refuses a plugin whose ABI major differs, whose ABI minor is newer than the host's, or whose LibTorch version, C++ ABI flag or CUDA flag differ from its own
 // — plugins pass at::Tensor and nn::Module across the boundary, the same contract as PyTorch C++
 // extensions.
 #define MEMRT_PLUGIN_ABI_MAJOR 2

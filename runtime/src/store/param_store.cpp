@@ -219,6 +219,8 @@ int StorePlan::add_group(const GroupSpec& spec) {
   set_by_.insert(inherited.begin(), inherited.end());
   const int index = static_cast<int>(groups_.size());
   for (int i : added.slots) slots_[static_cast<size_t>(i)].group = index;
+  if (auto it = weights_category_.find(groups_[static_cast<size_t>(origin)].name); it != weights_category_.end())
+    weights_category_[spec.name] = it->second;
   groups_.push_back(std::move(added));
   formats_.push_back(formats_[static_cast<size_t>(origin)]);
   // Every group keeps the slots still in it; empty ones go, and the slots' indices follow.
@@ -510,6 +512,19 @@ void StorePlan::set_placement(StoreBuffer b, Placement placement, const GroupSel
   }
 }
 
+void StorePlan::set_weights_category(memory::Category category, const GroupSelector& groups) {
+  for (int gi : selected(groups, "set_weights_category")) {
+    const StoreGroup& g = groups_[static_cast<size_t>(gi)];
+    record(g, "weights category", memory::to_string(category));
+    weights_category_[g.name] = category;
+  }
+}
+
+memory::Category StorePlan::weights_category(int group) const {
+  auto it = weights_category_.find(groups_.at(static_cast<size_t>(group)).name);
+  return it == weights_category_.end() ? Category::kWeights : it->second;
+}
+
 void StorePlan::set_compute_dtype(at::ScalarType dtype) { set_compute_dtype(dtype, GroupSelector()); }
 void StorePlan::set_master_weights(bool on) { set_master_weights(on, GroupSelector()); }
 void StorePlan::set_state_dtype(at::ScalarType dtype) { set_state_dtype(dtype, GroupSelector()); }
@@ -557,7 +572,8 @@ memory::Table StorePlan::bytes() const {
     for (StoreBuffer b : kAllBuffers) {
       const BufferLayout& l = group.buffer(b);
       if (b != StoreBuffer::kState) {
-        t.at(category_of(b), l.placement) += held_numel(g, b) * elem_size(l.dtype);
+        const Category c = b == StoreBuffer::kCompute ? weights_category(g) : category_of(b);
+        t.at(c, l.placement) += held_numel(g, b) * elem_size(l.dtype);
         continue;
       }
       const StateFormat& f = formats_[static_cast<size_t>(g)];
@@ -657,7 +673,7 @@ ParamStore::ParamStore(StorePlan plan, const std::vector<std::pair<std::string, 
     const StoreGroup& group = plan_.groups()[static_cast<size_t>(g)];
     Group out;
     const BufferLayout& compute = group.buffer(StoreBuffer::kCompute);
-    out.compute = alloc(compute, plan_.held_numel(g, StoreBuffer::kCompute), Category::kWeights);
+    out.compute = alloc(compute, plan_.held_numel(g, StoreBuffer::kCompute), plan_.weights_category(g));
     if (group.buffer(StoreBuffer::kMaster).present) {
       out.master = alloc(group.buffer(StoreBuffer::kMaster),
                          plan_.held_numel(g, StoreBuffer::kMaster), Category::kMasterWeights);
