@@ -12,12 +12,14 @@
 #include <vector>
 
 #include "../data/test_util.h"
+#include "reference_run.h"
 #include "io/safetensors.h"
 #include "lora/lora_linear.h"
 
 namespace memrt::lora {
 namespace {
 
+using test::expect_close;
 using test::TempDir;
 
 struct Case {
@@ -40,30 +42,6 @@ const std::vector<Case> kCases = {
     {4, 8, false, at::kBFloat16, 32, 64, 9, true},
 };
 
-std::map<std::string, at::Tensor> peft(const std::vector<std::pair<std::string, at::Tensor>>& inputs, const TempDir& dir) {
-  write_safetensors(dir.file("in.safetensors"), inputs);
-  const std::string cmd = std::string(MEMRT_PYTHON) + " " + MEMRT_SOURCE_DIR + "/tests/plugins/lora_reference.py " +
-                          dir.file("in.safetensors") + " " + dir.file("out.safetensors");
-  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
-  std::map<std::string, at::Tensor> out;
-  const SafetensorsFile f = SafetensorsFile::open(dir.file("out.safetensors"));
-  for (const std::string& name : f.names()) out[name] = f.tensor(name).clone();
-  return out;
-}
-
-// Within `ulps` units of the dtype's precision relative to the largest value (products summed in
-// another order round differently).
-void expect_close(const at::Tensor& got, const at::Tensor& want, double ulps, const std::string& what) {
-  ASSERT_TRUE(want.defined()) << what << ": PEFT wrote none";
-  ASSERT_EQ(got.scalar_type(), want.scalar_type()) << what;
-  ASSERT_EQ(got.sizes(), want.sizes()) << what;
-  const double eps = got.scalar_type() == at::kBFloat16 ? 1.0 / 128 : 1.0 / (1 << 23);
-  const at::Tensor g = got.to(at::kDouble), w = want.to(at::kDouble);
-  const double scale = w.abs().max().item<double>();
-  const double worst = (g - w).abs().max().item<double>();
-  EXPECT_LE(worst, ulps * eps * scale) << what << ": largest difference " << worst << " against values up to " << scale;
-}
-
 TEST(LoraLinear, ForwardAndBackwardArePefts) {
   TempDir dir;
   at::manual_seed(3);
@@ -79,7 +57,7 @@ TEST(LoraLinear, ForwardAndBackwardArePefts) {
     inputs.emplace_back(n + ".dy", at::randn({c.tokens, c.out}));
   }
   std::map<std::string, at::Tensor> in(inputs.begin(), inputs.end());
-  std::map<std::string, at::Tensor> want = peft(inputs, dir);
+  std::map<std::string, at::Tensor> want = test::run_reference("lora_reference.py", inputs, dir);
 
   for (size_t i = 0; i < kCases.size(); ++i) {
     const Case& c = kCases[i];
@@ -104,10 +82,10 @@ TEST(LoraLinear, ForwardAndBackwardArePefts) {
     const at::Tensor y = layer->forward(x);
     y.backward(in.at(n + ".dy").to(c.dtype));
     const double ulps = c.dtype == at::kFloat ? 16 : 0;  // bf16: PEFT's bits (same kernels, same cast order)
-    expect_close(y.detach(), want.at(n + ".y"), ulps, "y");
-    expect_close(x.grad(), want.at(n + ".dx"), ulps, "dx");
-    expect_close(layer->lora_A->weight.grad(), want.at(n + ".dA"), 16, "dA");
-    expect_close(layer->lora_B->weight.grad(), want.at(n + ".dB"), 16, "dB");
+    expect_close(y.detach(), want.at(n + ".y"), c.dtype, ulps, "y");
+    expect_close(x.grad(), want.at(n + ".dx"), c.dtype, ulps, "dx");
+    expect_close(layer->lora_A->weight.grad(), want.at(n + ".dA"), at::kFloat, 16, "dA");
+    expect_close(layer->lora_B->weight.grad(), want.at(n + ".dB"), at::kFloat, 16, "dB");
   }
 }
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "../data/test_util.h"
+#include "reference_run.h"
 #include "io/safetensors.h"
 #include "quant/ao_adam.h"
 #include "quant/ao_codes.h"
@@ -41,19 +42,6 @@ void expect_bits(const at::Tensor& got, const at::Tensor& want, const std::strin
   const int64_t first = differ.nonzero()[0][0].item<int64_t>();
   ADD_FAILURE() << what << ": " << count << " of " << g.numel() << " differ; first at " << first << ": memrt "
                 << g[first].item<double>() << ", the library " << w[first].item<double>();
-}
-
-// Runs the reference on `inputs`; returns its outputs (bitsandbytes' and torchao's) by name.
-std::map<std::string, at::Tensor> bitsandbytes(const std::vector<std::pair<std::string, at::Tensor>>& inputs,
-                                               const TempDir& dir) {
-  write_safetensors(dir.file("in.safetensors"), inputs);
-  const std::string cmd = std::string(MEMRT_PYTHON) + " " + MEMRT_SOURCE_DIR + "/tests/plugins/quant_reference.py " +
-                          dir.file("in.safetensors") + " " + dir.file("out.safetensors");
-  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
-  std::map<std::string, at::Tensor> out;
-  const SafetensorsFile f = SafetensorsFile::open(dir.file("out.safetensors"));
-  for (const std::string& name : f.names()) out[name] = f.tensor(name).clone();
-  return out;
 }
 
 // Values a quantizer rounds at the edges of: normal ones at several scales, a block of zeros, a
@@ -87,7 +75,7 @@ at::Tensor awkward_values(int64_t n, const at::Tensor& map) {
 
 TEST(QuantFormats, MapsAreBitsandbytesBitForBit) {
   TempDir dir;
-  auto want = bitsandbytes({{"bw8.256.0", at::randn({256})}}, dir);
+  auto want = test::run_reference("quant_reference.py", {{"bw8.256.0", at::randn({256})}}, dir);
   expect_bits(dynamic_map(true), want["map.signed"], "dynamic map, signed");
   expect_bits(dynamic_map(false), want["map.unsigned"], "dynamic map, unsigned");
   expect_bits(map4(Map4::kNf4), want["map4.nf4"], "NF4 map");
@@ -111,7 +99,7 @@ TEST(QuantFormats, BlockwiseEightBitIsBitsandbytesBitForBit) {
     }
   }
   TempDir dir;
-  auto want = bitsandbytes(inputs, dir);
+  auto want = test::run_reference("quant_reference.py", inputs, dir);
   for (const auto& [name, x] : inputs) {
     const bool is_signed = name.rfind("bw8.", 0) == 0;
     const int64_t block = std::stoll(name.substr(name.find('.') + 1));
@@ -160,7 +148,7 @@ TEST(QuantFormats, FourBitWithAndWithoutDoubleQuantIsBitsandbytesBitForBit) {
     }
   }
   TempDir dir;
-  auto want = bitsandbytes(inputs, dir);
+  auto want = test::run_reference("quant_reference.py", inputs, dir);
   for (const auto& [name, x] : inputs) {
     const Map4 type = name.find(".nf4.") != std::string::npos ? Map4::kNf4 : Map4::kFp4;
     const bool dq = name.find(".dq1.") != std::string::npos;
@@ -224,7 +212,7 @@ TEST(QuantFormats, TorchaoStateQuantizerIsTorchaosBitForBit) {
     }
   }
   TempDir dir;
-  auto want = bitsandbytes(inputs, dir);
+  auto want = test::run_reference("quant_reference.py", inputs, dir);
   for (int bits : {8, 4})
     for (const char* sign : {"s", "u"})
       expect_bits(ao_map(bits, std::string(sign) == "s"), want["aomap." + std::to_string(bits) + "." + sign],

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "../data/test_util.h"
+#include "reference_run.h"
 #include "io/safetensors.h"
 #include "memrt/error.h"
 #include "quant/linear4bit.h"
@@ -23,6 +24,7 @@
 namespace memrt::quant {
 namespace {
 
+using test::expect_close;
 using test::TempDir;
 
 struct Case {
@@ -52,33 +54,6 @@ const std::vector<Case> kCases = {
     {Map4::kFp4, true, at::kFloat, at::kFloat, 33, 45, 9, true},        // an odd width and element count
 };
 
-std::map<std::string, at::Tensor> bitsandbytes(const std::vector<std::pair<std::string, at::Tensor>>& inputs,
-                                               const TempDir& dir) {
-  write_safetensors(dir.file("in.safetensors"), inputs);
-  const std::string cmd = std::string(MEMRT_PYTHON) + " " + MEMRT_SOURCE_DIR +
-                          "/tests/plugins/linear4bit_reference.py " + dir.file("in.safetensors") + " " +
-                          dir.file("out.safetensors");
-  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
-  std::map<std::string, at::Tensor> out;
-  const SafetensorsFile f = SafetensorsFile::open(dir.file("out.safetensors"));
-  for (const std::string& name : f.names()) out[name] = f.tensor(name).clone();
-  return out;
-}
-
-// Equal within the rounding of a matrix product accumulated in another order: `ulps` units of the
-// compute dtype's precision relative to the largest value.
-void expect_close(const at::Tensor& got, const at::Tensor& want, at::ScalarType compute, double ulps,
-                  const std::string& what) {
-  ASSERT_TRUE(want.defined()) << what << ": bitsandbytes wrote none";
-  ASSERT_EQ(got.scalar_type(), want.scalar_type()) << what;
-  ASSERT_EQ(got.sizes(), want.sizes()) << what;
-  const double eps = compute == at::kBFloat16 ? 1.0 / 128 : 1.0 / (1 << 23);
-  const at::Tensor g = got.to(at::kDouble), w = want.to(at::kDouble);
-  const double scale = w.abs().max().item<double>();
-  const double worst = (g - w).abs().max().item<double>();
-  EXPECT_LE(worst, ulps * eps * scale) << what << ": largest difference " << worst << " against values up to " << scale;
-}
-
 TEST(Linear4bit, TrainsAsBitsandbytesLinear4bitDoes) {
   TempDir dir;
   at::manual_seed(7);
@@ -92,7 +67,7 @@ TEST(Linear4bit, TrainsAsBitsandbytesLinear4bitDoes) {
     if (c.bias) inputs.emplace_back(n + ".b", (at::randn({c.out}) * 0.1).to(c.model));
   }
   std::map<std::string, at::Tensor> in(inputs.begin(), inputs.end());
-  const std::map<std::string, at::Tensor> want = bitsandbytes(inputs, dir);
+  const std::map<std::string, at::Tensor> want = test::run_reference("linear4bit_reference.py", inputs, dir);
 
   for (size_t i = 0; i < kCases.size(); ++i) {
     const Case& c = kCases[i];
