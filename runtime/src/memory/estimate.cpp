@@ -145,6 +145,20 @@ struct Trainable {
       if (blocks[static_cast<size_t>(block)].count(n)) return true;
     return false;
   }
+  // Whether a projection of the block reads its input for a gradient: its weight trains, or a
+  // parameter of a module inside it does (a LoRA adapter: "attn.c_attn.lora_A.weight").
+  bool reads_input(int64_t block, std::initializer_list<const char*> modules) const {
+    for (const char* m : modules)
+      for (const std::string& n : blocks[static_cast<size_t>(block)])
+        if (n.rfind(std::string(m) + ".", 0) == 0 && n != std::string(m) + ".bias") return true;
+    return false;
+  }
+  // Whether a projection's output needs a gradient for a parameter of its own (bias included).
+  bool trains_under(int64_t block, std::initializer_list<const char*> modules) const {
+    for (const char* m : modules)
+      if (reads_input(block, {m}) || blocks[static_cast<size_t>(block)].count(std::string(m) + ".bias")) return true;
+    return false;
+  }
   bool outside_any(std::initializer_list<const char*> names) const {
     for (const char* n : names)
       if (outside.count(n)) return true;
@@ -169,22 +183,23 @@ BlockOps gpt2_block(const ModelShape& s, const Trainable& t, int64_t i, bool in_
   BlockOps o;
   const bool g_ln1 = in_grad || t.any(i, {"ln_1.weight", "ln_1.bias"});
   o.kept += g_ln1 ? 2 * b : 0;                                   // ln_1's mean and rstd
-  o.kept += t.any(i, {"attn.c_attn.weight"}) ? d * b : 0;        // ln_1's output, c_attn's input
-  const bool g_qkv = g_ln1 || t.any(i, {"attn.c_attn.weight", "attn.c_attn.bias"});
+  o.kept += t.reads_input(i, {"attn.c_attn"}) ? d * b : 0;        // ln_1's output, c_attn's input
+  const bool g_qkv = g_ln1 || t.trains_under(i, {"attn.c_attn"});
   o.kept += g_qkv ? 3 * d * b + f * s.n_head : 0;               // q, k, v and the log-sum-exp
-  o.kept += g_qkv || t.any(i, {"attn.c_proj.weight"}) ? d * b : 0;  // the attention's output
-  const bool g_h1 = in_grad || g_qkv || t.any(i, {"attn.c_proj.weight", "attn.c_proj.bias"});
+  o.kept += g_qkv || t.reads_input(i, {"attn.c_proj"}) ? d * b : 0;  // the attention's output
+  const bool g_h1 = in_grad || g_qkv || t.trains_under(i, {"attn.c_proj"});
   const bool g_ln2 = g_h1 || t.any(i, {"ln_2.weight", "ln_2.bias"});
   o.kept += g_ln2 ? d * b + 2 * b : 0;                           // the residual; ln_2's mean, rstd
-  o.kept += t.any(i, {"mlp.c_fc.weight"}) ? d * b : 0;           // ln_2's output, c_fc's input
-  const bool g_fc = g_ln2 || t.any(i, {"mlp.c_fc.weight", "mlp.c_fc.bias"});
-  const bool proj_w = t.any(i, {"mlp.c_proj.weight"}), proj_b = t.any(i, {"mlp.c_proj.bias"});
+  o.kept += t.reads_input(i, {"mlp.c_fc"}) ? d * b : 0;           // ln_2's output, c_fc's input
+  const bool g_fc = g_ln2 || t.trains_under(i, {"mlp.c_fc"});
+  const bool proj_w = t.reads_input(i, {"mlp.c_proj"}), proj_b = t.any(i, {"mlp.c_proj.bias"});
   o.kept += g_fc ? ff * b : 0;                                   // fc, GELU's input
   o.kept += proj_w ? ff * b : 0;                                 // gelu(fc), c_proj's input
   o.out_grad = g_fc || proj_w || proj_b;
   // At c_proj's backward: the gradient of gelu(fc), with c_proj's weight and bias gradients; at
   // GELU's: the gradients of its output and its input, c_proj having freed gelu(fc).
-  const int64_t at_proj = (g_fc ? BT * ff * b : 0) + (proj_w ? ff * d * b : 0) + (proj_b ? d * b : 0);
+  const int64_t at_proj = (g_fc ? BT * ff * b : 0) + (t.any(i, {"mlp.c_proj.weight"}) ? ff * d * b : 0) +
+                          (proj_b ? d * b : 0);
   const int64_t at_gelu = g_fc ? 2 * BT * ff * b - (proj_w ? BT * ff * b : 0) : 0;
   o.backward = std::max(at_proj, at_gelu);
   return o;
@@ -196,18 +211,18 @@ BlockOps llama_block(const ModelShape& s, const Trainable& t, int64_t i, bool in
   const int64_t d = s.d_model, ff = s.d_ff, f = 4, kv = s.n_kv_head * s.head_dim();
   BlockOps o;
   const bool n1 = t.any(i, {"input_layernorm.weight"});
-  const bool qkv_w = t.any(i, {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"});
+  const bool qkv_w = t.reads_input(i, {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"});
   o.kept += (in_grad ? f : 0) + (n1 ? d * f : 0) + (qkv_w ? d * b : 0);  // rstd, x * rstd, output
   const bool g_attn = in_grad || n1 || qkv_w;
   o.kept += g_attn ? (d + 2 * kv) * b + f * s.n_head : 0;  // q and k after RoPE, v, log-sum-exp
-  const bool o_w = t.any(i, {"self_attn.o_proj.weight"});
+  const bool o_w = t.reads_input(i, {"self_attn.o_proj"});
   o.kept += g_attn || o_w ? d * b : 0;                     // the attention's output
   const bool g_h = g_attn || o_w || in_grad;
   const bool n2 = t.any(i, {"post_attention_layernorm.weight"});
-  const bool gate_w = t.any(i, {"mlp.gate_proj.weight"}), up_w = t.any(i, {"mlp.up_proj.weight"});
+  const bool gate_w = t.reads_input(i, {"mlp.gate_proj"}), up_w = t.reads_input(i, {"mlp.up_proj"});
   o.kept += (g_h ? d * b + f : 0) + (n2 ? d * f : 0) + (gate_w || up_w ? d * b : 0);  // h, rstd, ...
   const bool g_gate = g_h || n2 || gate_w, g_up = g_h || n2 || up_w;
-  const bool down_w = t.any(i, {"mlp.down_proj.weight"});
+  const bool down_w = t.reads_input(i, {"mlp.down_proj"});
   o.kept += g_gate ? 2 * ff * b : 0;  // gate (SiLU's input) and up (for silu(gate)'s gradient)
   o.kept += g_up ? ff * b : 0;        // silu(gate), for up's gradient
   o.kept += down_w ? ff * b : 0;      // the product, down_proj's input

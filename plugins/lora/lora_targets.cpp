@@ -1,0 +1,98 @@
+#include "lora_targets.h"
+
+#include <memrt/error.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+namespace memrt::lora {
+namespace {
+
+bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
+bool ends_with(const std::string& s, const std::string& x) {
+  return s.size() >= x.size() && s.compare(s.size() - x.size(), x.size(), x) == 0;
+}
+
+// "transformer.h.3.attn.c_attn.weight" -> "attn.c_attn": the module below the block's prefix.
+std::string block_module(const std::string& module) {
+  for (const std::string prefix : {"transformer.h.", "model.layers."}) {
+    if (!starts_with(module, prefix)) continue;
+    const size_t dot = module.find('.', prefix.size());
+    return dot == std::string::npos ? std::string() : module.substr(dot + 1);
+  }
+  return {};
+}
+
+bool matches(const std::string& module, const std::vector<std::string>& targets) {
+  return std::any_of(targets.begin(), targets.end(),
+                     [&](const std::string& t) { return module == t || ends_with(module, "." + t); });
+}
+
+}  // namespace
+
+std::string lora_a_name(const std::string& module) { return module + ".lora_A.weight"; }
+std::string lora_b_name(const std::string& module) { return module + ".lora_B.weight"; }
+bool is_adapter(const std::string& name) {
+  return ends_with(name, ".lora_A.weight") || ends_with(name, ".lora_B.weight");
+}
+
+std::vector<Target> select_targets(const std::vector<ParamInfo>& params, const std::string& arch,
+                                   const TargetRule& rule) {
+  std::vector<std::string> wanted = rule.modules;
+  if (wanted.empty() && !rule.all_linear) {
+    wanted = arch == "llama" ? std::vector<std::string>{"q_proj", "v_proj"} : std::vector<std::string>{"c_attn"};
+  }
+  std::vector<Target> out;
+  std::set<std::string> available;
+  for (const ParamInfo& p : params) {
+    if (!ends_with(p.name, ".weight") || p.shape.size() != 2 || is_adapter(p.name)) continue;
+    const std::string module = p.name.substr(0, p.name.size() - 7);
+    const std::string short_name = block_module(module);
+    if (short_name.empty()) continue;  // not inside a block: embeddings, lm_head
+    available.insert(short_name.substr(short_name.rfind('.') + 1));
+    if (!rule.all_linear && !matches(module, wanted)) continue;
+    if (!at::isFloatingType(p.dtype))
+      throw Error("LoRA: target '" + module + "' holds " + std::string(c10::toString(p.dtype)) +
+                  " weights (a 4-bit base); LoRA on a quantized base (QLoRA) is not implemented yet in this memrt "
+                  "version: train LoRA on the 16- or 32-bit base (no load_in_4bit)");
+    out.push_back({module, p.shape[1], p.shape[0]});
+  }
+  if (out.empty()) {
+    std::string names, asked;
+    for (const std::string& n : available) names += (names.empty() ? "" : ", ") + n;
+    for (const std::string& n : wanted) asked += (asked.empty() ? "" : ", ") + n;
+    throw ConfigError(rule.file, "lora_target_modules",
+                      (rule.modules.empty() ? "is not set, and PEFT's default for " + arch + " (" + asked + ")"
+                                            : "names " + asked + ", which") +
+                          " matches no projection of the model's blocks; choose from: " + names +
+                          " (or all-linear)");
+  }
+  return out;
+}
+
+void plan_adapters(std::vector<ParamInfo>& params, const std::vector<Target>& targets, int64_t r) {
+  std::map<std::string, const Target*> by_module;
+  for (const Target& t : targets) by_module[t.module] = &t;
+  std::vector<ParamInfo> out;
+  out.reserve(params.size() + 2 * targets.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    ParamInfo p = params[i];
+    p.trainable = false;
+    out.push_back(p);
+    const size_t dot = p.name.rfind('.');
+    const std::string module = p.name.substr(0, dot);
+    auto it = by_module.find(module);
+    if (it == by_module.end()) continue;
+    // The target's last own parameter: the next one belongs to another module.
+    if (i + 1 < params.size() && params[i + 1].name.rfind(module + ".", 0) == 0 &&
+        params[i + 1].name.find('.', module.size() + 1) == std::string::npos)
+      continue;
+    const Target& t = *it->second;
+    out.push_back({lora_a_name(module), {r, t.in}, at::kFloat, true, true});
+    out.push_back({lora_b_name(module), {t.out, r}, at::kFloat, true, true});
+  }
+  params = std::move(out);
+}
+
+}  // namespace memrt::lora

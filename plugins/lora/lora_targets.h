@@ -1,0 +1,48 @@
+// plugins/lora/lora_targets.h — which block projections get LoRA adapters, and the parameters that
+// adds, decided from names and shapes alone (plan_params runs on the estimate's shapes and on the
+// built model; docs/lora.md, "Phases").
+//
+// Targets as PEFT matches `target_modules` (tuners_utils.check_target_module_exists) against a
+// module's full dotted name ("model.layers.0.self_attn.q_proj"):
+//   a list      the name equals an entry or ends with "." + entry ("q_proj", "self_attn.q_proj")
+//   all-linear  every projection of the blocks (never lm_head)
+//   none given  PEFT's default for the architecture: GPT-2 ["c_attn"], Llama ["q_proj", "v_proj"]
+// Candidates are the blocks' projections ("<block>.<module>.weight", 2-D); a selection matching
+// none of them is an error naming the key and the module names available.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <memrt/param_store.h>
+
+namespace memrt::lora {
+
+struct TargetRule {
+  std::string file;                  // the config file, for errors
+  std::vector<std::string> modules;  // lora_target_modules; empty: the architecture's default
+  bool all_linear = false;
+};
+
+struct Target {
+  std::string module;  // full dotted name, "transformer.h.0.attn.c_attn"
+  int64_t in = 0, out = 0;
+};
+
+// The targets among `params` (model order). Throws memrt::ConfigError naming lora_target_modules
+// when nothing matches; memrt::Error for a target whose weight is not floating point (4-bit).
+std::vector<Target> select_targets(const std::vector<ParamInfo>& params, const std::string& arch,
+                                   const TargetRule& rule);
+
+// The adapters' names: "<module>.lora_A.weight" (r, in) and "<module>.lora_B.weight" (out, r).
+std::string lora_a_name(const std::string& module);
+std::string lora_b_name(const std::string& module);
+bool is_adapter(const std::string& param_name);
+
+// Freezes every parameter and inserts each target's adapters (fp32, trainable, decaying) right
+// after the target's own parameters ("<module>.weight", "<module>.bias"): where LoraLinear's
+// named_parameters() puts them, so the plan lists the parameters in the model's order.
+void plan_adapters(std::vector<ParamInfo>& params, const std::vector<Target>& targets, int64_t r);
+
+}  // namespace memrt::lora

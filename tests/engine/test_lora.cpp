@@ -1,0 +1,116 @@
+// plugins/lora as users run it: train.yaml's LoRA keys through the launcher — which parameters
+// train, the adapters' bytes and the whole run's peak as estimated, to the byte — and the errors
+// a wrong target list gets; resuming.
+#include <gtest/gtest.h>
+
+#include <rapidjson/document.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "json_helpers.h"
+#include "run_helpers.h"
+
+namespace {
+
+using namespace memrt_test;
+namespace fs = std::filesystem;
+
+const char* kGpt2 =
+    "model: {arch: gpt2, n_layer: 2, n_head: 2, d_model: 64, d_ff: 256, vocab_size: 256, n_ctx: 32}\n"
+    "block_size: 32\nmax_steps: 4\nlogging_steps: 1\nlearning_rate: 1.0e-2\n";
+const char* kLlama =
+    "model: {arch: llama, n_layer: 2, n_head: 4, n_kv_head: 2, d_model: 64, d_ff: 160, vocab_size: 256, n_ctx: 32,"
+    " tie_embeddings: false}\nblock_size: 32\nmax_steps: 4\nlogging_steps: 1\nlearning_rate: 1.0e-2\n";
+const char* kDs = R"({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1})";
+
+RunResult launch(const TempDir& dir, const std::string& name, const std::string& yaml, const std::string& args = "") {
+  return run(kLauncher + " --deepspeed " + dir.write(name + ".json", kDs) + " " + dir.write(name + ".yaml", yaml) +
+             " --output_dir=" + (dir.path() / name).string() + " " + args);
+}
+
+std::vector<double> losses(const fs::path& out) {
+  std::vector<double> v;
+  std::ifstream in(out / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    rapidjson::Document d;
+    d.Parse(line.c_str());
+    v.push_back(d["loss"].GetDouble());
+  }
+  return v;
+}
+
+// Every category of the peak, and the peak, measured as estimated; the adapters' bytes.
+int64_t adapter_bytes_as_estimated(const fs::path& out) {
+  const rapidjson::Document report = read_json(out / "memory_report.json");
+  const auto& rank = report["ranks"][0];
+  EXPECT_EQ(rank["measured"]["peak_bytes"].GetInt64(), rank["estimate"]["peak_bytes"].GetInt64());
+  for (const auto& c : rank["measured"]["categories"].GetObject())
+    EXPECT_EQ(c.value["device"].GetInt64(), rank["estimate"]["categories"][c.name.GetString()]["device"].GetInt64())
+        << c.name.GetString();
+  return rank["measured"]["categories"]["adapters"]["device"].GetInt64();
+}
+
+}  // namespace
+
+// PEFT's default targets for GPT-2 (c_attn) and every projection of a Llama (all-linear): only the
+// adapters train, they are counted as adapters, and the run's peak is the estimate to the byte.
+TEST(Lora, AdaptersAloneTrainAndTheRunIsAsEstimated) {
+  TempDir dir("lora_plain");
+  {
+    const RunResult r = launch(dir, "gpt2", std::string(kGpt2) + "use_peft: true\nlora_r: 4\n");
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_NE(r.out.find("(4 trainable tensors)"), std::string::npos) << r.out;
+    // Per block: A (4, 64) and B (192, 4), fp32.
+    EXPECT_EQ(adapter_bytes_as_estimated(dir.path() / "gpt2"), 2 * (4 * 64 + 192 * 4) * 4);
+  }
+  {
+    const RunResult r = launch(dir, "llama", std::string(kLlama) + "finetuning_type: lora\nlora_rank: 2\n"
+                                                                   "lora_target: all\n");
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_NE(r.out.find("(28 trainable tensors)"), std::string::npos) << r.out;
+    // Per block: q (64 -> 64), k and v (64 -> 32), o (64 -> 64), gate and up (64 -> 160), down
+    // (160 -> 64); an adapter of rank 2 holds 2 * (in + out) values.
+    const int64_t per_block = 2 * ((64 + 64) + 2 * (64 + 32) + (64 + 64) + 2 * (64 + 160) + (160 + 64));
+    EXPECT_EQ(adapter_bytes_as_estimated(dir.path() / "llama"), 2 * per_block * 4);
+  }
+}
+
+// Targets by PEFT's rules: a name matches a module whose dotted name ends with it; one that
+// matches no projection is an error naming the key and the modules there are.
+TEST(Lora, TargetsThatMatchNothingAreAnErrorNamingTheModules) {
+  TempDir dir("lora_targets");
+  {
+    const RunResult r = launch(dir, "suffix", std::string(kLlama) + "lora_target_modules: [self_attn.o_proj, up_proj]\n");
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_NE(r.out.find("(8 trainable tensors)"), std::string::npos) << r.out;
+  }
+  const RunResult r = launch(dir, "wrong", std::string(kLlama) + "lora_target_modules: [c_attn]\n");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("lora_target_modules"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj"), std::string::npos) << r.out;
+}
+
+// A checkpoint holds the adapters, their optimizer state and the dropout generator: resuming
+// continues the run exactly (rsLoRA in axolotl's key, dropout on A's input).
+TEST(Lora, ResumesExactly) {
+  TempDir dir("lora_resume");
+  const std::string yaml = std::string(kGpt2) + "adapter: lora\nlora_r: 4\nlora_alpha: 16\nlora_dropout: 0.1\n"
+                                                "peft_use_rslora: true\nlora_target_linear: true\n";
+  const std::string steps = "--max_steps=8 --save_steps=4";
+  const RunResult straight = launch(dir, "straight", yaml, steps);
+  ASSERT_EQ(straight.exit_code, 0) << straight.out;
+  const std::vector<double> want = losses(dir.path() / "straight");
+  ASSERT_EQ(want.size(), 8u);
+  const fs::path resumed = dir.path() / "resumed";
+  fs::create_directories(resumed);
+  fs::copy(dir.path() / "straight" / "global_step4", resumed / "global_step4", fs::copy_options::recursive);
+  std::ofstream(resumed / "latest") << "global_step4\n";
+  const RunResult r = launch(dir, "resumed", yaml, steps + " --resume");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const std::vector<double> got = losses(resumed);
+  ASSERT_EQ(got.size(), 4u);
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], want[i + 4]) << "step " << i + 5;
+}
