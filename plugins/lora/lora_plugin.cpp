@@ -5,9 +5,13 @@
 // wraps those projections in LoraLinear (lora_linear.h), whose A and B are the planned parameters;
 // plan_store counts the adapters as adapters. LLaMA-Factory's freeze tuning (`finetuning_type:
 // freeze`, freeze.h): in plan_params only the chosen parameters train.
-// Not built yet (issue 25, in docs/lora.md's order): PEFT adapter files, DoRA, LoRA+, bias modes,
-// modules_to_save, QLoRA — each refused by its key rather than trained as something else.
+// A PEFT adapter directory (lora_model_dir / adapter_name_or_path, peft_files.h) sets the adapters'
+// settings and initial values. Not built yet (issue 25, in docs/lora.md's order): writing PEFT's
+// files, DoRA, LoRA+, bias modes, modules_to_save, QLoRA — each refused by its key rather than
+// trained as something else.
 #include <memrt/plugin.h>
+
+#include <ATen/ATen.h>
 
 #include <map>
 #include <set>
@@ -17,6 +21,7 @@
 #include "freeze.h"
 #include "lora_linear.h"
 #include "lora_targets.h"
+#include "peft_files.h"
 
 namespace {
 
@@ -40,6 +45,10 @@ class LoraPlugin final : public memrt::Plugin {
   }
 
   void plan_params(memrt::ParamPlanContext& ctx) override {
+    if (fan_in_fan_out_ && ctx.run.shape.arch != "gpt2")
+      throw memrt::ConfigError(rule_.file, "fan_in_fan_out", "is true, but a " + ctx.run.shape.arch + " model's "
+                               "projections are nn.Linear (fan_in_fan_out is for GPT-2's Conv1D): an adapter of "
+                               "another model");
     if (freeze_mode_) {
       std::vector<std::string> names;
       for (const memrt::ParamInfo& p : ctx.params) names.push_back(p.name);
@@ -85,6 +94,7 @@ class LoraPlugin final : public memrt::Plugin {
                                        block.linear(name), it->second.in, it->second.out, options_)));
       }
     }
+    if (!adapter_dir_.empty()) load_adapter(ctx.model);
   }
 
   void plan_store(memrt::StorePlanContext& ctx) override {
@@ -127,31 +137,84 @@ class LoraPlugin final : public memrt::Plugin {
 
   void configure_lora(const memrt::ConfigNode& options, memrt::ConfigReader& r) {
     rule_.file = options.file();
-    options_.r = r.get<int64_t>("lora_r", options_.r);
+    const memrt::ConfigNode* rank = r.child("lora_r");
+    const memrt::ConfigNode* alpha = r.child("lora_alpha");
+    const memrt::ConfigNode* dropout = r.child("lora_dropout");
+    const memrt::ConfigNode* rslora = r.child("use_rslora");
+    const memrt::ConfigNode* targets = r.child("lora_target_modules");
+    const memrt::ConfigNode* dir = r.child("lora_model_dir");
+    if (dir && !dir->is_null()) {
+      // A saved adapter brings its own settings (PeftModel.from_pretrained); train.yaml may repeat
+      // them, not contradict them.
+      adapter_dir_ = dir->as_string();
+      const memrt::lora::PeftAdapterConfig peft = memrt::lora::read_peft_config(adapter_dir_);
+      const auto agree = [&](const memrt::ConfigNode* n, bool same, const std::string& what) {
+        if (n && !n->is_null() && !same)
+          throw n->error("is " + n->to_json(0) + " but " + peft.file + " says " + what +
+                         ": the adapter loaded decides; remove the key or load another adapter");
+      };
+      agree(rank, rank && !rank->is_null() && rank->as_int() == peft.r, "r " + std::to_string(peft.r));
+      agree(alpha, alpha && !alpha->is_null() && alpha->as_double() == peft.alpha, "lora_alpha " + std::to_string(peft.alpha));
+      agree(rslora, rslora && !rslora->is_null() && rslora->as_bool() == peft.rslora, "use_rslora " + std::string(peft.rslora ? "true" : "false"));
+      agree(targets, false, "target_modules");
+      options_.r = peft.r;
+      options_.alpha = peft.alpha;
+      options_.rslora = peft.rslora;
+      options_.dropout = peft.dropout;
+      rule_.file = peft.file;
+      rule_.modules = peft.target_modules;
+      fan_in_fan_out_ = peft.fan_in_fan_out;
+    }
+    if (rank && !rank->is_null()) options_.r = rank->as_int();
     if (options_.r <= 0) throw memrt::ConfigError(rule_.file, "lora_r", "is " + std::to_string(options_.r) + "; the rank must be positive");
-    options_.alpha = r.get<double>("lora_alpha", options_.alpha);
-    options_.dropout = r.get<double>("lora_dropout", options_.dropout);
+    if (alpha && !alpha->is_null()) options_.alpha = alpha->as_double();
+    if (dropout && !dropout->is_null()) options_.dropout = dropout->as_double();
     if (!(options_.dropout >= 0.0 && options_.dropout < 1.0))
-      throw memrt::ConfigError(rule_.file, "lora_dropout", "is " + std::to_string(options_.dropout) +
-                                                               "; a dropout probability must be in [0, 1)");
-    options_.rslora = r.get<bool>("use_rslora", false);
-    if (const memrt::ConfigNode* t = r.child("lora_target_modules"); t && !t->is_null()) {
-      if (t->is_string() && t->as_string() == "all-linear") {
+      throw memrt::ConfigError(options.file(), "lora_dropout", "is " + std::to_string(options_.dropout) +
+                                                                   "; a dropout probability must be in [0, 1)");
+    if (rslora && !rslora->is_null()) options_.rslora = rslora->as_bool();
+    if (targets && !targets->is_null()) {
+      if (targets->is_string() && targets->as_string() == "all-linear") {
         rule_.all_linear = true;
       } else {
-        rule_.modules = t->as_names();
-        if (rule_.modules.empty()) throw t->error("names no module; list module names or use all-linear");
+        rule_.modules = targets->as_names();
+        if (rule_.modules.empty()) throw targets->error("names no module; list module names or use all-linear");
       }
     }
-    if (const memrt::ConfigNode* d = r.child("lora_model_dir"); d && !d->is_null())
-      throw d->error("loads a saved adapter, which is not implemented yet in this memrt version; remove it to train new "
-                     "adapters");
+  }
+
+  // The loaded adapter's tensors into the wrapped layers, by PEFT key; anything else in the file
+  // (a DoRA magnitude, a module trained in full) is an error naming it.
+  void load_adapter(memrt::CausalLM& model) const {
+    const memrt::SafetensorsFile file = memrt::lora::open_peft_weights(adapter_dir_);
+    std::set<std::string> unread;
+    for (const std::string& key : file.names()) unread.insert(key);
+    at::NoGradGuard no_grad;
+    for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+      if (!memrt::lora::is_adapter(item.key())) continue;
+      const std::string key = memrt::lora::peft_key(item.key());
+      if (!file.contains(key))
+        throw memrt::FileError(file.path(), "has no tensor " + key + ", which the adapter's target_modules ask for");
+      const at::Tensor t = file.tensor(key);
+      if (t.sizes() != item.value().sizes())
+        throw memrt::FileError(file.path(), key + " has shape " + c10::str(t.sizes()) + "; the model's is " +
+                                                c10::str(item.value().sizes()) + " (another base model or rank?)");
+      item.value().copy_(t);
+      unread.erase(key);
+    }
+    if (!unread.empty())
+      throw memrt::FileError(file.path(), "holds " + *unread.begin() + (unread.size() > 1 ? " and " + std::to_string(unread.size() - 1) + " more" : "") +
+                                              ", which this model's LoRA adapters do not have; memrt loads adapters of "
+                                              "lora_A and lora_B only (DoRA, modules_to_save and bias modes are not "
+                                              "implemented yet)");
   }
 
   bool freeze_mode_ = false;
   memrt::lora::FreezeOptions freeze_;
   memrt::lora::LoraOptions options_;
   memrt::lora::TargetRule rule_;
+  std::string adapter_dir_;  // lora_model_dir / adapter_name_or_path: a PEFT adapter to start from
+  bool fan_in_fan_out_ = false;
   std::map<std::string, Target> targets_;  // by module name
 };
 

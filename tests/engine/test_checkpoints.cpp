@@ -14,7 +14,7 @@
 #include <ATen/ATen.h>
 
 #include "checkpoint/checkpoint_files.h"
-#include "io/safetensors.h"
+#include "memrt/safetensors.h"
 #include "models/hf_checkpoint.h"
 #include "models/model_factory.h"
 #include "run_helpers.h"

@@ -1,6 +1,6 @@
 // plugins/lora as users run it: train.yaml's LoRA keys through the launcher — which parameters
 // train, the adapters' bytes and the whole run's peak as estimated, to the byte — and the errors
-// a wrong target list gets; resuming.
+// a wrong target list gets; resuming; a PEFT adapter trained on, against PEFT itself.
 #include <gtest/gtest.h>
 
 #include <rapidjson/document.h>
@@ -12,6 +12,7 @@
 
 #include "json_helpers.h"
 #include "run_helpers.h"
+#include "torch_reference.h"
 
 namespace {
 
@@ -29,17 +30,6 @@ const char* kDs = R"({"train_micro_batch_size_per_gpu": 4, "gradient_accumulatio
 RunResult launch(const TempDir& dir, const std::string& name, const std::string& yaml, const std::string& args = "") {
   return run(kLauncher + " --deepspeed " + dir.write(name + ".json", kDs) + " " + dir.write(name + ".yaml", yaml) +
              " --output_dir=" + (dir.path() / name).string() + " " + args);
-}
-
-std::vector<double> losses(const fs::path& out) {
-  std::vector<double> v;
-  std::ifstream in(out / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    rapidjson::Document d;
-    d.Parse(line.c_str());
-    v.push_back(d["loss"].GetDouble());
-  }
-  return v;
 }
 
 // Every category of the peak, and the peak, measured as estimated; the adapters' bytes.
@@ -113,4 +103,67 @@ TEST(Lora, ResumesExactly) {
   const std::vector<double> got = losses(resumed);
   ASSERT_EQ(got.size(), 4u);
   for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], want[i + 4]) << "step " << i + 5;
+}
+
+// A PEFT adapter (PeftModel.save_pretrained, B random so that both matrices train) on a GPT-2 saved by
+// transformers, loaded through LLaMA-Factory's adapter_name_or_path and trained 20 steps, follows
+// PEFT + torch.optim.AdamW on the same micro-batches: on one rank, and on two under ZeRO-2 against
+// PEFT with the ranks' gradients averaged as DDP does — losses and gradient norms within 1e-5.
+TEST(Lora, PeftAdapterTrainsAsInPeft) {
+  TempDir dir("lora_peft");
+  const fs::path model = torch_model(dir);
+  const std::string adapter = (dir.path() / "adapter").string();
+  const RunResult made = run(std::string(MEMRT_PYTHON) + " " + kTorchReference + " adapter " + model.string() + " " + adapter);
+  ASSERT_EQ(made.exit_code, 0) << made.out;
+  const std::string yaml = dir.write("train.yaml", "model_name_or_path: " + model.string() + "\nadapter_name_or_path: " +
+                                                       adapter + "\nblock_size: 32\nmax_steps: 20\nlogging_steps: 1\n"
+                                                       "learning_rate: 1.0e-3\nweight_decay: 0.1\nlr_scheduler_type: constant\n");
+  for (int ranks : {1, 2}) {
+    const std::string name = "ranks" + std::to_string(ranks);
+    const std::string prefix = (dir.path() / (name + "_")).string();
+    const std::string ds = dir.write(name + ".json", R"({"train_batch_size": 8, "gradient_clipping": 1.0, )"
+                                                     R"("zero_optimization": {"stage": )" + std::to_string(ranks == 2 ? 2 : 0) +
+                                                     R"(}, "plugins": [{"name": "fixture_recorder", "library": ")" +
+                                                     FIXTURE_RECORDER + R"(", "options": {"prefix": ")" + prefix + R"("}}]})");
+    const fs::path out = dir.path() / name;
+    const RunResult r = run("env OMP_NUM_THREADS=1 " + kLauncher + " --num_procs " + std::to_string(ranks) +
+                            " --master_port " + std::to_string(free_port()) + " --deepspeed " + ds + " " + yaml +
+                            " --output_dir=" + out.string());
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_NE(r.out.find("(8 trainable tensors)"), std::string::npos) << r.out;
+    const auto [want_loss, want_norm] = torch_reference(model, prefix, ranks, "", "", adapter);
+    ASSERT_EQ(want_loss.size(), 20u);
+    EXPECT_LT(want_loss.back(), want_loss.front()) << "PEFT's run learns";
+    EXPECT_LT(worst_relative(losses(out), want_loss), 1e-5) << name;
+    EXPECT_LT(worst_relative(metric(out, "grad_norm"), want_norm), 1e-5) << name;
+  }
+}
+
+// A saved adapter decides its own settings: train.yaml contradicting it, or an adapter of a kind
+// memrt does not build, is an error naming the file and the key.
+TEST(Lora, AnAdapterThatCannotBeLoadedIsAnErrorNamingItsKey) {
+  TempDir dir("lora_bad_adapter");
+  const auto adapter = [&](const std::string& name, const std::string& more) {
+    fs::create_directories(dir.path() / name);
+    dir.write(name + "/adapter_config.json", R"({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["c_attn"], )" +
+                                                 more + R"("bias": "none"})");
+    return (dir.path() / name).string();
+  };
+  struct Case {
+    std::string yaml;
+    std::vector<std::string> says;
+  };
+  const std::vector<Case> cases = {
+      {"lora_model_dir: " + adapter("plain", "") + "\nlora_r: 8\n", {"lora_r", "is 8", "adapter_config.json says r 4"}},
+      {"lora_model_dir: " + adapter("dora", R"("use_dora": true, )") + "\n", {"adapter_config.json", "use_dora", "DoRA"}},
+      {"lora_model_dir: " + adapter("saved", R"("modules_to_save": ["lm_head"], )") + "\n",
+       {"adapter_config.json", "modules_to_save"}},
+      {"lora_model_dir: " + (dir.path() / "nowhere").string() + "\n", {"nowhere/adapter_config.json", "not found"}},
+      {"lora_model_dir: " + adapter("noweights", "") + "\n", {"adapter_model.safetensors", "not found"}},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const RunResult r = launch(dir, "case" + std::to_string(i), std::string(kGpt2) + cases[i].yaml);
+    EXPECT_NE(r.exit_code, 0) << cases[i].yaml;
+    for (const std::string& s : cases[i].says) EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+  }
 }

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "io/safetensors.h"
+#include "memrt/safetensors.h"
 #include "json_helpers.h"
 #include "run_helpers.h"
 

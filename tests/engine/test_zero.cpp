@@ -17,6 +17,7 @@
 
 #include "json_helpers.h"
 #include "run_helpers.h"
+#include "torch_reference.h"
 
 namespace {
 
@@ -27,19 +28,6 @@ namespace fs = std::filesystem;
 const char* kYaml =
     "model: {arch: gpt2, n_layer: 2, n_head: 2, d_model: 64, d_ff: 256, vocab_size: 256, n_ctx: 32}\n"
     "block_size: 32\nmax_steps: 20\nlogging_steps: 1\nlearning_rate: 3.0e-3\n";
-
-std::vector<double> metric(const fs::path& dir, const char* key) {
-  std::vector<double> out;
-  std::ifstream in(dir / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    rapidjson::Document d;
-    d.Parse(line.c_str());
-    out.push_back(d[key].GetDouble());
-  }
-  return out;
-}
-
-std::vector<double> losses(const fs::path& dir) { return metric(dir, "loss"); }
 
 struct Job {
   Job(std::string precision_, int stage_ = 0, bool offload_ = false, int ranks_ = 1, int accumulation_ = 1)
@@ -89,44 +77,8 @@ fs::path train(const TempDir& dir, const Job& r) {
   return out;
 }
 
-double worst_relative(const std::vector<double>& a, const std::vector<double>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double worst = 0.0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) worst = std::max(worst, std::abs(a[i] / b[i] - 1.0));
-  return worst;
-}
-
 // Where fixture_recorder writes job r's micro-batches (<prefix>rank<r>.bin).
 std::string recorded(const TempDir& dir, const Job& r) { return (dir.path() / (r.name() + "_")).string(); }
-
-const std::string kTorchReference = std::string(MEMRT_SOURCE_DIR) + "/tests/engine/torch_reference_train.py";
-
-// A small GPT-2 with transformers' own initialisation, in dir/gpt2.
-fs::path torch_model(const TempDir& dir) {
-  const fs::path model = dir.path() / "gpt2";
-  RunResult init = run(std::string(MEMRT_PYTHON) + " " + kTorchReference + " init " + model.string());
-  EXPECT_EQ(init.exit_code, 0) << init.out;
-  return model;
-}
-
-// PyTorch's 20 steps on the micro-batches fixture_recorder wrote under `prefix` (8 sequences of 32
-// tokens a step, lr 1e-3, weight decay 0.1, clipping 1.0; `trainable`: the name fragments that
-// train, all when empty): {loss, grad_norm} per step.
-std::pair<std::vector<double>, std::vector<double>> torch_reference(const fs::path& model, const std::string& prefix,
-                                                                    int ranks, const std::string& trainable = "",
-                                                                    const std::string& lr_groups = "") {
-  const std::string json = prefix + "torch.json";
-  RunResult ref = run(std::string(MEMRT_PYTHON) + " " + kTorchReference + " train " + model.string() + " " + prefix +
-                      " " + std::to_string(ranks) + " 20 1 " + std::to_string(8 / ranks) + " 32 1.0e-3 0.1 1.0 " +
-                      json + " '" + trainable + "'" + (lr_groups.empty() ? "" : " '" + lr_groups + "'"));
-  EXPECT_EQ(ref.exit_code, 0) << ref.out;
-  std::pair<std::vector<double>, std::vector<double>> out;
-  if (ref.exit_code != 0) return out;
-  const rapidjson::Document d = read_json(json);
-  for (const auto& v : d["loss"].GetArray()) out.first.push_back(v.GetDouble());
-  for (const auto& v : d["grad_norm"].GetArray()) out.second.push_back(v.GetDouble());
-  return out;
-}
 
 // A job against PyTorch: the model above, 20 steps, fixture_recorder writing its micro-batches.
 Job torch_job(const TempDir& dir, const fs::path& model, int stage, int ranks, const std::string& tag,

@@ -6,7 +6,10 @@ averaging the ranks' gradients as DDP does. It shares no code with memrt.
     torch_reference_train.py init DIR
         writes a small GPT-2 (2 blocks of width 64, vocabulary 256, context 32, no dropout) with
         transformers' own random initialisation to DIR (config.json, model.safetensors)
-    torch_reference_train.py train DIR PREFIX RANKS STEPS ACCUM MICRO T LR WD CLIP OUT [TRAINABLE [LR_GROUPS]]
+    torch_reference_train.py adapter DIR OUT
+        writes a PEFT LoRA adapter for DIR's GPT-2 to OUT (PeftModel.save_pretrained): r 4, alpha 8,
+        c_attn and c_fc, A as PEFT initialises it and B random (normal, std 0.02) so that both train
+    torch_reference_train.py train DIR PREFIX RANKS STEPS ACCUM MICRO T LR WD CLIP OUT [TRAINABLE [LR_GROUPS [ADAPTER]]]
         replays PREFIX<rank r>.bin (memrt's fixture_recorder: per step and micro-step, the
         (MICRO, T) inputs then targets, int64) on RANKS processes with a constant learning rate,
         Hugging Face Trainer's weight-decay rule (no decay for biases and LayerNorm weights) and
@@ -17,7 +20,9 @@ averaging the ranks' gradients as DDP does. It shares no code with memrt.
         whose name contains one of them train; the others get requires_grad False. LR_GROUPS, a
         JSON list of axolotl's lr_groups ({"name", "modules", "lr"}), puts the decaying parameters
         whose name contains one of a group's modules (the first listed that matches) in a
-        torch.optim param group of that learning rate, as axolotl's trainer does
+        torch.optim param group of that learning rate, as axolotl's trainer does. ADAPTER, a PEFT
+        adapter directory: the model is PeftModel.from_pretrained(model, ADAPTER, is_trainable=True),
+        training its adapters alone
     torch_reference_train.py decay_names OUT
         writes {model: {"names": [...], "decay": [...]}} for small GPT-2, Llama and Qwen2 models:
         their parameter names and those Hugging Face Trainer's get_decay_parameter_names decays
@@ -31,6 +36,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config,
                           Qwen2ForCausalLM, Trainer)
 
@@ -40,6 +46,19 @@ def init(directory):
     config = GPT2Config(vocab_size=256, n_positions=32, n_embd=64, n_layer=2, n_head=2, n_inner=256,
                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     GPT2LMHeadModel(config).save_pretrained(directory, safe_serialization=True)
+
+
+def adapter(directory, out):
+    torch.manual_seed(4321)
+    model = GPT2LMHeadModel.from_pretrained(directory, dtype=torch.float32)
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn", "c_fc"], fan_in_fan_out=True,
+                        task_type="CAUSAL_LM")
+    peft_model = get_peft_model(model, config)
+    with torch.no_grad():
+        for n, p in peft_model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0.0, 0.02)
+    peft_model.save_pretrained(out)
 
 
 def decay_names(model):
@@ -83,12 +102,14 @@ def param_groups(named, decay, wd, lr_groups):
 
 
 def worker(rank, args, port):
-    directory, prefix, ranks, steps, accum, micro, t, lr, wd, clip, out, trainable, lr_groups = args
+    directory, prefix, ranks, steps, accum, micro, t, lr, wd, clip, out, trainable, lr_groups, adapter_dir = args
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=ranks)
     model = GPT2LMHeadModel.from_pretrained(directory, dtype=torch.float32)
+    if adapter_dir:
+        model = PeftModel.from_pretrained(model, adapter_dir, is_trainable=True)
     model.train()
     if trainable:
         for n, p in model.named_parameters():
@@ -128,8 +149,9 @@ def train(argv):
     directory, prefix, ranks, steps, accum, micro, t, lr, wd, clip, out = argv[:11]
     trainable = argv[11].split(",") if len(argv) > 11 and argv[11] else []
     lr_groups = json.loads(argv[12]) if len(argv) > 12 else []
+    adapter_dir = argv[13] if len(argv) > 13 else ""
     args = (directory, prefix, int(ranks), int(steps), int(accum), int(micro), int(t), float(lr),
-            float(wd), float(clip), out, trainable, lr_groups)
+            float(wd), float(clip), out, trainable, lr_groups, adapter_dir)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -139,6 +161,8 @@ def train(argv):
 if __name__ == "__main__":
     if sys.argv[1] == "init":
         init(sys.argv[2])
+    elif sys.argv[1] == "adapter":
+        adapter(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "train":
         train(sys.argv[2:])
     elif sys.argv[1] == "decay_names":

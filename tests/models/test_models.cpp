@@ -17,7 +17,7 @@
 #include <torch/autograd.h>
 #include <torch/nn/modules/linear.h>
 
-#include "io/safetensors.h"
+#include "memrt/safetensors.h"
 #include "memrt/error.h"
 #include "models/hf_checkpoint.h"
 #include "models/model_factory.h"

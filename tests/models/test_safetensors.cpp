@@ -6,7 +6,7 @@
 
 #include <gtest/gtest.h>
 
-#include "io/safetensors.h"
+#include "memrt/safetensors.h"
 #include "memrt/error.h"
 #include "test_util.h"
 

@@ -13,7 +13,7 @@
 #include <ATen/ATen.h>
 
 #include "../data/test_util.h"
-#include "io/safetensors.h"
+#include "memrt/safetensors.h"
 
 namespace memrt::test {
 

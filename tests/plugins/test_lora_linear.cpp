@@ -13,7 +13,7 @@
 
 #include "../data/test_util.h"
 #include "reference_run.h"
-#include "io/safetensors.h"
+#include "memrt/safetensors.h"
 #include "lora/lora_linear.h"
 
 namespace memrt::lora {

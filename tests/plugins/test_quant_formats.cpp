@@ -18,7 +18,7 @@
 
 #include "../data/test_util.h"
 #include "reference_run.h"
-#include "io/safetensors.h"
+#include "memrt/safetensors.h"
 #include "quant/ao_adam.h"
 #include "quant/ao_codes.h"
 #include "quant/blockwise.h"

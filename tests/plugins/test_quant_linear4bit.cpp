@@ -17,7 +17,7 @@
 
 #include "../data/test_util.h"
 #include "reference_run.h"
-#include "io/safetensors.h"
+#include "memrt/safetensors.h"
 #include "memrt/error.h"
 #include "quant/linear4bit.h"
 

@@ -18,7 +18,7 @@
 
 #include "../data/test_util.h"
 #include "config/train_config.h"
-#include "io/safetensors.h"
+#include "memrt/safetensors.h"
 #include "memrt/param_store.h"
 #include "optim/optimizers.h"
 #include "quant/ao_adam.h"

@@ -18,7 +18,7 @@
 #include "checkpoint/checkpoint_files.h"
 #include "checkpoint/sha256.h"
 #include "checkpoint/store_checkpoint.h"
-#include "io/safetensors.h"
+#include "memrt/safetensors.h"
 #include "memrt/error.h"
 #include "memrt/param_store.h"
 

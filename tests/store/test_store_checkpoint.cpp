@@ -14,7 +14,7 @@
 #include "../data/test_util.h"
 #include "test_formats.h"
 #include "checkpoint/store_checkpoint.h"
-#include "io/safetensors.h"
+#include "memrt/safetensors.h"
 #include "memrt/error.h"
 #include "memrt/param_store.h"
 #include "optim/optimizers.h"

@@ -15,7 +15,7 @@
 #include <rapidjson/document.h>
 
 #include "checkpoint/sha256.h"
-#include "io/safetensors.h"
+#include "memrt/safetensors.h"
 #include "memrt/error.h"
 
 namespace memrt {

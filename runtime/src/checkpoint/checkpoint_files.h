@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <map>
 
-#include "io/safetensors.h"
+#include "memrt/safetensors.h"
 #include <string>
 #include <vector>
 

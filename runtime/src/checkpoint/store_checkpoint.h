@@ -38,7 +38,7 @@
 
 #include <ATen/ATen.h>
 
-#include "io/safetensors.h"
+#include "memrt/safetensors.h"
 #include "memrt/comm.h"
 #include "memrt/param_store.h"
 

@@ -141,7 +141,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>> kYamlKeys = 
     {"lora_target_modules", {"lora_target_modules"}},
     {"lora_target", {"lora_target"}},
     {"lora_target_linear", {"lora_target_linear"}},
-    {"lora_model_dir", {"lora_model_dir"}},
+    {"lora_model_dir", {"lora_model_dir", "adapter_name_or_path"}},
     {"use_rslora", {"use_rslora", "peft_use_rslora"}},
     {"use_peft", {"use_peft"}},
     {"adapter", {"adapter"}},

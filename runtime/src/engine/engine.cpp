@@ -21,7 +21,7 @@
 #include "data/dataset.h"
 #include "dist/process_group.h"
 #include "checkpoint/checkpoint_files.h"
-#include "io/safetensors.h"
+#include "memrt/safetensors.h"
 #include "memory/estimate.h"
 #include "memory/report_html.h"
 #include "memory/tracking_allocator.h"

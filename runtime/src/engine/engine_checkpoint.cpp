@@ -13,7 +13,7 @@
 #include "checkpoint/store_checkpoint.h"
 #include "dist/process_group.h"
 #include "engine/engine.h"
-#include "io/safetensors.h"
+#include "memrt/safetensors.h"
 #include "models/hf_checkpoint.h"
 #include "models/model_factory.h"
 

@@ -1,5 +1,5 @@
 // safetensors reader and writer. See safetensors.h for the format and what is validated.
-#include "io/safetensors.h"
+#include "memrt/safetensors.h"
 
 #include <algorithm>
 #include <cerrno>

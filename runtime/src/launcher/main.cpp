@@ -21,7 +21,7 @@
 #include "dist/local_launch.h"
 #include "dist/process_group.h"
 #include "engine/engine.h"
-#include "io/safetensors.h"
+#include "memrt/safetensors.h"
 #include "memory/tracking_allocator.h"
 #include "memrt/build_info.h"
 #include "plugin/plugin_host.h"

@@ -13,7 +13,7 @@
 
 #include <ATen/ATen.h>
 
-#include "io/safetensors.h"
+#include "memrt/safetensors.h"
 #include "memrt/model.h"
 #include "memrt/model_shape.h"
 #include "models/model_factory.h"

@@ -1,5 +1,6 @@
-// safetensors read (memory-mapped, zero-copy) and write (atomic), our own implementation of the
-// format of huggingface/safetensors:
+// memrt/safetensors.h — safetensors read (memory-mapped, zero-copy) and write (atomic), our own
+// implementation of the format of huggingface/safetensors (SDK: plugins read and write their own
+// files with it, e.g. PEFT adapters):
 //
 //   [ 8 bytes: N, u64 little-endian ][ N bytes: JSON header, space-padded ][ tensor bytes ]
 //

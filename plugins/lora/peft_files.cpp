@@ -1,0 +1,72 @@
+#include "peft_files.h"
+
+#include <filesystem>
+
+#include <memrt/config_node.h>
+#include <memrt/error.h>
+
+namespace memrt::lora {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool unset(const ConfigNode* n) {
+  if (!n || n->is_null()) return true;
+  if (n->is_array()) return n->as_array().empty();
+  if (n->is_object()) return n->members().empty();
+  return false;
+}
+
+}  // namespace
+
+PeftAdapterConfig read_peft_config(const std::string& dir) {
+  PeftAdapterConfig c;
+  c.file = (fs::path(dir) / "adapter_config.json").string();
+  if (!fs::exists(c.file))
+    throw FileError(c.file, "not found: a PEFT adapter directory holds adapter_config.json and "
+                            "adapter_model.safetensors (PeftModel.save_pretrained writes them)");
+  const ConfigNode root = parse_json_file(c.file);
+  const auto field = [&](const char* key) { return root.find(key); };
+  const auto refuse = [&](const char* key, const std::string& why) { throw ConfigError(c.file, key, why); };
+  const ConfigNode* type = field("peft_type");
+  if (!type || !type->is_string() || type->as_string() != "LORA")
+    refuse("peft_type", std::string("is ") + (type ? type->describe() : "absent") + "; memrt loads LoRA adapters (\"LORA\")");
+  if (const ConfigNode* n = field("r")) c.r = n->as_int();
+  if (const ConfigNode* n = field("lora_alpha")) c.alpha = n->as_double();
+  if (const ConfigNode* n = field("lora_dropout")) c.dropout = n->as_double();
+  if (const ConfigNode* n = field("use_rslora"); !unset(n)) c.rslora = n->as_bool();
+  if (const ConfigNode* n = field("fan_in_fan_out"); !unset(n)) c.fan_in_fan_out = n->as_bool();
+  const ConfigNode* targets = field("target_modules");
+  if (unset(targets)) refuse("target_modules", "is not set: the adapter names no module");
+  if (targets->is_string())
+    refuse("target_modules", "is a regular expression (\"" + targets->as_string() + "\"); memrt loads adapters "
+                             "whose target_modules is a list of module names");
+  c.target_modules = targets->as_names();
+  if (const ConfigNode* n = field("bias"); !unset(n) && n->as_string() != "none")
+    refuse("bias", "is \"" + n->as_string() + "\"; memrt loads adapters with bias \"none\" (bias modes are not "
+                   "implemented yet)");
+  if (const ConfigNode* n = field("use_dora"); !unset(n) && n->as_bool())
+    refuse("use_dora", "is true; DoRA is not implemented yet in this memrt version");
+  for (const char* key : {"modules_to_save", "layers_to_transform", "rank_pattern", "alpha_pattern",
+                          "target_parameters", "exclude_modules", "megatron_config", "loftq_config"}) {
+    const ConfigNode* n = field(key);
+    if (!unset(n))
+      refuse(key, "is set (" + n->to_json(0) + "); memrt loads LoRA adapters without it (not implemented yet)");
+  }
+  for (const char* key : {"use_qalora", "lora_bias"}) {
+    const ConfigNode* n = field(key);
+    if (n && n->is_bool() && n->as_bool()) refuse(key, "is true; memrt loads LoRA adapters without it");
+  }
+  return c;
+}
+
+std::string peft_key(const std::string& param_name) { return "base_model.model." + param_name; }
+
+SafetensorsFile open_peft_weights(const std::string& dir) {
+  const std::string path = (fs::path(dir) / "adapter_model.safetensors").string();
+  if (!fs::exists(path))
+    throw FileError(path, "not found: memrt reads PEFT adapters saved with safe_serialization (the default)");
+  return SafetensorsFile::open(path);
+}
+
+}  // namespace memrt::lora

@@ -1,0 +1,39 @@
+// plugins/lora/peft_files.h — PEFT's adapter directory, as `PeftModel.from_pretrained` reads it
+// (docs/lora.md, "Files"): adapter_config.json (LoraConfig.to_dict()) and
+// adapter_model.safetensors, keys "base_model.model.<module>.lora_A.weight" (r, in) and
+// "...lora_B.weight" (out, r).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <memrt/safetensors.h>
+
+namespace memrt::lora {
+
+// What a PEFT LoRA adapter_config.json sets, of what memrt builds. A field set to something memrt
+// does not build (use_dora, bias other than "none", modules_to_save, layers_to_transform,
+// rank_pattern, alpha_pattern, a regex target_modules, another peft_type, ...) is a
+// memrt::ConfigError naming the file and the field.
+struct PeftAdapterConfig {
+  std::string file;  // <dir>/adapter_config.json
+  int64_t r = 8;
+  double alpha = 8.0;
+  double dropout = 0.0;
+  bool rslora = false;
+  bool fan_in_fan_out = false;
+  std::vector<std::string> target_modules;
+};
+
+PeftAdapterConfig read_peft_config(const std::string& dir);
+
+// PEFT's key of a parameter of the model ("base_model.model." + its name).
+std::string peft_key(const std::string& param_name);
+
+// <dir>/adapter_model.safetensors; memrt::FileError when absent.
+SafetensorsFile open_peft_weights(const std::string& dir);
+
+}  // namespace memrt::lora

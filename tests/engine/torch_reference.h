@@ -1,0 +1,74 @@
+// The end-to-end tests' independent reference: tests/engine/torch_reference_train.py (PyTorch,
+// transformers and PEFT training the same model on the micro-batches fixture_recorder wrote), and
+// reading a run's metrics.jsonl to compare with it.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <rapidjson/document.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "json_helpers.h"
+#include "run_helpers.h"
+
+namespace memrt_test {
+
+// One value per logged step of a run's metrics.jsonl.
+inline std::vector<double> metric(const std::filesystem::path& dir, const char* key) {
+  std::vector<double> out;
+  std::ifstream in(dir / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    rapidjson::Document d;
+    d.Parse(line.c_str());
+    out.push_back(d[key].GetDouble());
+  }
+  return out;
+}
+
+inline std::vector<double> losses(const std::filesystem::path& dir) { return metric(dir, "loss"); }
+
+inline double worst_relative(const std::vector<double>& a, const std::vector<double>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0.0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) worst = std::max(worst, std::abs(a[i] / b[i] - 1.0));
+  return worst;
+}
+
+const std::string kTorchReference = std::string(MEMRT_SOURCE_DIR) + "/tests/engine/torch_reference_train.py";
+
+// A small GPT-2 with transformers' own initialisation, in dir/gpt2.
+inline std::filesystem::path torch_model(const TempDir& dir) {
+  const std::filesystem::path model = dir.path() / "gpt2";
+  RunResult init = run(std::string(MEMRT_PYTHON) + " " + kTorchReference + " init " + model.string());
+  EXPECT_EQ(init.exit_code, 0) << init.out;
+  return model;
+}
+
+// PyTorch's 20 steps on the micro-batches fixture_recorder wrote under `prefix` (8 sequences of 32
+// tokens a step, lr 1e-3, weight decay 0.1, clipping 1.0; `trainable`: the name fragments that
+// train, all when empty; `adapter`: a PEFT adapter directory whose adapters alone train):
+// {loss, grad_norm} per step.
+inline std::pair<std::vector<double>, std::vector<double>> torch_reference(
+    const std::filesystem::path& model, const std::string& prefix, int ranks, const std::string& trainable = "",
+    const std::string& lr_groups = "", const std::string& adapter = "") {
+  const std::string json = prefix + "torch.json";
+  RunResult ref = run(std::string(MEMRT_PYTHON) + " " + kTorchReference + " train " + model.string() + " " + prefix +
+                      " " + std::to_string(ranks) + " 20 1 " + std::to_string(8 / ranks) + " 32 1.0e-3 0.1 1.0 " +
+                      json + " '" + trainable + "' '" + (lr_groups.empty() ? "[]" : lr_groups) + "' '" + adapter + "'");
+  EXPECT_EQ(ref.exit_code, 0) << ref.out;
+  std::pair<std::vector<double>, std::vector<double>> out;
+  if (ref.exit_code != 0) return out;
+  const rapidjson::Document d = read_json(json);
+  for (const auto& v : d["loss"].GetArray()) out.first.push_back(v.GetDouble());
+  for (const auto& v : d["grad_norm"].GetArray()) out.second.push_back(v.GetDouble());
+  return out;
+}
+
+}  // namespace memrt_test
