@@ -97,6 +97,29 @@ class LoraPlugin final : public memrt::Plugin {
     if (!adapter_dir_.empty()) load_adapter(ctx.model);
   }
 
+  // Every checkpoint holds the adapters as PEFT saves them (adapter_config.json,
+  // adapter_model.safetensors): PeftModel.from_pretrained(base, "<output_dir>/global_step<N>")
+  // loads them, as it loads a Hugging Face Trainer checkpoint of a PEFT run.
+  void write_checkpoint_files(memrt::CheckpointFilesContext& ctx) override {
+    if (freeze_mode_) return;
+    memrt::lora::PeftAdapterConfig c;
+    c.r = options_.r;
+    c.alpha = options_.alpha;
+    c.dropout = options_.dropout;
+    c.rslora = options_.rslora;
+    c.fan_in_fan_out = ctx.run.shape.arch == "gpt2";  // PEFT's flag for GPT-2's Conv1D projections
+    std::set<std::string> modules;  // the targets' own names, as PEFT resolves target_modules
+    for (const auto& [name, t] : targets_) modules.insert(name.substr(name.rfind('.') + 1));
+    c.target_modules.assign(modules.begin(), modules.end());
+    std::vector<std::pair<std::string, at::Tensor>> tensors;
+    for (const std::string& name : ctx.saved.names())
+      if (memrt::lora::is_adapter(name)) tensors.emplace_back(memrt::lora::peft_key(name), ctx.saved.read(name));
+    memrt::write_file_atomic(ctx.dir + "/" + memrt::lora::kPeftConfigFile, memrt::lora::peft_config_json(c));
+    memrt::write_safetensors(ctx.dir + "/" + memrt::lora::kPeftWeightsFile, tensors, {{"format", "pt"}});
+    ctx.files.push_back(memrt::lora::kPeftConfigFile);
+    ctx.files.push_back(memrt::lora::kPeftWeightsFile);
+  }
+
   void plan_store(memrt::StorePlanContext& ctx) override {
     if (freeze_mode_) return;
     memrt::StorePlan& plan = ctx.plan;

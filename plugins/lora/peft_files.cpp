@@ -21,7 +21,7 @@ bool unset(const ConfigNode* n) {
 
 PeftAdapterConfig read_peft_config(const std::string& dir) {
   PeftAdapterConfig c;
-  c.file = (fs::path(dir) / "adapter_config.json").string();
+  c.file = (fs::path(dir) / kPeftConfigFile).string();
   if (!fs::exists(c.file))
     throw FileError(c.file, "not found: a PEFT adapter directory holds adapter_config.json and "
                             "adapter_model.safetensors (PeftModel.save_pretrained writes them)");
@@ -60,10 +60,36 @@ PeftAdapterConfig read_peft_config(const std::string& dir) {
   return c;
 }
 
+std::string peft_config_json(const PeftAdapterConfig& c) {
+  ConfigNode root = ConfigNode::object();
+  ConfigNode targets = ConfigNode::array();
+  for (const std::string& t : c.target_modules) targets.push_back(ConfigNode::string(t));
+  root.set("alpha_pattern", ConfigNode::object());
+  root.set("base_model_name_or_path", ConfigNode::null());
+  root.set("bias", ConfigNode::string("none"));
+  root.set("fan_in_fan_out", ConfigNode::boolean(c.fan_in_fan_out));
+  root.set("inference_mode", ConfigNode::boolean(true));
+  root.set("init_lora_weights", ConfigNode::boolean(true));
+  root.set("layers_pattern", ConfigNode::null());
+  root.set("layers_to_transform", ConfigNode::null());
+  root.set("lora_alpha", ConfigNode::number(c.alpha));
+  root.set("lora_dropout", ConfigNode::real(c.dropout));  // a float in PEFT's file, 0.0 too
+  root.set("modules_to_save", ConfigNode::null());
+  root.set("peft_type", ConfigNode::string("LORA"));
+  root.set("r", ConfigNode::number(static_cast<double>(c.r)));
+  root.set("rank_pattern", ConfigNode::object());
+  root.set("revision", ConfigNode::null());
+  root.set("target_modules", targets);
+  root.set("task_type", ConfigNode::string("CAUSAL_LM"));
+  root.set("use_dora", ConfigNode::boolean(false));
+  root.set("use_rslora", ConfigNode::boolean(c.rslora));
+  return root.to_json(2) + "\n";
+}
+
 std::string peft_key(const std::string& param_name) { return "base_model.model." + param_name; }
 
 SafetensorsFile open_peft_weights(const std::string& dir) {
-  const std::string path = (fs::path(dir) / "adapter_model.safetensors").string();
+  const std::string path = (fs::path(dir) / kPeftWeightsFile).string();
   if (!fs::exists(path))
     throw FileError(path, "not found: memrt reads PEFT adapters saved with safe_serialization (the default)");
   return SafetensorsFile::open(path);

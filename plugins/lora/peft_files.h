@@ -14,6 +14,9 @@
 
 namespace memrt::lora {
 
+inline constexpr char kPeftConfigFile[] = "adapter_config.json";
+inline constexpr char kPeftWeightsFile[] = "adapter_model.safetensors";
+
 // What a PEFT LoRA adapter_config.json sets, of what memrt builds. A field set to something memrt
 // does not build (use_dora, bias other than "none", modules_to_save, layers_to_transform,
 // rank_pattern, alpha_pattern, a regex target_modules, another peft_type, ...) is a
@@ -29,6 +32,10 @@ struct PeftAdapterConfig {
 };
 
 PeftAdapterConfig read_peft_config(const std::string& dir);
+
+// The adapter_config.json text PEFT writes for `c` (LoraConfig.to_dict(): the fields memrt builds
+// and PEFT's defaults for the rest it reads), task CAUSAL_LM, for inference.
+std::string peft_config_json(const PeftAdapterConfig& c);
 
 // PEFT's key of a parameter of the model ("base_model.model." + its name).
 std::string peft_key(const std::string& param_name);

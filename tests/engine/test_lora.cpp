@@ -108,7 +108,9 @@ TEST(Lora, ResumesExactly) {
 // A PEFT adapter (PeftModel.save_pretrained, B random so that both matrices train) on a GPT-2 saved by
 // transformers, loaded through LLaMA-Factory's adapter_name_or_path and trained 20 steps, follows
 // PEFT + torch.optim.AdamW on the same micro-batches: on one rank, and on two under ZeRO-2 against
-// PEFT with the ranks' gradients averaged as DDP does — losses and gradient norms within 1e-5.
+// PEFT with the ranks' gradients averaged as DDP does — losses and gradient norms within 1e-5. The
+// last checkpoint's adapter files load with PeftModel.from_pretrained, every tensor where PEFT
+// expects it, and hold what PEFT's own run saved (within 1e-5 of its largest value).
 TEST(Lora, PeftAdapterTrainsAsInPeft) {
   TempDir dir("lora_peft");
   const fs::path model = torch_model(dir);
@@ -117,7 +119,8 @@ TEST(Lora, PeftAdapterTrainsAsInPeft) {
   ASSERT_EQ(made.exit_code, 0) << made.out;
   const std::string yaml = dir.write("train.yaml", "model_name_or_path: " + model.string() + "\nadapter_name_or_path: " +
                                                        adapter + "\nblock_size: 32\nmax_steps: 20\nlogging_steps: 1\n"
-                                                       "learning_rate: 1.0e-3\nweight_decay: 0.1\nlr_scheduler_type: constant\n");
+                                                       "learning_rate: 1.0e-3\nweight_decay: 0.1\nlr_scheduler_type: constant\n"
+                                                       "save_steps: 20\n");
   for (int ranks : {1, 2}) {
     const std::string name = "ranks" + std::to_string(ranks);
     const std::string prefix = (dir.path() / (name + "_")).string();
@@ -131,11 +134,20 @@ TEST(Lora, PeftAdapterTrainsAsInPeft) {
                             " --output_dir=" + out.string());
     ASSERT_EQ(r.exit_code, 0) << r.out;
     EXPECT_NE(r.out.find("(8 trainable tensors)"), std::string::npos) << r.out;
-    const auto [want_loss, want_norm] = torch_reference(model, prefix, ranks, "", "", adapter);
+    const std::string saved_by_peft = prefix + "peft";
+    const auto [want_loss, want_norm] = torch_reference(model, prefix, ranks, "", "", adapter, saved_by_peft);
     ASSERT_EQ(want_loss.size(), 20u);
     EXPECT_LT(want_loss.back(), want_loss.front()) << "PEFT's run learns";
     EXPECT_LT(worst_relative(losses(out), want_loss), 1e-5) << name;
     EXPECT_LT(worst_relative(metric(out, "grad_norm"), want_norm), 1e-5) << name;
+
+    const std::string compared = prefix + "compared.json";
+    const RunResult c = run(std::string(MEMRT_PYTHON) + " " + kTorchReference + " compare_adapter " + model.string() + " " +
+                            (out / "global_step20").string() + " " + saved_by_peft + " " + compared);
+    ASSERT_EQ(c.exit_code, 0) << c.out;
+    const rapidjson::Document d = read_json(compared);
+    EXPECT_EQ(d["loaded"].GetInt(), 8) << name;
+    EXPECT_LT(d["worst"].GetDouble(), 1e-5) << name;
   }
 }
 

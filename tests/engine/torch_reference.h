@@ -53,15 +53,16 @@ inline std::filesystem::path torch_model(const TempDir& dir) {
 
 // PyTorch's 20 steps on the micro-batches fixture_recorder wrote under `prefix` (8 sequences of 32
 // tokens a step, lr 1e-3, weight decay 0.1, clipping 1.0; `trainable`: the name fragments that
-// train, all when empty; `adapter`: a PEFT adapter directory whose adapters alone train):
-// {loss, grad_norm} per step.
+// train, all when empty; `adapter`: a PEFT adapter directory whose adapters alone train, saved to
+// `save` after training when given): {loss, grad_norm} per step.
 inline std::pair<std::vector<double>, std::vector<double>> torch_reference(
     const std::filesystem::path& model, const std::string& prefix, int ranks, const std::string& trainable = "",
-    const std::string& lr_groups = "", const std::string& adapter = "") {
+    const std::string& lr_groups = "", const std::string& adapter = "", const std::string& save = "") {
   const std::string json = prefix + "torch.json";
   RunResult ref = run(std::string(MEMRT_PYTHON) + " " + kTorchReference + " train " + model.string() + " " + prefix +
                       " " + std::to_string(ranks) + " 20 1 " + std::to_string(8 / ranks) + " 32 1.0e-3 0.1 1.0 " +
-                      json + " '" + trainable + "' '" + (lr_groups.empty() ? "[]" : lr_groups) + "' '" + adapter + "'");
+                      json + " '" + trainable + "' '" + (lr_groups.empty() ? "[]" : lr_groups) + "' '" + adapter + "' '" +
+                      save + "'");
   EXPECT_EQ(ref.exit_code, 0) << ref.out;
   std::pair<std::vector<double>, std::vector<double>> out;
   if (ref.exit_code != 0) return out;

@@ -9,7 +9,7 @@ averaging the ranks' gradients as DDP does. It shares no code with memrt.
     torch_reference_train.py adapter DIR OUT
         writes a PEFT LoRA adapter for DIR's GPT-2 to OUT (PeftModel.save_pretrained): r 4, alpha 8,
         c_attn and c_fc, A as PEFT initialises it and B random (normal, std 0.02) so that both train
-    torch_reference_train.py train DIR PREFIX RANKS STEPS ACCUM MICRO T LR WD CLIP OUT [TRAINABLE [LR_GROUPS [ADAPTER]]]
+    torch_reference_train.py train DIR PREFIX RANKS STEPS ACCUM MICRO T LR WD CLIP OUT [TRAINABLE [LR_GROUPS [ADAPTER [SAVE]]]]
         replays PREFIX<rank r>.bin (memrt's fixture_recorder: per step and micro-step, the
         (MICRO, T) inputs then targets, int64) on RANKS processes with a constant learning rate,
         Hugging Face Trainer's weight-decay rule (no decay for biases and LayerNorm weights) and
@@ -22,7 +22,12 @@ averaging the ranks' gradients as DDP does. It shares no code with memrt.
         whose name contains one of a group's modules (the first listed that matches) in a
         torch.optim param group of that learning rate, as axolotl's trainer does. ADAPTER, a PEFT
         adapter directory: the model is PeftModel.from_pretrained(model, ADAPTER, is_trainable=True),
-        training its adapters alone
+        training its adapters alone; SAVE: where rank 0 saves them after training (save_pretrained)
+    torch_reference_train.py compare_adapter DIR GOT WANT OUT
+        loads the adapter directory GOT onto DIR's GPT-2 with PeftModel.from_pretrained and checks
+        that every adapter parameter PEFT made holds GOT's tensor (none missed, none left over);
+        writes {"loaded": count, "worst": the largest |GOT - WANT| over the largest |WANT|, per
+        tensor} to OUT
     torch_reference_train.py decay_names OUT
         writes {model: {"names": [...], "decay": [...]}} for small GPT-2, Llama and Qwen2 models:
         their parameter names and those Hugging Face Trainer's get_decay_parameter_names decays
@@ -59,6 +64,27 @@ def adapter(directory, out):
             if "lora_B" in n:
                 p.normal_(0.0, 0.02)
     peft_model.save_pretrained(out)
+
+
+def compare_adapter(directory, got, want, out):
+    from safetensors.torch import load_file
+    model = PeftModel.from_pretrained(GPT2LMHeadModel.from_pretrained(directory, dtype=torch.float32), got)
+    got_tensors = load_file(os.path.join(got, "adapter_model.safetensors"))
+    want_tensors = load_file(os.path.join(want, "adapter_model.safetensors"))
+    loaded = 0
+    for name, p in model.named_parameters():
+        if "lora_" not in name:
+            continue
+        key = name.replace(".default", "")
+        assert key in got_tensors, f"PEFT's parameter {name} has no tensor {key} in {got}"
+        assert torch.equal(p.detach(), got_tensors[key]), f"{name} does not hold {key}"
+        loaded += 1
+    assert loaded == len(got_tensors), f"{got} holds {len(got_tensors)} tensors, PEFT loaded {loaded}"
+    assert set(got_tensors) == set(want_tensors), f"keys differ: {sorted(set(got_tensors) ^ set(want_tensors))}"
+    worst = max(((got_tensors[k] - want_tensors[k]).abs().max() / want_tensors[k].abs().max()).item()
+                for k in want_tensors)
+    with open(out, "w") as f:
+        json.dump({"loaded": loaded, "worst": worst}, f)
 
 
 def decay_names(model):
@@ -102,7 +128,7 @@ def param_groups(named, decay, wd, lr_groups):
 
 
 def worker(rank, args, port):
-    directory, prefix, ranks, steps, accum, micro, t, lr, wd, clip, out, trainable, lr_groups, adapter_dir = args
+    directory, prefix, ranks, steps, accum, micro, t, lr, wd, clip, out, trainable, lr_groups, adapter_dir, save = args
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
@@ -142,6 +168,8 @@ def worker(rank, args, port):
     if rank == 0:
         with open(out, "w") as f:
             json.dump({"loss": losses, "grad_norm": norms}, f)
+        if save:
+            model.save_pretrained(save)
     dist.destroy_process_group()
 
 
@@ -150,8 +178,9 @@ def train(argv):
     trainable = argv[11].split(",") if len(argv) > 11 and argv[11] else []
     lr_groups = json.loads(argv[12]) if len(argv) > 12 else []
     adapter_dir = argv[13] if len(argv) > 13 else ""
+    save = argv[14] if len(argv) > 14 else ""
     args = (directory, prefix, int(ranks), int(steps), int(accum), int(micro), int(t), float(lr),
-            float(wd), float(clip), out, trainable, lr_groups, adapter_dir)
+            float(wd), float(clip), out, trainable, lr_groups, adapter_dir, save)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -163,6 +192,8 @@ if __name__ == "__main__":
         init(sys.argv[2])
     elif sys.argv[1] == "adapter":
         adapter(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "compare_adapter":
+        compare_adapter(*sys.argv[2:6])
     elif sys.argv[1] == "train":
         train(sys.argv[2:])
     elif sys.argv[1] == "decay_names":

@@ -306,6 +306,19 @@ struct ExportContext {
   std::set<std::string>& handled;
 };
 
+// ---- checkpoint files (ABI 2.9) ---------------------------------------------------------------------
+// When a checkpoint is saved, once every rank has written its share of the store, rank 0 hands each
+// plugin the checkpoint as saved, before it is put in place: a plugin writes files of its own
+// there, in the formats users' tools read (PEFT's adapter_config.json and adapter_model.safetensors,
+// which PeftModel.from_pretrained loads from the checkpoint's folder), and lists them; the manifest
+// covers them like the rest (docs/checkpoints.md).
+struct CheckpointFilesContext {
+  const RunInfo& run;
+  const SavedParameters& saved;  // the checkpoint's store, read back from its files
+  const std::string& dir;        // the checkpoint's folder, as it is being written
+  std::vector<std::string>& files;  // append the names (relative to dir) of the files written
+};
+
 // Extra fields for the log line and metrics.jsonl (e.g. "loss_scale", "skipped_steps").
 using Metrics = std::map<std::string, double>;
 
@@ -399,6 +412,11 @@ class Plugin {
 
   // `launcher export`: write the parameters in this plugin's formats (ExportContext).
   virtual void export_model(ExportContext& /*ctx*/) {}
+
+  // ---- ABI 2.9 ----
+
+  // A checkpoint is being saved: add this plugin's files to it (CheckpointFilesContext). Rank 0.
+  virtual void write_checkpoint_files(CheckpointFilesContext& /*ctx*/) {}
 };
 
 }  // namespace memrt
@@ -416,11 +434,12 @@ class Plugin {
 // dispatch in memrt/ops.h (ops::CpuKernels, cpu_supports, to_string). 2.7: BlockReady::checkpoint
 // (CheckpointReader in memrt/model.h: a replaced parameter stored in a plugin's format). 2.8:
 // Plugin::export_model (ExportContext, SavedParameters), StorePlan::set_weights_category,
-// ConfigNode::real. The host refuses a plugin whose ABI major differs, whose ABI minor is newer than the host's, or whose LibTorch version, C++ ABI flag or CUDA flag differ from its own
+// ConfigNode::real. 2.9: Plugin::write_checkpoint_files (CheckpointFilesContext), memrt/safetensors.h
+// in the SDK. The host refuses a plugin whose ABI major differs, whose ABI minor is newer than the host's, or whose LibTorch version, C++ ABI flag or CUDA flag differ from its own
 // — plugins pass at::Tensor and nn::Module across the boundary, the same contract as PyTorch C++
 // extensions.
 #define MEMRT_PLUGIN_ABI_MAJOR 2
-#define MEMRT_PLUGIN_ABI_MINOR 8
+#define MEMRT_PLUGIN_ABI_MINOR 9
 #define MEMRT_PLUGIN_ENTRY_SYMBOL "memrt_plugin_entry"
 
 extern "C" {

@@ -9,6 +9,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include "checkpoint/checkpoint_files.h"
+#include "checkpoint/saved_view.h"
 #include "checkpoint/sha256.h"
 #include "checkpoint/store_checkpoint.h"
 #include "dist/process_group.h"
@@ -97,6 +98,25 @@ std::string Engine::save_checkpoint() {
     add_to_manifest(m, tmp.string(), "config.json");
     add_to_manifest(m, tmp.string(), kStoreLayoutFile);
     add_to_manifest(m, tmp.string(), kPluginsFile);
+    // The plugins' own files, from the checkpoint as written (every rank's share is on disk).
+    {
+      std::map<int, SafetensorsFile> opened;
+      const SavedStore saved(tmp.string(), [&](int r) -> const SafetensorsFile& {
+        auto it = opened.find(r);
+        if (it == opened.end()) it = opened.emplace(r, SafetensorsFile::open((tmp / rank_file_name(r)).string())).first;
+        return it->second;
+      });
+      const SavedView view(saved);
+      const std::string dir = tmp.string();
+      std::vector<std::string> files;
+      CheckpointFilesContext ctx{run_, view, dir, files};
+      plugins_.each("write_checkpoint_files", step_, [&](Plugin& p) { p.write_checkpoint_files(ctx); });
+      for (const std::string& f : files) {
+        if (m.files.count(f))
+          throw Error("a plugin's write_checkpoint_files listed '" + f + "', a file the checkpoint already has");
+        add_to_manifest(m, dir, f);
+      }
+    }
     write_manifest(tmp.string(), m);
     fsync_path(tmp.string());
     // Only now does the checkpoint appear, whole; an older one of the same tag goes after.

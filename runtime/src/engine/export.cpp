@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include "checkpoint/checkpoint_files.h"
+#include "checkpoint/saved_view.h"
 #include "checkpoint/store_checkpoint.h"
 #include "engine/engine.h"
 #include "memory/estimate.h"
@@ -19,28 +20,6 @@ namespace memrt {
 namespace fs = std::filesystem;
 
 namespace {
-
-// The SDK's view of a saved store (memrt/plugin.h, SavedParameters).
-class SavedView final : public SavedParameters {
- public:
-  explicit SavedView(const SavedStore& saved) : saved_(saved) {}
-  std::vector<std::string> names() const override { return saved_.param_names(); }
-  bool trainable(const std::string& name) const override { return saved_.trainable(known(name)); }
-  const std::string& format(const std::string& name) const override {
-    static const std::string kPlain;
-    return saved_.trainable(known(name)) ? kPlain : saved_.frozen_format(name);
-  }
-  at::Tensor read(const std::string& name, const std::string& buffer) const override {
-    return saved_.read_whole(known(name), buffer);
-  }
-
- private:
-  const std::string& known(const std::string& name) const {
-    if (!saved_.contains(name)) throw FileError(saved_.path(), "lists no parameter '" + name + "'");
-    return name;
-  }
-  const SavedStore& saved_;
-};
 
 // The run's plugins as plugins.json lists them, loaded and configured as the run configured them,
 // with plan_params run on the model's shapes (what a plugin's export reads, e.g. a weight's shape).

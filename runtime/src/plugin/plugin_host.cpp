@@ -37,7 +37,8 @@ std::string yes_no(int v) { return v ? "on" : "off"; }
 
 uint32_t phase_abi_minor(const char* phase) {
   // The phases a minor after 2.0 appended to Plugin (memrt/plugin.h); every other phase is 2.0's.
-  static const std::pair<const char*, uint32_t> later[] = {{"plan_params", 2}, {"estimate_planned_memory", 4}, {"export_model", 8}};
+  static const std::pair<const char*, uint32_t> later[] = {{"plan_params", 2}, {"estimate_planned_memory", 4}, {"export_model", 8},
+                                                           {"write_checkpoint_files", 9}};
   for (const auto& [name, minor] : later)
     if (std::string(name) == phase) return minor;
   return 0;
