@@ -57,27 +57,25 @@ class LoraPlugin final : public memrt::Plugin {
       return;
     }
     targets_.clear();
-    for (const Target& t : memrt::lora::select_targets(ctx.params, ctx.run.shape.arch, rule_))
+    for (const Target& t : memrt::lora::select_targets(ctx.params, ctx.run.shape, rule_))
       targets_[t.module] = t;
     std::vector<Target> list;
     for (const auto& [name, t] : targets_) list.push_back(t);
     memrt::lora::plan_adapters(ctx.params, list, options_.r);
   }
 
-  // What the adapters keep for backward beyond what the base's ops keep (the host counts a
-  // target's input as kept, and its output as needing a gradient, once an adapter inside it
-  // trains): A's output, for B's gradient, exact; with lora_dropout, an upper bound of what each
-  // target's dropout keeps: the dropped input and a mask as wide (ATen keeps less where the input
-  // needs no gradient).
+  // What the adapters keep for backward beyond what the host's op model counts (a target's input
+  // and A's output, from the planned parameters' names): with lora_dropout, each target's dropped
+  // input and the dropout's mask, as wide (an upper bound: ATen keeps no mask where the input needs
+  // no gradient). Plugins after this one that re-derive the activations (another compute dtype,
+  // checkpointing) keep the term.
   void estimate_memory(memrt::memory::MemoryEstimate& e) const override {
-    if (freeze_mode_) return;
+    if (freeze_mode_ || options_.dropout == 0.0) return;
     const int64_t tokens = e.run->micro_batch_size * e.run->block_size;
     const int64_t width = static_cast<int64_t>(c10::elementSize(e.compute_dtype));
     for (const auto& [name, t] : targets_) {
       const int64_t block = memrt::memory::param_segment(name + ".weight", e.run->shape.n_layer);
-      int64_t kept = options_.r * width;
-      if (options_.dropout > 0.0) kept += 2 * t.in * width;
-      e.activations.per_block.at(static_cast<size_t>(block)) += tokens * kept;
+      e.activations.per_block.at(static_cast<size_t>(block)) += tokens * 2 * t.in * width;
     }
     e.refresh_activations();
   }

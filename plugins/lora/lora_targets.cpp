@@ -1,6 +1,7 @@
 #include "lora_targets.h"
 
 #include <memrt/error.h>
+#include <memrt/model.h>
 
 #include <algorithm>
 #include <map>
@@ -37,8 +38,10 @@ bool is_adapter(const std::string& name) {
   return ends_with(name, ".lora_A.weight") || ends_with(name, ".lora_B.weight");
 }
 
-std::vector<Target> select_targets(const std::vector<ParamInfo>& params, const std::string& arch,
+std::vector<Target> select_targets(const std::vector<ParamInfo>& params, const ModelShape& shape,
                                    const TargetRule& rule) {
+  const std::string& arch = shape.arch;
+  std::map<std::string, std::vector<int64_t>> built;  // the model's own shapes, for replaced weights
   std::vector<std::string> wanted = rule.modules;
   if (wanted.empty() && !rule.all_linear) {
     wanted = arch == "llama" ? std::vector<std::string>{"q_proj", "v_proj"} : std::vector<std::string>{"c_attn"};
@@ -52,11 +55,16 @@ std::vector<Target> select_targets(const std::vector<ParamInfo>& params, const s
     if (short_name.empty()) continue;  // not inside a block: embeddings, lm_head
     available.insert(short_name.substr(short_name.rfind('.') + 1));
     if (!rule.all_linear && !matches(module, wanted)) continue;
-    if (!at::isFloatingType(p.dtype))
-      throw Error("LoRA: target '" + module + "' holds " + std::string(c10::toString(p.dtype)) +
-                  " weights (a 4-bit base); LoRA on a quantized base (QLoRA) is not implemented yet in this memrt "
-                  "version: train LoRA on the 16- or 32-bit base (no load_in_4bit)");
-    out.push_back({module, p.shape[1], p.shape[0]});
+    if (at::isFloatingType(p.dtype)) {
+      out.push_back({module, p.shape[1], p.shape[0]});
+      continue;
+    }
+    if (built.empty())
+      for (auto& [name, dims] : model_parameter_shapes(shape)) built[name] = std::move(dims);
+    auto it = built.find(p.name);
+    if (it == built.end() || it->second.size() != 2)
+      throw Error("LoRA: target '" + module + "' is not a projection of the " + arch + " model");
+    out.push_back({module, it->second[1], it->second[0]});
   }
   if (out.empty()) {
     std::string names, asked;

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include <memrt/model_shape.h>
 #include <memrt/param_store.h>
 
 namespace memrt::lora {
@@ -30,9 +31,11 @@ struct Target {
   int64_t in = 0, out = 0;
 };
 
-// The targets among `params` (model order). Throws memrt::ConfigError naming lora_target_modules
-// when nothing matches; memrt::Error for a target whose weight is not floating point (4-bit).
-std::vector<Target> select_targets(const std::vector<ParamInfo>& params, const std::string& arch,
+// The targets among `params` (model order) of the model `shape` describes: a target's (in, out) is
+// its weight's shape, or for a weight another plugin planned in another form (4-bit codes) the
+// model's own (model_parameter_shapes). Throws memrt::ConfigError naming lora_target_modules when
+// nothing matches.
+std::vector<Target> select_targets(const std::vector<ParamInfo>& params, const ModelShape& shape,
                                    const TargetRule& rule);
 
 // The adapters' names: "<module>.lora_A.weight" (r, in) and "<module>.lora_B.weight" (out, r).

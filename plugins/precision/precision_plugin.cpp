@@ -117,10 +117,18 @@ class PrecisionPlugin final : public memrt::Plugin {
       t.at(Category::kOther) -= 2 * e.run->block_size * e.run->shape.head_dim() * (4 - b);
 
     // Activations in the compute dtype, at the same backward candidate as the plan before.
+    // What plugins before this one added to a block (the tensors their own modules keep, LoRA's
+    // dropout) is in the old compute dtype: it is kept, scaled to the new one.
     const bool at_loss = e.activations.backward_peak == e.activations.backward_at_loss;
+    const memrt::memory::ActivationEstimate host = memrt::memory::activation_estimate(
+        e.run->shape, e.run->micro_batch_size, e.run->block_size, e.compute_dtype, e.params);
+    const int64_t old_width = static_cast<int64_t>(c10::elementSize(e.compute_dtype));
     e.compute_dtype = dtype_;
+    const std::vector<int64_t> before = e.activations.per_block;
     e.activations = memrt::memory::activation_estimate(e.run->shape, e.run->micro_batch_size,
                                                        e.run->block_size, dtype_, e.params);
+    for (size_t i = 0; i < before.size() && i < host.per_block.size(); ++i)
+      e.activations.per_block[i] += (before[i] - host.per_block[i]) / old_width * b;
     e.activations.backward_peak =
         at_loss ? e.activations.backward_at_loss : e.activations.backward_in_last_block;
     if (scaler_) e.activations.head += 4;  // the scaled loss backward starts from

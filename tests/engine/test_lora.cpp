@@ -179,3 +179,21 @@ TEST(Lora, AnAdapterThatCannotBeLoadedIsAnErrorNamingItsKey) {
     for (const std::string& s : cases[i].says) EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
   }
 }
+
+// QLoRA (axolotl's adapter: qlora): every projection of a Llama frozen in NF4 with double
+// quantization by plugins/quant, the adapters on top by plugins/lora, composed through the host
+// alone: only the adapters train, and the run's peak — 4-bit codes and scales as quant_state,
+// adapters as adapters — is its estimate to the byte.
+TEST(Lora, QLoraTrainsAdaptersOnAFourBitBaseAsEstimated) {
+  TempDir dir("qlora");
+  const RunResult r = launch(dir, "qlora", std::string(kLlama) + "adapter: qlora\nload_in_4bit: true\nlora_r: 2\n"
+                                                                 "lora_target_linear: true\n");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("(28 trainable tensors)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("14 nf4"), std::string::npos) << r.out;
+  const int64_t per_block = 2 * ((64 + 64) + 2 * (64 + 32) + (64 + 64) + 2 * (64 + 160) + (160 + 64));
+  EXPECT_EQ(adapter_bytes_as_estimated(dir.path() / "qlora"), 2 * per_block * 4);
+  const std::vector<double> curve = losses(dir.path() / "qlora");
+  ASSERT_EQ(curve.size(), 4u);
+  EXPECT_LT(curve.back(), curve.front());
+}

@@ -86,6 +86,12 @@ class CausalLM : public torch::nn::Module {
   }
 };
 
+// The parameters of the built-in model `shape` describes, as build_model makes them: Hugging Face
+// names and memrt's shapes (every projection (out, in), GPT-2's Conv1D too), in named_parameters()
+// order (ABI 2.9). What a plugin reads where another plugin's plan replaced a parameter (the
+// (out, in) of a projection planned as 4-bit codes).
+std::vector<std::pair<std::string, std::vector<int64_t>>> model_parameter_shapes(const ModelShape& shape);
+
 // The Hugging Face checkpoint a model is loaded from, as plugins read it while blocks are built
 // (BlockReady::checkpoint, ABI 2.7): tensors by Hugging Face name, memory-mapped, in their dtype
 // and layout on disk. The host loads every parameter it can itself; a parameter a plugin replaces

@@ -435,7 +435,9 @@ class Plugin {
 // (CheckpointReader in memrt/model.h: a replaced parameter stored in a plugin's format). 2.8:
 // Plugin::export_model (ExportContext, SavedParameters), StorePlan::set_weights_category,
 // ConfigNode::real. 2.9: Plugin::write_checkpoint_files (CheckpointFilesContext), memrt/safetensors.h
-// in the SDK. The host refuses a plugin whose ABI major differs, whose ABI minor is newer than the host's, or whose LibTorch version, C++ ABI flag or CUDA flag differ from its own
+// in the SDK, model_parameter_shapes (memrt/model.h). The host refuses a plugin whose ABI major
+// differs, whose ABI minor is newer than the host's, or whose LibTorch version, C++ ABI flag or CUDA
+// flag differ from its own
 // — plugins pass at::Tensor and nn::Module across the boundary, the same contract as PyTorch C++
 // extensions.
 #define MEMRT_PLUGIN_ABI_MAJOR 2

@@ -266,6 +266,22 @@ void freeze_segments(ActivationEstimate& a, const ModelShape& s, int64_t BT, at:
     a.backward_in_last_block -= s.vocab_size * s.d_model * static_cast<int64_t>(c10::elementSize(dtype));
 }
 
+// LoRA adapters inside a block's projections (PEFT's names, "<P>.lora_A.weight" (r, in)): A's
+// output, r values a token, is kept for B's gradient. (What the projection itself then keeps is
+// the op model's: its input, as for a weight that trains.)
+void add_adapter_outputs(ActivationEstimate& a, const ModelShape& s, int64_t BT, at::ScalarType dtype,
+                         const std::vector<ParamEstimate>& params) {
+  static const std::string kA = ".lora_A.weight";
+  for (const ParamEstimate& p : params) {
+    if (!p.trainable || p.shape.size() != 2 || p.name.size() < kA.size() ||
+        p.name.compare(p.name.size() - kA.size(), kA.size(), kA) != 0)
+      continue;
+    const int64_t block = param_segment(p.name, s.n_layer);
+    if (block < 0 || block >= s.n_layer) continue;
+    a.per_block[static_cast<size_t>(block)] += BT * p.shape[0] * static_cast<int64_t>(c10::elementSize(dtype));
+  }
+}
+
 }  // namespace
 
 ActivationEstimate activation_estimate(const ModelShape& s, int64_t micro_batch, int64_t block_size,
@@ -276,6 +292,7 @@ ActivationEstimate activation_estimate(const ModelShape& s, int64_t micro_batch,
   const bool dropout = s.attn_pdrop > 0.0 || s.resid_pdrop > 0.0 || s.embd_pdrop > 0.0;
   if (dropout || (llama && dtype != at::kFloat)) {
     freeze_segments(a, s, BT, dtype, params);
+    add_adapter_outputs(a, s, BT, dtype, params);
     a.backward_peak = std::max(a.backward_at_loss, a.backward_in_last_block);
     return a;
   }
@@ -303,6 +320,7 @@ ActivationEstimate activation_estimate(const ModelShape& s, int64_t micro_batch,
     grad = grad || last.out_grad;
   }
   *previous_output += output_kept(grad, final_norm) ? BT * d * b : 0;
+  add_adapter_outputs(a, s, BT, dtype, params);
   // The head: the final norm (GPT-2: mean and rstd; Llama: rstd, x * rstd), its output for the
   // LM head's weight, the fp32 log-probabilities, and the loss's scalars.
   const int64_t norm_kept = llama ? (grad ? f : 0) + (final_norm ? d * f : 0) : (grad || final_norm ? 2 * b : 0);

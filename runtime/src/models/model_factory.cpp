@@ -54,6 +54,12 @@ void validate_shape(const ModelShape& s) {
   if (ShapeProblem p = find_shape_problem(s)) throw shape_error(p.field, p.message);
 }
 
+std::vector<std::pair<std::string, std::vector<int64_t>>> model_parameter_shapes(const ModelShape& shape) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  for (const ParamSpec& p : parameter_specs(shape)) out.emplace_back(p.name, p.shape);
+  return out;
+}
+
 std::vector<ParamSpec> parameter_specs(const ModelShape& s) {
   validate_shape(s);
   std::vector<ParamSpec> specs;
