@@ -122,14 +122,24 @@ class LoraPlugin final : public memrt::Plugin {
     if (freeze_mode_) return;
     memrt::StorePlan& plan = ctx.plan;
     // Adapters sharing a group with other trainable parameters get a group of their own, so that
-    // their weights are counted apart.
+    // their weights are counted apart; with LoRA+ (loraplus_lr_ratio) the B matrices get one more,
+    // at the ratio times the group's learning rate. Group by group: groups another plugin split
+    // (8-bit state's 32-bit small tensors) keep their layouts.
     const std::vector<memrt::StoreGroup> groups = plan.groups();  // add_group changes the list
     for (const memrt::StoreGroup& g : groups) {
-      size_t adapters = 0;
-      for (int slot : g.slots) adapters += memrt::lora::is_adapter(plan.slots()[static_cast<size_t>(slot)].param.name);
-      if (adapters == 0 || adapters == g.slots.size()) continue;
-      plan.add_group({g.name + "_lora", [](const memrt::ParamInfo& p) { return memrt::lora::is_adapter(p.name); },
-                      g.weight_decay, g.lr_scale});
+      std::set<std::string> adapters, bs;
+      for (int slot : g.slots) {
+        const std::string& name = plan.slots()[static_cast<size_t>(slot)].param.name;
+        if (!memrt::lora::is_adapter(name)) continue;
+        adapters.insert(name);
+        if (memrt::lora::is_lora_b(name)) bs.insert(name);
+      }
+      if (!adapters.empty() && adapters.size() < g.slots.size())
+        plan.add_group({g.name + "_lora", [adapters](const memrt::ParamInfo& p) { return adapters.count(p.name) > 0; },
+                        g.weight_decay, g.lr_scale});
+      if (loraplus_ratio_ != 1.0 && !bs.empty())
+        plan.add_group({g.name + "_lora_B", [bs](const memrt::ParamInfo& p) { return bs.count(p.name) > 0; },
+                        g.weight_decay, g.lr_scale * loraplus_ratio_});
     }
     const auto all_adapters = [&plan](const memrt::StoreGroup& g) {
       for (int slot : g.slots)
@@ -164,6 +174,12 @@ class LoraPlugin final : public memrt::Plugin {
     const memrt::ConfigNode* rslora = r.child("use_rslora");
     const memrt::ConfigNode* targets = r.child("lora_target_modules");
     const memrt::ConfigNode* dir = r.child("lora_model_dir");
+    if (const memrt::ConfigNode* ratio = r.child("loraplus_lr_ratio"); ratio && !ratio->is_null()) {
+      loraplus_ratio_ = ratio->as_double();
+      if (!(loraplus_ratio_ > 0.0))
+        throw ratio->error("is " + ratio->to_json(0) + "; LoRA+'s ratio of B's learning rate to A's must be positive "
+                           "(16 in the paper)");
+    }
     if (dir && !dir->is_null()) {
       // A saved adapter brings its own settings (PeftModel.from_pretrained); train.yaml may repeat
       // them, not contradict them.
@@ -236,6 +252,7 @@ class LoraPlugin final : public memrt::Plugin {
   memrt::lora::TargetRule rule_;
   std::string adapter_dir_;  // lora_model_dir / adapter_name_or_path: a PEFT adapter to start from
   bool fan_in_fan_out_ = false;
+  double loraplus_ratio_ = 1.0;  // LoRA+: B's learning rate over A's
   std::map<std::string, Target> targets_;  // by module name
 };
 

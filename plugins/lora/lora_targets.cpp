@@ -34,9 +34,8 @@ bool matches(const std::string& module, const std::vector<std::string>& targets)
 
 std::string lora_a_name(const std::string& module) { return module + ".lora_A.weight"; }
 std::string lora_b_name(const std::string& module) { return module + ".lora_B.weight"; }
-bool is_adapter(const std::string& name) {
-  return ends_with(name, ".lora_A.weight") || ends_with(name, ".lora_B.weight");
-}
+bool is_lora_b(const std::string& name) { return ends_with(name, ".lora_B.weight"); }
+bool is_adapter(const std::string& name) { return ends_with(name, ".lora_A.weight") || is_lora_b(name); }
 
 std::vector<Target> select_targets(const std::vector<ParamInfo>& params, const ModelShape& shape,
                                    const TargetRule& rule) {

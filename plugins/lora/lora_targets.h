@@ -42,6 +42,7 @@ std::vector<Target> select_targets(const std::vector<ParamInfo>& params, const M
 std::string lora_a_name(const std::string& module);
 std::string lora_b_name(const std::string& module);
 bool is_adapter(const std::string& param_name);
+bool is_lora_b(const std::string& param_name);
 
 // Freezes every parameter and inserts each target's adapters (fp32, trainable, decaying) right
 // after the target's own parameters ("<module>.weight", "<module>.bias"): where LoraLinear's
