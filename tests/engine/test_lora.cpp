@@ -206,3 +206,31 @@ TEST(Lora, QLoraTrainsAdaptersOnAFourBitBaseAsEstimated) {
   ASSERT_EQ(curve.size(), 4u);
   EXPECT_LT(curve.back(), curve.front());
 }
+
+// Each tool's defaults where its switch says whose file it is: LLaMA-Factory's finetuning_type: lora
+// adapts every projection with alpha twice the rank; HF/TRL's use_peft takes PEFT's (GPT-2: c_attn,
+// alpha 8); axolotl's adapter: lora names no targets of its own, an error naming the keys that do.
+TEST(Lora, EachToolsDefaults) {
+  TempDir dir("lora_defaults");
+  const auto config_of = [&](const std::string& name, const std::string& keys) {
+    const RunResult r = launch(dir, name, std::string(kGpt2) + keys, "--max_steps=1 --save_steps=1");
+    EXPECT_EQ(r.exit_code, 0) << r.out;
+    return read_json(dir.path() / name / "global_step1" / "adapter_config.json");
+  };
+  {
+    const rapidjson::Document c = config_of("llamafactory", "finetuning_type: lora\nlora_rank: 4\n");
+    EXPECT_EQ(c["lora_alpha"].GetDouble(), 8.0);
+    EXPECT_EQ(c["target_modules"].Size(), 3u);  // c_attn, c_fc, c_proj (attn's and mlp's)
+  }
+  {
+    const rapidjson::Document c = config_of("trl", "use_peft: true\nlora_r: 4\n");
+    EXPECT_EQ(c["lora_alpha"].GetDouble(), 8.0);
+    ASSERT_EQ(c["target_modules"].Size(), 1u);
+    EXPECT_STREQ(c["target_modules"][0].GetString(), "c_attn");
+    EXPECT_TRUE(c["fan_in_fan_out"].GetBool());
+  }
+  const RunResult r = launch(dir, "axolotl", std::string(kGpt2) + "adapter: lora\n");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("lora_target_modules"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("lora_target_linear"), std::string::npos) << r.out;
+}

@@ -1337,6 +1337,22 @@ void Loader::resolve_lora_and_quant() {
   }
   const bool has_lora_keys = !lopts.members().empty();
   const bool lora_on = lora_switch.value_or(has_lora_keys);
+  // Each tool's own defaults where its switch says whose file this is (docs/lora.md, "Keys users
+  // write"): LLaMA-Factory's lora_target "all" and lora_alpha twice the rank; axolotl has no
+  // implicit targets. HF/TRL's (use_peft) are PEFT's, the plugin's own.
+  const bool from_adapter_dir = lopts.contains("lora_model_dir");
+  if (lora_on && switch_node && type && switch_node == type && !from_adapter_dir) {
+    if (!lopts.contains("lora_target_modules"))
+      lopts.set("lora_target_modules", ConfigNode::string("all-linear", type->file(), type->path()));
+    if (!lopts.contains("lora_alpha")) {
+      const int64_t rank = lopts.contains("lora_r") ? lopts.find("lora_r")->as_int() : 8;
+      lopts.set("lora_alpha", ConfigNode::number(static_cast<double>(2 * rank), type->file(), type->path()));
+    }
+  }
+  if (lora_on && switch_node && switch_node->path() == "adapter" && !from_adapter_dir && !lopts.contains("lora_target_modules"))
+    throw ConfigError(switch_node->file(), "lora_target_modules",
+                      "is not set: axolotl's adapter: " + switch_node->as_string() + " needs the modules to adapt; set "
+                      "lora_target_modules (e.g. [q_proj, v_proj]) or lora_target_linear: true");
   if (lora_on) {
     add_plugin("lora", lkeys.front(), lkeys, lopts);
   } else if (has_lora_keys) {
