@@ -13,6 +13,7 @@
 
 #include <ATen/ATen.h>
 
+#include <filesystem>
 #include <map>
 #include <set>
 #include <string>
@@ -100,22 +101,17 @@ class LoraPlugin final : public memrt::Plugin {
   // loads them, as it loads a Hugging Face Trainer checkpoint of a PEFT run.
   void write_checkpoint_files(memrt::CheckpointFilesContext& ctx) override {
     if (freeze_mode_) return;
-    memrt::lora::PeftAdapterConfig c;
-    c.r = options_.r;
-    c.alpha = options_.alpha;
-    c.dropout = options_.dropout;
-    c.rslora = options_.rslora;
-    c.fan_in_fan_out = ctx.run.shape.arch == "gpt2";  // PEFT's flag for GPT-2's Conv1D projections
-    std::set<std::string> modules;  // the targets' own names, as PEFT resolves target_modules
-    for (const auto& [name, t] : targets_) modules.insert(name.substr(name.rfind('.') + 1));
-    c.target_modules.assign(modules.begin(), modules.end());
-    std::vector<std::pair<std::string, at::Tensor>> tensors;
+    for (const char* f : write_peft_files(ctx.dir, ctx.saved, ctx.run.shape.arch)) ctx.files.push_back(f);
+  }
+
+  // `launcher export`: the base as the other plugins and the host write it, and the adapters beside
+  // it in PEFT's files — PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(out), out).
+  void export_model(memrt::ExportContext& ctx) override {
+    if (freeze_mode_) return;
+    std::filesystem::create_directories(ctx.run.output_dir);
+    write_peft_files(ctx.run.output_dir, ctx.saved, ctx.run.shape.arch);
     for (const std::string& name : ctx.saved.names())
-      if (memrt::lora::is_adapter(name)) tensors.emplace_back(memrt::lora::peft_key(name), ctx.saved.read(name));
-    memrt::write_file_atomic(ctx.dir + "/" + memrt::lora::kPeftConfigFile, memrt::lora::peft_config_json(c));
-    memrt::write_safetensors(ctx.dir + "/" + memrt::lora::kPeftWeightsFile, tensors, {{"format", "pt"}});
-    ctx.files.push_back(memrt::lora::kPeftConfigFile);
-    ctx.files.push_back(memrt::lora::kPeftWeightsFile);
+      if (memrt::lora::is_adapter(name)) ctx.handled.insert(name);
   }
 
   void plan_store(memrt::StorePlanContext& ctx) override {
@@ -218,6 +214,27 @@ class LoraPlugin final : public memrt::Plugin {
         if (rule_.modules.empty()) throw targets->error("names no module; list module names or use all-linear");
       }
     }
+  }
+
+  // adapter_config.json and adapter_model.safetensors in `dir` from the saved adapters (their fp32
+  // masters where the run kept them); returns the files' names.
+  std::vector<const char*> write_peft_files(const std::string& dir, const memrt::SavedParameters& saved,
+                                            const std::string& arch) const {
+    memrt::lora::PeftAdapterConfig c;
+    c.r = options_.r;
+    c.alpha = options_.alpha;
+    c.dropout = options_.dropout;
+    c.rslora = options_.rslora;
+    c.fan_in_fan_out = arch == "gpt2";  // PEFT's flag for GPT-2's Conv1D projections
+    std::set<std::string> modules;  // the targets' own names, as PEFT resolves target_modules
+    for (const auto& [name, t] : targets_) modules.insert(name.substr(name.rfind('.') + 1));
+    c.target_modules.assign(modules.begin(), modules.end());
+    std::vector<std::pair<std::string, at::Tensor>> tensors;
+    for (const std::string& name : saved.names())
+      if (memrt::lora::is_adapter(name)) tensors.emplace_back(memrt::lora::peft_key(name), saved.read(name));
+    memrt::write_file_atomic(dir + "/" + memrt::lora::kPeftConfigFile, memrt::lora::peft_config_json(c));
+    memrt::write_safetensors(dir + "/" + memrt::lora::kPeftWeightsFile, tensors, {{"format", "pt"}});
+    return {memrt::lora::kPeftConfigFile, memrt::lora::kPeftWeightsFile};
   }
 
   // The loaded adapter's tensors into the wrapped layers, by PEFT key; anything else in the file

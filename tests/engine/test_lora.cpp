@@ -111,7 +111,8 @@ TEST(Lora, ResumesExactly) {
 // PEFT with the ranks' gradients averaged as DDP does — losses and gradient norms within 1e-5 — and
 // with LoRA+, whose 16x learning rate amplifies rounding (losses within 1e-5, norms 5e-5). The last
 // checkpoint's adapter files load with PeftModel.from_pretrained, every tensor where PEFT expects
-// it, and hold what PEFT's own run saved (within 1e-5 of its largest value; LoRA+ 1e-4).
+// it, and hold what PEFT's own run saved (within 1e-5 of its largest value; LoRA+ 1e-4); so do
+// `launcher export`'s, beside the base it writes in transformers' files.
 TEST(Lora, PeftAdapterTrainsAsInPeft) {
   TempDir dir("lora_peft");
   const fs::path model = torch_model(dir);
@@ -157,6 +158,16 @@ TEST(Lora, PeftAdapterTrainsAsInPeft) {
     const rapidjson::Document d = read_json(compared);
     EXPECT_EQ(d["loaded"].GetInt(), 8) << name;
     EXPECT_LT(d["worst"].GetDouble(), loraplus ? 1e-4 : 1e-5) << name;
+    if (job != 1) continue;
+
+    // `launcher export`: the base in transformers' files and the adapter beside it in PEFT's.
+    const fs::path exported = dir.path() / "exported";
+    const RunResult e = run(kLauncher + " export " + (out / "global_step20").string() + " " + exported.string());
+    ASSERT_EQ(e.exit_code, 0) << e.out;
+    const RunResult x = run(std::string(MEMRT_PYTHON) + " " + kTorchReference + " compare_adapter " + exported.string() +
+                            " " + exported.string() + " " + saved_by_peft + " " + compared);
+    ASSERT_EQ(x.exit_code, 0) << x.out;
+    EXPECT_LT(read_json(compared)["worst"].GetDouble(), 1e-5);
   }
 }
 
