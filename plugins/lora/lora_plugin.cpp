@@ -106,10 +106,26 @@ class LoraPlugin final : public memrt::Plugin {
 
   // `launcher export`: the base as the other plugins and the host write it, and the adapters beside
   // it in PEFT's files — PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(out), out).
+  // With --merge, PEFT's merge_and_unload instead: W += (B A) · scaling in fp32, transposed into
+  // GPT-2's Conv1D layout, and no adapter files.
   void export_model(memrt::ExportContext& ctx) override {
     if (freeze_mode_) return;
-    std::filesystem::create_directories(ctx.run.output_dir);
-    write_peft_files(ctx.run.output_dir, ctx.saved, ctx.run.shape.arch);
+    if (ctx.merge) {
+      const bool conv1d = ctx.run.shape.arch == "gpt2";  // Hugging Face's layout of every projection
+      for (const auto& [module, t] : targets_) {
+        auto it = ctx.tensors.find(module + ".weight");
+        if (it == ctx.tensors.end())
+          throw memrt::Error("launcher export --merge: the base weight of '" + module + "' is not written in "
+                             "full precision, so its adapter cannot be merged into it");
+        const at::Tensor a = ctx.saved.read(memrt::lora::lora_a_name(module)).to(at::kFloat);
+        const at::Tensor b = ctx.saved.read(memrt::lora::lora_b_name(module)).to(at::kFloat);
+        const at::Tensor delta = b.mm(a) * memrt::lora::lora_scaling(options_);
+        it->second = it->second + (conv1d ? delta.t() : delta);
+      }
+    } else {
+      std::filesystem::create_directories(ctx.run.output_dir);
+      write_peft_files(ctx.run.output_dir, ctx.saved, ctx.run.shape.arch);
+    }
     for (const std::string& name : ctx.saved.names())
       if (memrt::lora::is_adapter(name)) ctx.handled.insert(name);
   }

@@ -176,6 +176,10 @@ void Base4::export_model(ExportContext& ctx) const {
   for (const auto& [name, shape] : shapes_) {
     if (std::find(saved.begin(), saved.end(), name) == saved.end() || ctx.saved.format(name) != type_name)
       continue;  // not saved in this format: export names it
+    if (ctx.merge)
+      throw Error("launcher export --merge: '" + name + "' is a " + type_name + " weight; merging adapters into "
+                  "4-bit weights is not implemented yet: export without --merge (the 4-bit base and the adapter "
+                  "files beside it)");
     const FrozenLayout layout = linear4bit_layout(name, numel_of(shape), options_.type, options_.double_quant);
     ctx.tensors[name] = ctx.saved.read(name);
     ctx.tensors[name + ".absmax"] = ctx.saved.read(name, layout.tensors[1].name);

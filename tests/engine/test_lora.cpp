@@ -112,7 +112,8 @@ TEST(Lora, ResumesExactly) {
 // with LoRA+, whose 16x learning rate amplifies rounding (losses within 1e-5, norms 5e-5). The last
 // checkpoint's adapter files load with PeftModel.from_pretrained, every tensor where PEFT expects
 // it, and hold what PEFT's own run saved (within 1e-5 of its largest value; LoRA+ 1e-4); so do
-// `launcher export`'s, beside the base it writes in transformers' files.
+// `launcher export`'s, beside the base it writes in transformers' files; `export --merge` writes
+// PEFT's merge_and_unload of that adapter (within 1e-6).
 TEST(Lora, PeftAdapterTrainsAsInPeft) {
   TempDir dir("lora_peft");
   const fs::path model = torch_model(dir);
@@ -168,6 +169,16 @@ TEST(Lora, PeftAdapterTrainsAsInPeft) {
                             " " + exported.string() + " " + saved_by_peft + " " + compared);
     ASSERT_EQ(x.exit_code, 0) << x.out;
     EXPECT_LT(read_json(compared)["worst"].GetDouble(), 1e-5);
+
+    // --merge: a plain GPT-2 equal to PEFT's merge_and_unload of the same adapter.
+    const fs::path merged = dir.path() / "merged";
+    const RunResult m = run(kLauncher + " export " + (out / "global_step20").string() + " " + merged.string() + " --merge");
+    ASSERT_EQ(m.exit_code, 0) << m.out;
+    EXPECT_FALSE(fs::exists(merged / "adapter_model.safetensors"));
+    const RunResult y = run(std::string(MEMRT_PYTHON) + " " + kTorchReference + " compare_merged " + model.string() + " " +
+                            exported.string() + " " + merged.string() + " " + compared);
+    ASSERT_EQ(y.exit_code, 0) << y.out;
+    EXPECT_LT(read_json(compared)["worst"].GetDouble(), 1e-6);
   }
 }
 

@@ -23,6 +23,9 @@ averaging the ranks' gradients as DDP does. It shares no code with memrt.
         torch.optim param group of that learning rate, as axolotl's trainer does. ADAPTER, a PEFT
         adapter directory: the model is PeftModel.from_pretrained(model, ADAPTER, is_trainable=True),
         training its adapters alone; SAVE: where rank 0 saves them after training (save_pretrained)
+    torch_reference_train.py compare_merged DIR ADAPTER MERGED OUT
+        PEFT's merge_and_unload of ADAPTER on DIR's GPT-2 against the GPT-2 in MERGED: writes
+        {"tensors": count, "worst": the largest |MERGED - PEFT's| over the largest |PEFT's|} to OUT
     torch_reference_train.py compare_adapter DIR GOT WANT OUT
         loads the adapter directory GOT onto DIR's GPT-2 with PeftModel.from_pretrained and checks
         that every adapter parameter PEFT made holds GOT's tensor (none missed, none left over);
@@ -85,6 +88,17 @@ def compare_adapter(directory, got, want, out):
                 for k in want_tensors)
     with open(out, "w") as f:
         json.dump({"loaded": loaded, "worst": worst}, f)
+
+
+def compare_merged(directory, adapter_dir, merged_dir, out):
+    peft_model = PeftModel.from_pretrained(GPT2LMHeadModel.from_pretrained(directory, dtype=torch.float32), adapter_dir)
+    want = peft_model.merge_and_unload().state_dict()
+    got = GPT2LMHeadModel.from_pretrained(merged_dir, dtype=torch.float32).state_dict()
+    assert set(got) == set(want), f"keys differ: {sorted(set(got) ^ set(want))}"
+    worst = max(((got[k] - want[k]).abs().max() / want[k].abs().max().clamp_min(1e-30)).item()
+                for k in want if want[k].is_floating_point())
+    with open(out, "w") as f:
+        json.dump({"tensors": len(want), "worst": worst}, f)
 
 
 def decay_names(model):
@@ -192,6 +206,8 @@ if __name__ == "__main__":
         init(sys.argv[2])
     elif sys.argv[1] == "adapter":
         adapter(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "compare_merged":
+        compare_merged(*sys.argv[2:6])
     elif sys.argv[1] == "compare_adapter":
         compare_adapter(*sys.argv[2:6])
     elif sys.argv[1] == "train":

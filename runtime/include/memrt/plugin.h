@@ -304,6 +304,10 @@ struct ExportContext {
   // Saved parameters a plugin has written (in any form): export refuses to finish while a saved
   // parameter is neither here nor among the model's plain ones, naming it and its format.
   std::set<std::string>& handled;
+  // ABI 2.9: `launcher export --merge`: a plugin's additions folded into the model's own weights
+  // (LoRA's B A added to its base weight), so the folder is a plain model; a plugin whose format
+  // cannot be merged refuses, naming it.
+  bool merge = false;
 };
 
 // ---- checkpoint files (ABI 2.9) ---------------------------------------------------------------------
@@ -435,7 +439,7 @@ class Plugin {
 // (CheckpointReader in memrt/model.h: a replaced parameter stored in a plugin's format). 2.8:
 // Plugin::export_model (ExportContext, SavedParameters), StorePlan::set_weights_category,
 // ConfigNode::real. 2.9: Plugin::write_checkpoint_files (CheckpointFilesContext), memrt/safetensors.h
-// in the SDK, model_parameter_shapes (memrt/model.h). The host refuses a plugin whose ABI major
+// in the SDK, model_parameter_shapes (memrt/model.h), ExportContext::merge. The host refuses a plugin whose ABI major
 // differs, whose ABI minor is newer than the host's, or whose LibTorch version, C++ ABI flag or CUDA
 // flag differ from its own
 // — plugins pass at::Tensor and nn::Module across the boundary, the same contract as PyTorch C++

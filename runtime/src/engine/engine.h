@@ -45,8 +45,9 @@ int stop_signal_received();
 // plain parameter's exact weight in fp32 — its fp32 master where the run kept one, else its compute
 // copy — gathered from every rank's shards of the store, and the parameters in a plugin's format as
 // that plugin writes them (the run's plugins, loaded from its plugins.json; docs/checkpoints.md).
+// With `merge`, plugins fold what they added into the model's weights (ExportContext::merge).
 // Returns a summary line.
-std::string export_checkpoint(const std::string& checkpoint, const std::string& out_dir);
+std::string export_checkpoint(const std::string& checkpoint, const std::string& out_dir, bool merge = false);
 
 // The facts plugins see (RunInfo) for a resolved config on a given rank.
 RunInfo make_run_info(const TrainConfig& cfg, int rank, int world_size, int local_rank);

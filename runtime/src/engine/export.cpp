@@ -40,7 +40,7 @@ PluginHost load_run_plugins(const std::string& plugins_file, const RunInfo& run)
 
 }  // namespace
 
-std::string export_checkpoint(const std::string& checkpoint, const std::string& out_dir) {
+std::string export_checkpoint(const std::string& checkpoint, const std::string& out_dir, bool merge) {
   const std::string dir = fs::exists(fs::path(checkpoint) / "manifest.json")
                               ? checkpoint
                               : checkpoint_dir(checkpoint, "");
@@ -76,7 +76,7 @@ std::string export_checkpoint(const std::string& checkpoint, const std::string& 
 
   ConfigNode config = parse_json_text(hf_config_json(run.shape), "config.json");
   std::set<std::string> handled;
-  ExportContext ctx{run, view, tensors, config, handled};
+  ExportContext ctx{run, view, tensors, config, handled, merge};
   std::string writers;  // "quant: 8", the plugins that wrote parameters
   for (const LoadedPlugin& p : plugins.plugins()) {
     const size_t before = handled.size();

@@ -5,7 +5,7 @@
 //   launcher --print-config --deepspeed ds_config.json train.yaml         resolved config, exit
 //   launcher --estimate [--num_procs N] --deepspeed ds_config.json train.yaml   memory plan, exit
 //   launcher ... --resume | --resume=TAG                                  continue from a checkpoint
-//   launcher export CHECKPOINT DIR                                        Hugging Face directory
+//   launcher export CHECKPOINT DIR [--merge]                              Hugging Face directory
 #include <cstdlib>
 #include <filesystem>
 #include <optional>
@@ -203,11 +203,13 @@ int estimate(const Args& args) {
 
 int run(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "export") {
-    if (argc != 4) {
-      throw memrt::Error("usage: launcher export CHECKPOINT DIR\n  CHECKPOINT: a global_step* folder, or "
-                         "an output_dir (its newest checkpoint); DIR: the Hugging Face directory to write");
+    const bool merge = argc == 5 && std::string(argv[4]) == "--merge";
+    if (argc != 4 && !merge) {
+      throw memrt::Error("usage: launcher export CHECKPOINT DIR [--merge]\n  CHECKPOINT: a global_step* folder, or "
+                         "an output_dir (its newest checkpoint); DIR: the Hugging Face directory to write; "
+                         "--merge: LoRA adapters folded into their base weights (PEFT's merge_and_unload)");
     }
-    std::cout << memrt::export_checkpoint(argv[2], argv[3]) << "\n";
+    std::cout << memrt::export_checkpoint(argv[2], argv[3], merge) << "\n";
     return 0;
   }
   Args args;
