@@ -1,14 +1,16 @@
 // plugins/lora — what `finetuning_type` chooses to train beyond the full model (docs/lora.md).
 //
-// LoRA (`use_peft`, `adapter: lora`, `finetuning_type: lora`, or any lora_* key): plan_params
-// freezes the model and adds each target projection's adapters (lora_targets.h); transform_model
-// wraps those projections in LoraLinear (lora_linear.h), whose A and B are the planned parameters;
-// plan_store counts the adapters as adapters. LLaMA-Factory's freeze tuning (`finetuning_type:
-// freeze`, freeze.h): in plan_params only the chosen parameters train.
-// A PEFT adapter directory (lora_model_dir / adapter_name_or_path, peft_files.h) sets the adapters'
-// settings and initial values. Not built yet (issue 25, in docs/lora.md's order): writing PEFT's
-// files, DoRA, LoRA+, bias modes, modules_to_save, QLoRA — each refused by its key rather than
-// trained as something else.
+// LoRA (`use_peft`, `adapter: lora|qlora`, `finetuning_type: lora`, or any lora_* key):
+// plan_params freezes the model and adds each target projection's adapters (lora_targets.h; a
+// 4-bit target of plugins/quant too: QLoRA); transform_model wraps those projections in LoraLinear
+// (lora_linear.h), whose A and B are the planned parameters; plan_store counts the adapters as
+// adapters (LoRA+: B in groups of their own). PEFT's files (peft_files.h): a PEFT adapter directory
+// (lora_model_dir / adapter_name_or_path) sets the adapters' settings and initial values; every
+// checkpoint and `launcher export` write them (export --merge folds them into the weights).
+// LLaMA-Factory's freeze tuning (`finetuning_type: freeze`, freeze.h): in plan_params only the
+// chosen parameters train. Not built yet (docs/lora.md's order): DoRA, bias modes,
+// modules_to_save, layers_to_transform — each refused by its key rather than trained as something
+// else.
 #include <memrt/plugin.h>
 
 #include <ATen/ATen.h>
