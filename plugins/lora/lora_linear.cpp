@@ -25,8 +25,8 @@ LoraLinearImpl::LoraLinearImpl(torch::nn::AnyModule base, int64_t in_features, i
   for (const auto& b : inner->named_buffers(/*recurse=*/false)) register_buffer(b.key(), b.value());
   if (!inner->named_children().is_empty())
     throw Error("LoRA: the layer to adapt has submodules; only a flat linear layer can be wrapped");
-  lora_A = register_module("lora_A", torch::nn::Linear(torch::nn::LinearOptions(in_features, options_.r).bias(false)));
-  lora_B = register_module("lora_B", torch::nn::Linear(torch::nn::LinearOptions(options_.r, out_features).bias(false)));
+  lora_A = register_module("lora_A", memrt::Linear(torch::nn::LinearOptions(in_features, options_.r).bias(false)));
+  lora_B = register_module("lora_B", memrt::Linear(torch::nn::LinearOptions(options_.r, out_features).bias(false)));
   reset_parameters();
 }
 
