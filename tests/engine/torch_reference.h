@@ -20,14 +20,15 @@
 
 namespace memrt_test {
 
-// One value per logged step of a run's metrics.jsonl.
+// One value per record of a run's metrics.jsonl that has `key` (training steps have "loss",
+// evaluations "eval_loss").
 inline std::vector<double> metric(const std::filesystem::path& dir, const char* key) {
   std::vector<double> out;
   std::ifstream in(dir / "metrics.jsonl");
   for (std::string line; std::getline(in, line);) {
     rapidjson::Document d;
     d.Parse(line.c_str());
-    out.push_back(d[key].GetDouble());
+    if (d.IsObject() && d.HasMember(key)) out.push_back(d[key].GetDouble());
   }
   return out;
 }

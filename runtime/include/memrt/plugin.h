@@ -51,6 +51,10 @@
 //       for plugin reversed:          after_optimizer_step(StepContext)    # gather, copy back
 //       host: zero grads; step += 1; log every steps_per_print (plugins add fields in add_metrics)
 //       if the vote agreed to stop: break     # every rank after the same step (Control)
+//       if eval_file is due (eval_steps): evaluate           # as after the loop, below
+//   if eval_file: evaluate            # and `launcher eval`, after set-up (and --resume) alone:
+//       model.eval(); no grad; for each batch of eval windows: the forward above, segment phases
+//       and run_segment() wrappers included, with micro_step -1; no other phase runs
 //   for plugin reversed:              on_train_end(TrainContext)
 //   on any exception:                 on_error(ErrorContext), every plugin, reversed, then rethrow
 //
@@ -133,7 +137,7 @@ struct SegmentContext {
   // The parameters this segment's forward reads (the head's include a tied token embedding).
   const std::vector<at::Tensor>& params;
   int64_t step;                 // optimizer steps taken so far
-  int64_t micro_step;           // 0 .. grad_accum_steps-1
+  int64_t micro_step;           // 0 .. grad_accum_steps-1; -1 while evaluating (no grad)
   const RunInfo& run;
   Communicator& comm;
   // ABI 2.3. The store's slots of the parameters this segment owns (StorePlan::segment(slot) ==

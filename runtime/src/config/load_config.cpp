@@ -107,6 +107,11 @@ const std::vector<std::pair<std::string, std::vector<std::string>>> kYamlKeys = 
     {"model_name_or_path", {"model_name_or_path", "base_model"}},
     {"model", {"model"}},
     {"train_file", {"train_file"}},
+    {"eval_file", {"eval_file", "validation_file"}},
+    {"eval_steps", {"eval_steps"}},
+    {"eval_strategy", {"eval_strategy", "evaluation_strategy"}},
+    {"evals_per_epoch", {"evals_per_epoch"}},
+    {"per_device_eval_batch_size", {"per_device_eval_batch_size", "eval_batch_size"}},
     {"block_size", {"block_size", "sequence_len", "max_seq_length", "cutoff_len", "max_length"}},
     {"output_dir", {"output_dir"}},
     {"seed", {"seed"}},
@@ -195,13 +200,10 @@ const std::vector<std::pair<const char*, const char*>> kYamlIgnored = {
     {"saves_per_epoch", "checkpoints follow save_steps"},
     {"overwrite_output_dir", "memrt writes into output_dir"},
     {"do_train", "memrt always trains"},
-    {"do_eval", "memrt has no evaluation loop"},
-    {"eval_strategy", "memrt has no evaluation loop"},
-    {"evaluation_strategy", "memrt has no evaluation loop"},
-    {"eval_steps", "memrt has no evaluation loop"},
-    {"evals_per_epoch", "memrt has no evaluation loop"},
-    {"per_device_eval_batch_size", "memrt has no evaluation loop"},
-    {"eval_sample_packing", "memrt has no evaluation loop"},
+    {"do_eval", "memrt evaluates eval_file when it is set, after the last step and as eval_steps says"},
+    {"eval_sample_packing", "memrt always packs the eval text into contiguous block_size windows"},
+    {"eval_accumulation_steps", "memrt sums the eval loss as it goes; nothing is accumulated"},
+    {"prediction_loss_only", "memrt's evaluation computes the loss alone"},
     {"sample_packing", "memrt always packs text into contiguous block_size samples"},
     {"pad_to_sequence_len", "memrt always packs text into contiguous block_size samples"},
     {"dataloader_num_workers", "memrt's data loader has no worker processes"},
@@ -344,6 +346,7 @@ struct Loader {
   void resolve_lora_and_quant();
   void resolve_plugins(const ConfigNode* plugins);
   void resolve_model_and_data();
+  void resolve_eval();
   int64_t model_width() const;
   void add_plugin(const std::string& name, std::string first_key, std::vector<std::string> keys,
                   ConfigNode options);
@@ -629,7 +632,9 @@ void Loader::resolve_batch(const ConfigNode* tbs, const ConfigNode* mbs, const C
     }
   }
   if (const ConfigNode* x = yv("val_set_size")) {
-    if (x->as_double() != 0) throw x->error("is not supported: memrt has no evaluation split; use 0 or remove it");
+    if (x->as_double() != 0)
+      throw x->error("is not supported: memrt does not split train_file; put the held-out text in its own file and "
+                     "set eval_file to it (and val_set_size: 0)");
   }
   if (const ConfigNode* x = yv("gptq_model_v1")) {
     if (x->as_bool()) throw x->error("is not supported: GPTQ models cannot be loaded; use load_in_4bit");
@@ -1491,6 +1496,45 @@ void Loader::resolve_model_and_data() {
                      "current directory); leave train_file out to use the built-in corpus");
     }
   }
+  resolve_eval();
+}
+
+// eval_file and when to evaluate it: Hugging Face's eval_strategy (steps: every eval_steps, which
+// defaults to logging_steps; epoch: once an epoch; no: only after the last step), axolotl's
+// eval_steps and evals_per_epoch alone.
+void Loader::resolve_eval() {
+  const ConfigNode* file = yv("eval_file");
+  if (file) {
+    cfg.data.eval_file = file->as_string();
+    std::error_code ec;
+    if (!fs::is_regular_file(cfg.data.eval_file, ec)) {
+      throw file->error("is \"" + cfg.data.eval_file + "\", which is not a file (relative paths are relative to the "
+                        "current directory); eval_file takes the formats train_file does");
+    }
+  }
+  const ConfigNode* steps = yv("eval_steps");
+  const ConfigNode* per_epoch = yv("evals_per_epoch");
+  const ConfigNode* strategy = yv("eval_strategy");
+  const std::string how = strategy ? strategy->as_string() : steps ? "steps" : per_epoch ? "epoch" : "no";
+  if (how == "steps") {
+    cfg.eval.steps = steps ? steps->as_int() : cfg.steps_per_print;  // Hugging Face: logging_steps
+    if (cfg.eval.steps <= 0) throw steps->error("must be positive (evaluate every eval_steps optimizer steps)");
+  } else if (how == "epoch") {
+    cfg.eval.per_epoch = per_epoch && !strategy ? per_epoch->as_int() : 1;
+    if (cfg.eval.per_epoch <= 0) throw per_epoch->error("must be positive (evaluations per epoch)");
+  } else if (how != "no") {
+    throw strategy->error("is \"" + how + "\"; expected \"no\", \"steps\" or \"epoch\"");
+  }
+  if (const ConfigNode* b = yv("per_device_eval_batch_size")) {
+    cfg.eval.batch_size = b->as_int();
+    if (cfg.eval.batch_size <= 0) throw b->error("must be positive (eval windows per forward on each rank)");
+  }
+  if (!file && (cfg.eval.steps > 0 || cfg.eval.per_epoch > 0)) {  // the training is the same: a note
+    const ConfigNode* why = strategy ? strategy : steps ? steps : per_epoch;
+    diag.warnings.push_back(where(*why) + " asks for evaluation but no eval_file is set: nothing is evaluated; set "
+                            "eval_file (or validation_file) to a held-out file in a format train_file takes");
+    cfg.eval = EvalSchedule{};
+  }
 }
 
 }  // namespace
@@ -1605,6 +1649,14 @@ std::string resolved_config_json(const TrainConfig& cfg) {
   ConfigNode data = ConfigNode::object();
   data.set("train_file", str(cfg.data.train_file.empty() ? "(built-in corpus)" : cfg.data.train_file));
   data.set("block_size", num(static_cast<double>(cfg.data.block_size)));
+  if (!cfg.data.eval_file.empty()) {
+    data.set("eval_file", str(cfg.data.eval_file));
+    ConfigNode eval = ConfigNode::object();
+    eval.set("steps", num(static_cast<double>(cfg.eval.steps)));
+    eval.set("per_epoch", num(static_cast<double>(cfg.eval.per_epoch)));
+    eval.set("batch_size", num(static_cast<double>(cfg.eval.batch_size > 0 ? cfg.eval.batch_size : cfg.micro_batch_size)));
+    data.set("eval", eval);
+  }
   root.set("data", data);
 
   ConfigNode plugins = ConfigNode::array();

@@ -81,6 +81,18 @@ struct ModelConfig {
 struct DataConfig {
   std::string train_file;  // empty: the built-in corpus
   int64_t block_size = 128;  // tokens per sample (context length)
+  // Evaluated as `launcher eval` and eval_steps do (docs/data-and-optim.md, "Evaluation"); the
+  // same formats as train_file. Empty: no evaluation.
+  std::string eval_file;
+};
+
+// When a training run evaluates eval_file (besides once after its last step): every `steps`
+// optimizer steps, or `per_epoch` times an epoch (Hugging Face's eval_strategy: epoch is 1, axolotl's
+// evals_per_epoch); 0 and 0: only at the end.
+struct EvalSchedule {
+  int64_t steps = 0;
+  int64_t per_epoch = 0;
+  int64_t batch_size = 0;  // windows per forward on each rank; 0: micro_batch_size
 };
 
 // A plugin to load: a built-in one claimed by ds_config sections and/or train.yaml keys, or a
@@ -134,6 +146,7 @@ struct TrainConfig {
   SchedulerConfig scheduler;
   ModelConfig model;
   DataConfig data;
+  EvalSchedule eval;
   std::vector<PluginSpec> plugins;
 
   // Both input files and the overrides as parsed, for --print-config.

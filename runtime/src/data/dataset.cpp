@@ -316,4 +316,20 @@ Batch DataLoader::get(int64_t step, int64_t micro) const {
   return batch;
 }
 
+int64_t eval_windows(const TokenDataset& data, int64_t block_size) {
+  return block_size > 1 ? data.num_tokens() / block_size : 0;
+}
+
+Batch eval_batch(const TokenDataset& data, int64_t block_size, int64_t first, int64_t count) {
+  if (first < 0 || count < 0 || first + count > eval_windows(data, block_size))
+    throw Error("eval_batch: windows [" + std::to_string(first) + ", " + std::to_string(first + count) +
+                ") are not in the " + std::to_string(eval_windows(data, block_size)) + " the data holds");
+  at::Tensor window = at::empty({count, block_size}, at::kLong);  // (count, block_size)
+  data.copy_tokens(first * block_size, count * block_size, window.data_ptr<int64_t>());
+  Batch batch;
+  batch.inputs = window.narrow(1, 0, block_size - 1).contiguous();  // (count, block_size - 1)
+  batch.targets = window.narrow(1, 1, block_size - 1).contiguous();
+  return batch;
+}
+
 }  // namespace memrt

@@ -104,6 +104,14 @@ class DataLoader {
   std::unique_ptr<OrderCache> cache_ = std::make_unique<OrderCache>();
 };
 
+// Evaluation (`launcher eval`, eval_steps): the stream cut into consecutive windows of block_size
+// tokens, the remainder dropped; window i is tokens [i * block_size, (i + 1) * block_size) and
+// predicts its own next block_size - 1 tokens, as transformers computes
+// model(input_ids=window, labels=window).loss.
+int64_t eval_windows(const TokenDataset& data, int64_t block_size);
+// Windows [first, first + count): inputs their first block_size - 1 tokens, targets their last.
+Batch eval_batch(const TokenDataset& data, int64_t block_size, int64_t first, int64_t count);
+
 // The permutation of [0, n) that epoch `epoch` visits samples in: a Fisher-Yates shuffle driven by
 // splitmix64 seeded from (seed, epoch). The same on every platform.
 std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, int64_t epoch);

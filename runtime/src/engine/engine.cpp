@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -217,6 +218,21 @@ void Engine::setup() {
     loader_ = std::make_unique<DataLoader>(data, cfg_.data.block_size, cfg_.micro_batch_size,
                                            cfg_.grad_accum_steps, run_.rank, run_.world_size,
                                            cfg_.seed);
+    if (!cfg_.data.eval_file.empty()) {
+      DataConfig eval = cfg_.data;
+      eval.train_file = eval.eval_file;
+      std::shared_ptr<TokenDataset> opened = TokenDataset::open(eval);
+      if (opened->vocab_size() > run_.shape.vocab_size) {
+        throw FileError(eval.eval_file, "has token ids up to " + std::to_string(opened->vocab_size() - 1) +
+                                            " but the model's vocab_size is " + std::to_string(run_.shape.vocab_size));
+      }
+      if (eval_windows(*opened, cfg_.data.block_size) == 0) {
+        throw FileError(eval.eval_file, "holds " + std::to_string(opened->num_tokens()) +
+                                            " tokens, fewer than one evaluation window of block_size " +
+                                            std::to_string(cfg_.data.block_size) + " tokens");
+      }
+      eval_data_ = std::move(opened);
+    }
   }
   run_.max_steps = cfg_.max_steps > 0
                        ? cfg_.max_steps
@@ -348,8 +364,10 @@ void Engine::setup() {
 
   if (main) {
     std::filesystem::create_directories(cfg_.output_dir);
-    metrics_path_ = (std::filesystem::path(cfg_.output_dir) / "metrics.jsonl").string();
-    if (!resume_) std::ofstream(metrics_path_, std::ios::trunc);  // a resumed run keeps its history
+    if (!eval_only_) {
+      metrics_path_ = (std::filesystem::path(cfg_.output_dir) / "metrics.jsonl").string();
+      if (!resume_) std::ofstream(metrics_path_, std::ios::trunc);  // a resumed run keeps its history
+    }
     log_ << "model: " << run_.shape.arch << ", " << count_parameters(*model_) << " parameters ("
          << trainable_.size() << " trainable tensors)\n"
          << "data: " << data->description() << ", " << loader_->samples() << " samples, "
@@ -426,6 +444,27 @@ void Engine::advance_backward_events(int64_t upto, int64_t micro) {
   }
 }
 
+// ---- the forward: every segment through its phases --------------------------------------------------
+at::Tensor Engine::forward(const at::Tensor& tokens, int64_t micro,
+                           const std::function<void(at::Tensor&, int64_t)>& boundary) {
+  auto mark = [&](at::Tensor& out, int64_t segment) {
+    if (boundary) boundary(out, segment);
+  };
+  at::Tensor h = run_segment(segments_.front(), tokens,
+                             [this](const at::Tensor& t) { return model_->embed(t); }, micro);
+  mark(h, 0);
+  for (int64_t i = 0; i < model_->num_blocks(); ++i) {
+    Block* block = segments_[i + 1].block;
+    h = run_segment(segments_[i + 1], h, [block](const at::Tensor& t) { return block->forward(t); },
+                    micro);
+    mark(h, i + 1);
+  }
+  at::Tensor logits = run_segment(segments_.back(), h,
+                                  [this](const at::Tensor& t) { return model_->head(t); }, micro);
+  mark(logits, static_cast<int64_t>(segments_.size()) - 1);
+  return logits;
+}
+
 // ---- one micro-step: forward, loss, backward ------------------------------------------------------
 double Engine::micro_step(int64_t micro) {
   Batch batch = [&] {
@@ -455,25 +494,13 @@ double Engine::micro_step(int64_t micro) {
     });
   };
 
-  at::Tensor h = run_segment(segments_.front(), batch.inputs,
-                             [this](const at::Tensor& t) { return model_->embed(t); }, micro);
-  boundary(h, 0);
-  for (int64_t i = 0; i < model_->num_blocks(); ++i) {
-    Block* block = segments_[i + 1].block;
-    h = run_segment(segments_[i + 1], h, [block](const at::Tensor& t) { return block->forward(t); },
-                    micro);
-    boundary(h, i + 1);
-  }
-  at::Tensor logits = run_segment(segments_.back(), h,
-                                  [this](const at::Tensor& t) { return model_->head(t); }, micro);
-  boundary(logits, n - 1);
+  at::Tensor logits = forward(batch.inputs, micro, boundary);
 
   // DeepSpeed divides every micro-step's gradient by the accumulation steps.
   at::Tensor loss = causal_lm_loss(logits, batch.targets) / static_cast<double>(cfg_.grad_accum_steps);
-  // Autograd keeps what backward needs (log_softmax keeps its output); holding the logits and the
-  // final hidden state here too would add B*T*(V + C) elements to the peak.
+  // Autograd keeps what backward needs (log_softmax keeps its output); holding the logits here too
+  // would add B*T*V elements to the peak.
   logits = at::Tensor();
-  h = at::Tensor();
   mctx.loss = loss;
   plugins_.each_reversed("after_forward", step_, [&](Plugin& p) { p.after_forward(mctx); });
 
@@ -611,6 +638,102 @@ void Engine::train_step(TrainSummary& summary) {
   }
 }
 
+// ---- evaluation -------------------------------------------------------------------------------------
+EvalResult Engine::evaluate() {
+  const auto t0 = Clock::now();
+  const int64_t T = cfg_.data.block_size;
+  const int64_t windows = eval_windows(*eval_data_, T);
+  const int64_t per_forward = cfg_.eval.batch_size > 0 ? cfg_.eval.batch_size : cfg_.micro_batch_size;
+  // Rank r takes the r-th of world_size contiguous shares of the windows.
+  const int64_t begin = windows * run_.rank / run_.world_size;
+  const int64_t end = windows * (run_.rank + 1) / run_.world_size;
+  struct EvalMode {  // dropout off while evaluating, whatever happens
+    CausalLM& model;
+    explicit EvalMode(CausalLM& m) : model(m) { model.eval(); }
+    ~EvalMode() { model.train(); }
+  } mode(*model_);
+  at::NoGradGuard no_grad;
+  double loss_sum = 0.0;  // over this rank's predicted tokens
+  for (int64_t first = begin; first < end; first += per_forward) {
+    const int64_t count = std::min(per_forward, end - first);
+    Batch batch = [&] {
+      memory::Scope scope(Category::kOther);
+      return eval_batch(*eval_data_, T, first, count);
+    }();
+    memory::Scope scope(Category::kActivations);
+    const at::Tensor logits = forward(batch.inputs, /*micro=*/-1);
+    loss_sum += causal_lm_loss(logits, batch.targets).item<double>() * static_cast<double>(batch.targets.numel());
+  }
+  at::Tensor total = at::tensor({loss_sum}, at::kDouble);
+  dist_->all_reduce_sum(total);
+  EvalResult result;
+  result.windows = windows;
+  result.tokens = windows * (T - 1);
+  result.loss = total.item<double>() / static_cast<double>(result.tokens);
+  result.perplexity = std::exp(result.loss);
+  result.step = step_;
+  result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  report_eval(result);
+  return result;
+}
+
+// The log line, metrics.jsonl's record ({"step", "eval_loss", ...}: Hugging Face's log_history
+// names) and output_dir/eval.json, which holds the newest evaluation.
+void Engine::report_eval(const EvalResult& r) {
+  if (run_.rank != 0) return;
+  if (isatty(STDOUT_FILENO)) std::cout << "\r\033[K" << std::flush;
+  if (eval_only_) {
+    log_ << "eval of the model at step " << r.step;
+  } else {
+    log_ << "eval " << std::setw(5) << r.step << "/" << run_.max_steps;
+  }
+  log_ << " | eval_loss " << std::fixed
+       << std::setprecision(4) << r.loss << " | perplexity " << std::setprecision(3) << r.perplexity << " | "
+       << r.windows << " windows, " << r.tokens << " tokens predicted | " << std::setprecision(1) << r.seconds
+       << " s\n";
+  std::ostringstream json;
+  json << std::setprecision(std::numeric_limits<double>::max_digits10) << "{\"loss\": " << r.loss
+       << ", \"perplexity\": " << r.perplexity << ", \"tokens\": " << r.tokens << ", \"windows\": " << r.windows
+       << ", \"step\": " << r.step << "}";
+  if (!metrics_path_.empty()) {
+    std::ofstream(metrics_path_, std::ios::app)
+        << std::setprecision(std::numeric_limits<double>::max_digits10) << "{\"step\": " << r.step
+        << ", \"eval_loss\": " << r.loss << ", \"eval_perplexity\": " << r.perplexity
+        << ", \"eval_tokens\": " << r.tokens << "}\n";
+  }
+  write_file_atomic((std::filesystem::path(cfg_.output_dir) / "eval.json").string(), json.str() + "\n");
+}
+
+void Engine::notify_error(const std::exception& e) {
+  ErrorContext ectx{run_, step_, e};
+  for (auto it = plugins_.plugins().rbegin(); it != plugins_.plugins().rend(); ++it) {
+    try {
+      it->plugin->on_error(ectx);
+    } catch (...) {
+      // The original error is the one to report.
+    }
+  }
+}
+
+EvalResult Engine::evaluate_only() {
+  if (cfg_.data.eval_file.empty()) {
+    throw ConfigError(cfg_.train_yaml_path, "eval_file",
+                      "is not set: launcher eval needs the text to evaluate; add --eval_file=FILE (any format "
+                      "train_file takes) or set eval_file in the train.yaml");
+  }
+  eval_only_ = true;  // the run's metrics.jsonl is left as it is
+  try {
+    setup();
+    if (resume_) load_checkpoint(checkpoint_dir(cfg_.output_dir, *resume_));
+    const EvalResult result = evaluate();
+    if (run_.rank == 0) log_ << "written: " << (std::filesystem::path(cfg_.output_dir) / "eval.json").string() << "\n";
+    return result;
+  } catch (const std::exception& e) {
+    notify_error(e);
+    throw;
+  }
+}
+
 void Engine::write_memory_report(TrainSummary& summary) {
   summary.memory = memory_.report(run_.rank, estimate_, run_.device);
   const std::vector<std::string> ranks = all_gather_strings(*dist_, rank_report_json(summary.memory));
@@ -662,13 +785,26 @@ TrainSummary Engine::train() {
     plugins_.each("on_train_begin", -1, [&](Plugin& p) { p.on_train_begin(tctx); });
     const auto t0 = Clock::now();
     const int64_t first_step = step_;
+    // eval_file: evaluated every eval_every steps (0: never on the way) and once more at the end.
+    const int64_t eval_every = cfg_.eval.steps > 0 ? cfg_.eval.steps
+                               : cfg_.eval.per_epoch > 0
+                                   ? std::max<int64_t>(1, loader_->steps_per_epoch() / cfg_.eval.per_epoch)
+                                   : 0;
+    double eval_seconds = 0.0;  // not training time: tokens/s leaves it out
+    auto evaluate_now = [&] {
+      const auto e0 = Clock::now();
+      summary.eval = evaluate();
+      eval_seconds += std::chrono::duration<double>(Clock::now() - e0).count();
+    };
     while (step_ < run_.max_steps && !stop_training_agreed_ && !stop_signal_agreed_) {
       train_step(summary);
+      if (eval_data_ && eval_every > 0 && step_ % eval_every == 0) evaluate_now();
       const bool periodic = cfg_.save_steps > 0 && (step_ % cfg_.save_steps == 0 || step_ == run_.max_steps);
       if (periodic || stop_signal_agreed_) summary.last_checkpoint = save_checkpoint();
     }
     if (stop_signal_agreed_) summary.stop_signal = stop_signal_received() ? stop_signal_received() : SIGTERM;
-    summary.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (eval_data_ && !stop_signal_agreed_ && (!summary.eval || summary.eval->step != step_)) evaluate_now();
+    summary.seconds = std::chrono::duration<double>(Clock::now() - t0).count() - eval_seconds;
     summary.tokens_per_s = static_cast<double>((step_ - first_step) * cfg_.train_batch_size *
                                                cfg_.data.block_size) /
                            std::max(1e-9, summary.seconds);
@@ -677,14 +813,7 @@ TrainSummary Engine::train() {
     plugins_.each_reversed("on_train_end", -1, [&](Plugin& p) { p.on_train_end(ectx); });
     write_memory_report(summary);
   } catch (const std::exception& e) {
-    ErrorContext ectx{run_, step_, e};
-    for (auto it = plugins_.plugins().rbegin(); it != plugins_.plugins().rend(); ++it) {
-      try {
-        it->plugin->on_error(ectx);
-      } catch (...) {
-        // The original error is the one to report.
-      }
-    }
+    notify_error(e);
     throw;
   }
   if (run_.rank == 0 && stop_training_agreed_ && !summary.stop_signal) {

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <iosfwd>
 #include <memory>
 #include <optional>
@@ -19,7 +20,19 @@ namespace memrt {
 
 class DistContext;
 class DataLoader;
+class TokenDataset;
 class LrSchedule;
+
+// One evaluation of eval_file (data/dataset.h, eval_windows): the mean next-token loss over every
+// predicted token of every window, on all ranks together.
+struct EvalResult {
+  double loss = 0.0;
+  double perplexity = 0.0;  // exp(loss)
+  int64_t tokens = 0;       // predicted tokens: windows * (block_size - 1)
+  int64_t windows = 0;
+  int64_t step = 0;         // optimizer steps the model had taken
+  double seconds = 0.0;
+};
 
 struct TrainSummary {
   int64_t steps = 0;          // optimizer steps taken (including skipped ones)
@@ -32,6 +45,7 @@ struct TrainSummary {
   RankMemoryReport memory;     // this rank's estimate and measurement
   int stop_signal = 0;         // SIGTERM/SIGINT that stopped the run early (0: ran to the end)
   std::string last_checkpoint; // the folder of the newest checkpoint this run saved, if any
+  std::optional<EvalResult> eval;  // the last evaluation of eval_file, if the run has one
 };
 
 // SIGTERM and SIGINT ask the engine to finish the current step, save a checkpoint and stop; a
@@ -64,6 +78,9 @@ class Engine {
   ~Engine();
 
   TrainSummary train();
+  // `launcher eval`: builds the run as train() would (and loads the checkpoint resume_from names),
+  // evaluates eval_file once, prints the result and writes output_dir/eval.json.
+  EvalResult evaluate_only();
 
   // Continue from a checkpoint of cfg.output_dir: "" for the newest (its `latest`), else a tag
   // such as "global_step40". Call before train().
@@ -78,6 +95,15 @@ class Engine {
   void setup();
   void train_step(TrainSummary& summary);
   double micro_step(int64_t micro);
+  // The model's forward through the segments' phases and wrappers (memrt/plugin.h); `boundary`,
+  // when given, sees each segment's output and index (0: the embedding).
+  at::Tensor forward(const at::Tensor& tokens, int64_t micro,
+                     const std::function<void(at::Tensor&, int64_t)>& boundary = {});
+  // Every eval window once, split across the ranks; the model in eval mode (no dropout), no grad.
+  EvalResult evaluate();
+  void report_eval(const EvalResult& result);
+  // on_error of every plugin, reversed; what they throw is dropped (the original error is reported).
+  void notify_error(const std::exception& e);
   struct Segment;
   void assign_segment_slots();
   at::Tensor run_segment(const Segment& segment, const at::Tensor& x, SegmentFn body, int64_t micro);
@@ -101,6 +127,7 @@ class Engine {
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<LrSchedule> schedule_;
   std::unique_ptr<DataLoader> loader_;
+  std::shared_ptr<const TokenDataset> eval_data_;  // eval_file, when set
   std::vector<at::Tensor> trainable_;
 
   int64_t step_ = 0;             // optimizer steps taken, skipped ones included
@@ -124,6 +151,7 @@ class Engine {
 
   std::string metrics_path_;
   std::optional<std::string> resume_;
+  bool eval_only_ = false;  // evaluate_only(): no training, metrics.jsonl untouched
   bool stop_signal_agreed_ = false;    // a rank saw a stop signal by this step's vote
   bool stop_training_agreed_ = false;  // a rank's plugin set Control::stop_training by this vote
   EstimateReport estimate_;

@@ -209,7 +209,7 @@ void Engine::load_checkpoint(const std::string& dir) {
   step_ = meta.step;
   completed_steps_ = meta.completed_steps;
   skipped_steps_ = meta.skipped_steps;
-  if (run_.rank == 0) {
+  if (run_.rank == 0 && !metrics_path_.empty()) {  // (launcher eval leaves metrics.jsonl alone)
     // metrics.jsonl continues the resumed run: lines of steps after the checkpoint are dropped,
     // and so is a torn last line (a run killed while writing it).
     int64_t dropped = 0;
@@ -221,7 +221,9 @@ void Engine::load_checkpoint(const std::string& dir) {
     if (dropped > 0)
       log_ << "warning: " << metrics_path_ << ": dropped " << dropped
            << " unreadable line(s) (a run killed while writing it leaves a torn last line)\n";
-    log_ << "resumed from " << dir << " at step " << step_;
+  }
+  if (run_.rank == 0) {
+    log_ << (eval_only_ ? "loaded " : "resumed from ") << dir << " at step " << step_;
     if (!same_world)
       log_ << " (saved by " << m.world_size << " rank(s), re-partitioned onto " << run_.world_size << ")";
     log_ << "; rank 0 read " << files.opened() << " of " << m.world_size << " rank file(s)\n";

@@ -5,6 +5,8 @@
 //   launcher --print-config --deepspeed ds_config.json train.yaml         resolved config, exit
 //   launcher --estimate [--num_procs N] --deepspeed ds_config.json train.yaml   memory plan, exit
 //   launcher ... --resume | --resume=TAG                                  continue from a checkpoint
+//   launcher eval --deepspeed ds_config.json train.yaml [--eval_file=F] [--resume[=TAG]]
+//                                                                         eval_file's loss, eval.json
 //   launcher export CHECKPOINT DIR [--merge]                              Hugging Face directory
 #include <cstdlib>
 #include <filesystem>
@@ -44,13 +46,17 @@ struct Args {
   bool estimate = false;
   std::optional<std::string> resume;  // --resume ("": newest) or --resume=TAG
   bool trace_hooks = false;
+  bool eval = false;  // `launcher eval ...`
 };
 
 const char* kUsage =
-    "usage: launcher [options] --deepspeed DS_CONFIG.json TRAIN.yaml [--key=value | --key value ...]\n"
+    "usage: launcher [eval] [options] --deepspeed DS_CONFIG.json TRAIN.yaml [--key=value | --key value ...]\n"
+    "       launcher export CHECKPOINT DIR [--merge]\n"
     "\n"
     "Trains the model TRAIN.yaml describes with the strategy DS_CONFIG.json describes. Words after\n"
-    "TRAIN.yaml override its keys (e.g. --max_steps=20).\n";
+    "TRAIN.yaml override its keys (e.g. --max_steps=20). `launcher eval` trains nothing: it prints the\n"
+    "mean next-token loss of the model as configured (add --resume for the newest checkpoint of\n"
+    "output_dir) on eval_file (--eval_file=F) and writes output_dir/eval.json.\n";
 
 // Options of the launcher itself that take a value; needed to find where TRAIN.yaml is.
 bool takes_value(const std::string& word) {
@@ -212,8 +218,21 @@ int run(int argc, char** argv) {
     std::cout << memrt::export_checkpoint(argv[2], argv[3], merge) << "\n";
     return 0;
   }
+  // `launcher eval ...` is the training command line with one word in front: drop it here (ranks get
+  // it back in front of their own command line).
+  const bool eval = argc >= 2 && std::string(argv[1]) == "eval";
+  std::vector<char*> shifted(argv, argv + argc);
+  if (eval) shifted.erase(shifted.begin() + 1);
+  argc = static_cast<int>(shifted.size());
+  argv = shifted.data();
   Args args;
+  args.eval = eval;
   if (!parse_args(argc, argv, args)) return 0;
+  auto rank_args = [&] {
+    std::vector<std::string> out = worker_args(argc, argv);
+    if (eval) out.insert(out.begin(), "eval");
+    return out;
+  };
 
   if (!args.hostfile.empty()) {  // several machines: one ssh per rank, DeepSpeed's rank order
     auto hosts = memrt::parse_hostfile(args.hostfile);
@@ -224,7 +243,7 @@ int run(int argc, char** argv) {
     ssh.master_port = args.master_port;
     ssh.cwd = std::filesystem::current_path().string();
     ssh.program = std::filesystem::read_symlink("/proc/self/exe").string();
-    ssh.args = worker_args(argc, argv);
+    ssh.args = rank_args();
     ssh.env = memrt::exported_environment();
     std::vector<memrt::RankCommand> commands;
     for (const auto& c : memrt::ssh_rank_commands(nodes, ssh)) {
@@ -234,12 +253,15 @@ int run(int argc, char** argv) {
     std::cout << std::flush;
     return memrt::run_rank_processes(commands);
   }
-  if (args.estimate) return estimate(args);
+  if (args.estimate) {
+    if (args.eval) throw memrt::Error("launcher eval and --estimate do not go together: --estimate plans training");
+    return estimate(args);
+  }
   if (args.num_procs > 1 && std::getenv("RANK") == nullptr) {
     memrt::LocalLaunchOptions opts;
     opts.num_procs = args.num_procs;
     opts.executable = "/proc/self/exe";
-    opts.args = worker_args(argc, argv);
+    opts.args = rank_args();
     opts.master_addr = args.master_addr;
     opts.master_port = args.master_port;
     return memrt::run_local_ranks(opts);
@@ -266,6 +288,10 @@ int run(int argc, char** argv) {
   if (args.trace_hooks) plugins.set_trace(true);
   memrt::Engine engine(std::move(cfg), dist, std::move(plugins), std::cout);
   if (args.resume) engine.resume_from(*args.resume);
+  if (args.eval) {
+    engine.evaluate_only();
+    return 0;
+  }
   memrt::install_stop_signal_handlers();
   engine.train();
   return 0;

@@ -1,0 +1,95 @@
+"""The independent reference for `launcher eval`: transformers (with PEFT, and bitsandbytes for a
+4-bit base) computing the loss of a held-out file as Hugging Face users compute it. It shares no
+code with memrt.
+
+    peft_eval.py make gpt2|llama DIR
+        writes a small model with transformers' own random initialisation to DIR (config.json,
+        model.safetensors; vocabulary 256 for byte-level text, context 32, 2 blocks of width 64) and
+        two PEFT LoRA adapters for it (PeftModel.save_pretrained), DIR/lora and DIR/rslora: r 4,
+        alpha 8 (rslora: use_rslora, scaling alpha / sqrt(r)), lora_dropout 0.1 (evaluation must not
+        apply it), every projection (GPT-2: c_attn, c_proj, c_fc; Llama: q/k/v/o and gate/up/down),
+        B random (normal, std 0.02) so that the adapters count
+    peft_eval.py loss DIR FILE BLOCK OUT [--nf4 [--save SAVE]] [ADAPTER ...]
+        the mean next-token loss of FILE's bytes: consecutive windows of BLOCK tokens (the remainder
+        dropped), each window's model(input_ids=w, labels=w).loss with the model in eval mode,
+        averaged over the windows (each predicts BLOCK - 1 tokens: the mean over every predicted
+        token). Once for the model alone, then once per ADAPTER (PeftModel.from_pretrained on a
+        fresh copy). --nf4: DIR loaded in 4 bits by bitsandbytes (NF4, double quantization, fp32
+        compute: QLoRA's BitsAndBytesConfig); --save: where that 4-bit model is saved
+        (save_pretrained: a bnb-4bit directory). Writes {"losses": [model, adapters...],
+        "windows": ..., "tokens": ...} to OUT.
+"""
+import json
+import os
+import sys
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from transformers import (AutoModelForCausalLM, BitsAndBytesConfig, GPT2Config, GPT2LMHeadModel, LlamaConfig,
+                          LlamaForCausalLM)
+
+
+def make(kind, directory):
+    torch.manual_seed(1234)
+    gpt2 = kind == "gpt2"
+    if gpt2:
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=256, n_positions=32, n_embd=64, n_layer=2, n_head=2,
+                                           n_inner=256))
+    else:  # bitsandbytes' CPU 4-bit kernels need every input width a multiple of its block (64)
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=192,
+                                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                             max_position_embeddings=32, tie_word_embeddings=False))
+    model.save_pretrained(directory, safe_serialization=True)
+    targets = ["c_attn", "c_proj", "c_fc"] if gpt2 else ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                        "up_proj", "down_proj"]
+    for name in ("lora", "rslora"):
+        config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1, target_modules=targets, fan_in_fan_out=gpt2,
+                            use_rslora=name == "rslora", task_type="CAUSAL_LM")
+        peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32), config)
+        with torch.no_grad():
+            for n, p in peft_model.named_parameters():
+                if "lora_B" in n:
+                    p.normal_(0.0, 0.02)
+        peft_model.save_pretrained(os.path.join(directory, name))
+
+
+def loss(directory, text_file, block, out, *rest):
+    rest = list(rest)
+    nf4 = "--nf4" in rest
+    save = rest[rest.index("--save") + 1] if "--save" in rest else ""
+    adapters = [a for i, a in enumerate(rest) if not a.startswith("--") and (i == 0 or rest[i - 1] != "--save")]
+    block = int(block)
+    kwargs = {"dtype": torch.float32}
+    if nf4:
+        kwargs["quantization_config"] = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                                           bnb_4bit_use_double_quant=True,
+                                                           bnb_4bit_compute_dtype=torch.float32)
+        kwargs["device_map"] = "cpu"
+    data = torch.tensor(list(open(text_file, "rb").read()), dtype=torch.long)
+    windows = data.numel() // block
+    losses = []
+    for adapter_dir in [""] + adapters:
+        model = AutoModelForCausalLM.from_pretrained(directory, **kwargs)
+        if save and not adapter_dir:
+            model.save_pretrained(save)
+        if adapter_dir:
+            model = PeftModel.from_pretrained(model, adapter_dir)
+        model.eval()
+        total = 0.0
+        with torch.no_grad():
+            for w in range(windows):
+                ids = data[w * block:(w + 1) * block].unsqueeze(0)
+                total += model(input_ids=ids, labels=ids).loss.double().item()
+        losses.append(total / windows)
+    with open(out, "w") as f:
+        json.dump({"losses": losses, "windows": windows, "tokens": windows * (block - 1)}, f)
+
+
+if __name__ == "__main__":
+    command, args = sys.argv[1], sys.argv[2:]
+    if command == "make":
+        make(*args)
+    elif command == "loss":
+        loss(*args)
+    else:
+        sys.exit(f"unknown command {command}")

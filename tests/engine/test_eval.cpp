@@ -1,0 +1,202 @@
+// Evaluation as users run it: `launcher eval` and train.yaml's eval_file + eval_steps, against
+// transformers, PEFT and bitsandbytes computing the same held-out loss (tests/engine/peft_eval.py,
+// run at test time); and the errors a wrong evaluation config gets.
+#include <gtest/gtest.h>
+
+#include <rapidjson/document.h>
+
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "json_helpers.h"
+#include "run_helpers.h"
+#include "torch_reference.h"
+
+namespace {
+
+using namespace memrt_test;
+namespace fs = std::filesystem;
+
+const std::string kPeftEval = std::string(MEMRT_PYTHON) + " " + MEMRT_SOURCE_DIR + "/tests/engine/peft_eval.py ";
+const char* kDs = R"({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1})";
+
+// Held-out text of 3,235 bytes: 101 windows of 32 tokens, 3 bytes left over (dropped).
+constexpr int64_t kWindows = 101;
+std::string eval_text(const TempDir& dir) {
+  std::string text;
+  for (int i = 0; i < 60; ++i)
+    text += "Line " + std::to_string(i * 37 % 101) + ": the quick brown fox jumps over the lazy dog.\n";
+  EXPECT_EQ(text.size(), 3235u);
+  return dir.write("eval.txt", text);
+}
+
+// transformers' initialisation of a small GPT-2 or Llama in dir/KIND, with PEFT's adapters
+// KIND/lora and KIND/rslora (peft_eval.py make).
+fs::path make_model(const TempDir& dir, const std::string& kind) {
+  const fs::path model = dir.path() / kind;
+  const RunResult r = run(kPeftEval + "make " + kind + " " + model.string());
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  return model;
+}
+
+// PEFT's losses on the eval text: the model alone, then with each adapter.
+std::vector<double> peft_losses(const TempDir& dir, const fs::path& model, const std::string& args) {
+  const fs::path out = dir.path() / "peft_losses.json";
+  const RunResult r = run(kPeftEval + "loss " + model.string() + " " + (dir.path() / "eval.txt").string() + " 32 " +
+                          out.string() + " " + args);
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  std::vector<double> losses;
+  if (r.exit_code != 0) return losses;
+  const rapidjson::Document d = read_json(out);
+  EXPECT_EQ(d["windows"].GetInt64(), kWindows);
+  for (const auto& v : d["losses"].GetArray()) losses.push_back(v.GetDouble());
+  return losses;
+}
+
+// `launcher eval` of train.yaml `yaml` (+ the eval file): output_dir/eval.json.
+rapidjson::Document launcher_eval(const TempDir& dir, const std::string& name, const std::string& yaml,
+                                  const std::string& args = "") {
+  const RunResult r = run(kLauncher + " eval " + args + " --deepspeed " + dir.write(name + ".json", kDs) + " " +
+                          dir.write(name + ".yaml", yaml + "block_size: 32\neval_file: " +
+                                                        (dir.path() / "eval.txt").string() + "\n") +
+                          " --output_dir=" + (dir.path() / name).string());
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("eval of the model at step 0 | eval_loss"), std::string::npos) << r.out;
+  rapidjson::Document d = read_json(dir.path() / name / "eval.json");
+  EXPECT_EQ(d["windows"].GetInt64(), kWindows) << name;
+  EXPECT_EQ(d["tokens"].GetInt64(), kWindows * 31) << name;
+  EXPECT_NEAR(d["perplexity"].GetDouble(), std::exp(d["loss"].GetDouble()), 1e-9 * d["perplexity"].GetDouble());
+  return d;
+}
+
+double relative(double a, double b) { return std::abs(a / b - 1.0); }
+
+}  // namespace
+
+// A GPT-2 saved by transformers, alone and with PEFT's LoRA and rsLoRA adapters (every projection,
+// Conv1D's fan_in_fan_out, dropout that evaluation must not apply): `launcher eval` gives PEFT's
+// loss within 1e-5.
+TEST(Eval, GptTwoWithPeftAdaptersAsInPeft) {
+  TempDir dir("eval_gpt2");
+  eval_text(dir);
+  const fs::path model = make_model(dir, "gpt2");
+  const std::vector<double> want =
+      peft_losses(dir, model, (model / "lora").string() + " " + (model / "rslora").string());
+  ASSERT_EQ(want.size(), 3u);
+  EXPECT_GT(relative(want[1], want[0]), 1e-4) << "the adapter changes the loss";
+  EXPECT_GT(relative(want[2], want[1]), 1e-4) << "rsLoRA's scaling changes it again";
+  const std::string base = "model_name_or_path: " + model.string() + "\n";
+  EXPECT_LT(relative(launcher_eval(dir, "base", base)["loss"].GetDouble(), want[0]), 1e-5);
+  EXPECT_LT(relative(launcher_eval(dir, "lora", base + "adapter_name_or_path: " + (model / "lora").string() + "\n")
+                         ["loss"].GetDouble(), want[1]), 1e-5);
+  EXPECT_LT(relative(launcher_eval(dir, "rslora", base + "lora_model_dir: " + (model / "rslora").string() + "\n")
+                         ["loss"].GetDouble(), want[2]), 1e-5);
+}
+
+// A Llama with PEFT's adapters, on its fp32 base and on a 4-bit one: QLoRA's NF4 with double
+// quantization and fp32 compute, quantized as the model loads and read from the directory
+// bitsandbytes saved, against transformers + bitsandbytes + PEFT within 2e-5 — a bound that tells
+// the 4-bit base from the full one. Two ranks share the windows and agree with one.
+TEST(Eval, LlamaAndQLoraAsInPeftAndBitsandbytes) {
+  TempDir dir("eval_llama");
+  eval_text(dir);
+  const fs::path model = make_model(dir, "llama");
+  const std::string lora = (model / "lora").string(), rslora = (model / "rslora").string();
+  const std::vector<double> want = peft_losses(dir, model, lora + " " + rslora);
+  const fs::path saved4 = dir.path() / "llama_bnb4";
+  const std::vector<double> want4 = peft_losses(dir, model, "--nf4 --save " + saved4.string() + " " + lora);
+  ASSERT_EQ(want.size(), 3u);
+  ASSERT_EQ(want4.size(), 2u);
+  EXPECT_GT(relative(want4[1], want[1]), 2e-5) << "4-bit rounding moves the loss by more than the bound";
+
+  const std::string base = "model_name_or_path: " + model.string() + "\n";
+  EXPECT_LT(relative(launcher_eval(dir, "lora", base + "adapter_name_or_path: " + lora + "\n")["loss"].GetDouble(),
+                     want[1]), 1e-5);
+  const double two_ranks = launcher_eval(dir, "lora2", base + "adapter_name_or_path: " + lora + "\n",
+                                         "--num_procs 2 --master_port " + std::to_string(free_port()))["loss"]
+                               .GetDouble();
+  EXPECT_LT(relative(two_ranks, want[1]), 1e-5);
+  EXPECT_LT(relative(launcher_eval(dir, "rslora", base + "adapter_name_or_path: " + rslora + "\n")["loss"].GetDouble(),
+                     want[2]), 1e-5);
+  const std::string qlora = "adapter: qlora\nlora_model_dir: " + lora +
+                            "\nload_in_4bit: true\nbnb_4bit_quant_type: nf4\nbnb_4bit_use_double_quant: true\n"
+                            "bnb_4bit_compute_dtype: float32\n";
+  EXPECT_LT(relative(launcher_eval(dir, "qlora", base + qlora)["loss"].GetDouble(), want4[1]), 2e-5);
+  EXPECT_LT(relative(launcher_eval(dir, "qlora_saved", "model_name_or_path: " + saved4.string() + "\n" + qlora)["loss"]
+                         .GetDouble(), want4[1]), 2e-5);
+}
+
+// eval_file + eval_steps while training: eval_loss in metrics.jsonl at every eval_steps and at the
+// end, eval.json the last; `launcher eval --resume` of the saved checkpoint gives the same loss
+// and leaves metrics.jsonl as it was; the adapter the run saved, loaded by PEFT, gives it too.
+TEST(Eval, PeriodicEvalLauncherEvalAndPeftAgree) {
+  TempDir dir("eval_periodic");
+  eval_text(dir);
+  const fs::path model = make_model(dir, "gpt2");
+  const fs::path out = dir.path() / "run";
+  const std::string yaml = dir.write("train.yaml", "model_name_or_path: " + model.string() +
+                                                       "\nuse_peft: true\nlora_r: 4\nlora_target_modules: all-linear\n"
+                                                       "block_size: 32\nmax_steps: 5\nlogging_steps: 1\n"
+                                                       "learning_rate: 1.0e-2\nsave_steps: 5\neval_steps: 2\neval_file: " +
+                                                       (dir.path() / "eval.txt").string() + "\n");
+  const std::string ds = dir.write("ds.json", kDs);
+  const RunResult r = run(kLauncher + " --deepspeed " + ds + " " + yaml + " --output_dir=" + out.string());
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("eval     2/5 | eval_loss"), std::string::npos) << r.out;
+  EXPECT_EQ(losses(out).size(), 5u);
+  EXPECT_EQ(metric(out, "eval_loss").size(), 3u) << "steps 2, 4 and the last";
+  const std::vector<double> steps = metric(out, "step");
+  ASSERT_EQ(steps.size(), 8u);
+  const std::vector<double> evals = metric(out, "eval_loss");
+  ASSERT_EQ(evals.size(), 3u);
+  EXPECT_LT(evals.back(), evals.front()) << "training lowers the held-out loss";
+  const rapidjson::Document last = read_json(out / "eval.json");
+  EXPECT_EQ(last["step"].GetInt64(), 5);
+  EXPECT_EQ(last["loss"].GetDouble(), evals.back());
+
+  const std::string history = slurp(out / "metrics.jsonl");
+  const RunResult e = run(kLauncher + " eval --deepspeed " + ds + " " + yaml + " --output_dir=" + out.string() +
+                          " --resume");
+  ASSERT_EQ(e.exit_code, 0) << e.out;
+  EXPECT_NE(e.out.find("eval of the model at step 5"), std::string::npos) << e.out;
+  EXPECT_EQ(read_json(out / "eval.json")["loss"].GetDouble(), evals.back());
+  EXPECT_EQ(slurp(out / "metrics.jsonl"), history);
+
+  const std::vector<double> peft = peft_losses(dir, model, (out / "global_step5").string());
+  ASSERT_EQ(peft.size(), 2u);
+  EXPECT_LT(relative(evals.back(), peft[1]), 1e-5);
+}
+
+// Evaluation asked for without the file to evaluate is a note (the training is the same) or, from
+// `launcher eval`, an error naming the key; a file that cannot be evaluated is an error naming it.
+TEST(Eval, AWrongEvalConfigIsAnErrorNamingTheKey) {
+  TempDir dir("eval_errors");
+  const std::string ds = dir.write("ds.json", kDs);
+  const std::string tiny = dir.write("tiny.txt", "too short");
+  const std::string model =
+      "model: {arch: gpt2, n_layer: 1, n_head: 2, d_model: 32, d_ff: 64, vocab_size: 256, n_ctx: 32}\nblock_size: 32\n";
+  struct Case {
+    std::string command, yaml;
+    bool fails;
+    std::vector<std::string> says;
+  };
+  const std::vector<Case> cases = {
+      {"eval", "", true, {"eval_file", "is not set", "--eval_file=FILE"}},
+      {"", "eval_steps: 10\n", false, {"warning", "eval_steps", "no eval_file is set: nothing is evaluated"}},
+      {"", "eval_strategy: epoch\n", false, {"warning", "eval_strategy", "no eval_file is set"}},
+      {"", "eval_file: " + tiny + "\neval_strategy: sometimes\n", true, {"eval_strategy", "\"sometimes\"", "\"steps\""}},
+      {"", "eval_file: " + (dir.path() / "missing.txt").string() + "\n", true, {"eval_file", "missing.txt", "not a file"}},
+      {"eval", "eval_file: " + tiny + "\n", true, {"tiny.txt", "9 tokens", "fewer than one evaluation window"}},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const fs::path out = dir.path() / ("case" + std::to_string(i));
+    const RunResult r = run(kLauncher + " " + cases[i].command + " --deepspeed " + ds + " " +
+                            dir.write("case" + std::to_string(i) + ".yaml", model + cases[i].yaml) +
+                            " --max_steps=1 --output_dir=" + out.string());
+    EXPECT_EQ(r.exit_code != 0, cases[i].fails) << cases[i].yaml << r.out;
+    for (const std::string& s : cases[i].says) EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+    if (!cases[i].fails) EXPECT_FALSE(fs::exists(out / "eval.json")) << cases[i].yaml;
+  }
+}
