@@ -14,10 +14,10 @@ code with memrt.
         dropped), each window's model(input_ids=w, labels=w).loss with the model in eval mode,
         averaged over the windows (each predicts BLOCK - 1 tokens: the mean over every predicted
         token). Once for the model alone, then once per ADAPTER (PeftModel.from_pretrained on a
-        fresh copy). --nf4: DIR loaded in 4 bits by bitsandbytes (NF4, double quantization, fp32
+        fresh copy, its adapters trainable). --nf4: DIR loaded in 4 bits by bitsandbytes (NF4, double quantization, fp32
         compute: QLoRA's BitsAndBytesConfig); --save: where that 4-bit model is saved
         (save_pretrained: a bnb-4bit directory). Writes {"losses": [model, adapters...],
-        "windows": ..., "tokens": ...} to OUT.
+        "windows": ..., "tokens": ..., "lines": [print_trainable_parameters' line per adapter]} to OUT.
 """
 import json
 import os
@@ -67,13 +67,16 @@ def loss(directory, text_file, block, out, *rest):
         kwargs["device_map"] = "cpu"
     data = torch.tensor(list(open(text_file, "rb").read()), dtype=torch.long)
     windows = data.numel() // block
-    losses = []
+    losses, lines = [], []
     for adapter_dir in [""] + adapters:
         model = AutoModelForCausalLM.from_pretrained(directory, **kwargs)
         if save and not adapter_dir:
             model.save_pretrained(save)
         if adapter_dir:
-            model = PeftModel.from_pretrained(model, adapter_dir)
+            model = PeftModel.from_pretrained(model, adapter_dir, is_trainable=True)
+            trainable, total = model.get_nb_trainable_parameters()
+            lines.append(f"trainable params: {trainable:,d} || all params: {total:,d} || "
+                         f"trainable%: {100 * trainable / total:.4f}")
         model.eval()
         total = 0.0
         with torch.no_grad():
@@ -82,7 +85,7 @@ def loss(directory, text_file, block, out, *rest):
                 total += model(input_ids=ids, labels=ids).loss.double().item()
         losses.append(total / windows)
     with open(out, "w") as f:
-        json.dump({"losses": losses, "windows": windows, "tokens": windows * (block - 1)}, f)
+        json.dump({"losses": losses, "windows": windows, "tokens": windows * (block - 1), "lines": lines}, f)
 
 
 if __name__ == "__main__":

@@ -41,8 +41,10 @@ fs::path make_model(const TempDir& dir, const std::string& kind) {
   return model;
 }
 
-// PEFT's losses on the eval text: the model alone, then with each adapter.
-std::vector<double> peft_losses(const TempDir& dir, const fs::path& model, const std::string& args) {
+// PEFT's losses on the eval text: the model alone, then with each adapter; `lines`, when given,
+// receives print_trainable_parameters' line for each adapter.
+std::vector<double> peft_losses(const TempDir& dir, const fs::path& model, const std::string& args,
+                                std::vector<std::string>* lines = nullptr) {
   const fs::path out = dir.path() / "peft_losses.json";
   const RunResult r = run(kPeftEval + "loss " + model.string() + " " + (dir.path() / "eval.txt").string() + " 32 " +
                           out.string() + " " + args);
@@ -52,18 +54,21 @@ std::vector<double> peft_losses(const TempDir& dir, const fs::path& model, const
   const rapidjson::Document d = read_json(out);
   EXPECT_EQ(d["windows"].GetInt64(), kWindows);
   for (const auto& v : d["losses"].GetArray()) losses.push_back(v.GetDouble());
+  if (lines)
+    for (const auto& v : d["lines"].GetArray()) lines->push_back(v.GetString());
   return losses;
 }
 
 // `launcher eval` of train.yaml `yaml` (+ the eval file): output_dir/eval.json.
 rapidjson::Document launcher_eval(const TempDir& dir, const std::string& name, const std::string& yaml,
-                                  const std::string& args = "") {
+                                  const std::string& args = "", const std::string& says = "") {
   const RunResult r = run(kLauncher + " eval " + args + " --deepspeed " + dir.write(name + ".json", kDs) + " " +
                           dir.write(name + ".yaml", yaml + "block_size: 32\neval_file: " +
                                                         (dir.path() / "eval.txt").string() + "\n") +
                           " --output_dir=" + (dir.path() / name).string());
   EXPECT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("eval of the model at step 0 | eval_loss"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(says), std::string::npos) << says << "\n" << r.out;
   rapidjson::Document d = read_json(dir.path() / name / "eval.json");
   EXPECT_EQ(d["windows"].GetInt64(), kWindows) << name;
   EXPECT_EQ(d["tokens"].GetInt64(), kWindows * 31) << name;
@@ -77,20 +82,22 @@ double relative(double a, double b) { return std::abs(a / b - 1.0); }
 
 // A GPT-2 saved by transformers, alone and with PEFT's LoRA and rsLoRA adapters (every projection,
 // Conv1D's fan_in_fan_out, dropout that evaluation must not apply): `launcher eval` gives PEFT's
-// loss within 1e-5.
+// loss within 1e-5, and prints PEFT's print_trainable_parameters line.
 TEST(Eval, GptTwoWithPeftAdaptersAsInPeft) {
   TempDir dir("eval_gpt2");
   eval_text(dir);
   const fs::path model = make_model(dir, "gpt2");
+  std::vector<std::string> lines;
   const std::vector<double> want =
-      peft_losses(dir, model, (model / "lora").string() + " " + (model / "rslora").string());
+      peft_losses(dir, model, (model / "lora").string() + " " + (model / "rslora").string(), &lines);
   ASSERT_EQ(want.size(), 3u);
+  ASSERT_EQ(lines.size(), 2u);
   EXPECT_GT(relative(want[1], want[0]), 1e-4) << "the adapter changes the loss";
   EXPECT_GT(relative(want[2], want[1]), 1e-4) << "rsLoRA's scaling changes it again";
   const std::string base = "model_name_or_path: " + model.string() + "\n";
   EXPECT_LT(relative(launcher_eval(dir, "base", base)["loss"].GetDouble(), want[0]), 1e-5);
-  EXPECT_LT(relative(launcher_eval(dir, "lora", base + "adapter_name_or_path: " + (model / "lora").string() + "\n")
-                         ["loss"].GetDouble(), want[1]), 1e-5);
+  EXPECT_LT(relative(launcher_eval(dir, "lora", base + "adapter_name_or_path: " + (model / "lora").string() + "\n",
+                                   "", lines[0])["loss"].GetDouble(), want[1]), 1e-5);
   EXPECT_LT(relative(launcher_eval(dir, "rslora", base + "lora_model_dir: " + (model / "rslora").string() + "\n")
                          ["loss"].GetDouble(), want[2]), 1e-5);
 }
@@ -98,22 +105,26 @@ TEST(Eval, GptTwoWithPeftAdaptersAsInPeft) {
 // A Llama with PEFT's adapters, on its fp32 base and on a 4-bit one: QLoRA's NF4 with double
 // quantization and fp32 compute, quantized as the model loads and read from the directory
 // bitsandbytes saved, against transformers + bitsandbytes + PEFT within 2e-5 — a bound that tells
-// the 4-bit base from the full one. Two ranks share the windows and agree with one.
+// the 4-bit base from the full one. Two ranks share the windows and agree with one. The trainable
+// parameters are counted as PEFT counts them, a 4-bit weight by the elements it stands for.
 TEST(Eval, LlamaAndQLoraAsInPeftAndBitsandbytes) {
   TempDir dir("eval_llama");
   eval_text(dir);
   const fs::path model = make_model(dir, "llama");
   const std::string lora = (model / "lora").string(), rslora = (model / "rslora").string();
-  const std::vector<double> want = peft_losses(dir, model, lora + " " + rslora);
+  std::vector<std::string> lines, lines4;
+  const std::vector<double> want = peft_losses(dir, model, lora + " " + rslora, &lines);
   const fs::path saved4 = dir.path() / "llama_bnb4";
-  const std::vector<double> want4 = peft_losses(dir, model, "--nf4 --save " + saved4.string() + " " + lora);
+  const std::vector<double> want4 = peft_losses(dir, model, "--nf4 --save " + saved4.string() + " " + lora, &lines4);
+  ASSERT_EQ(lines.size(), 2u);
+  ASSERT_EQ(lines4.size(), 1u);
   ASSERT_EQ(want.size(), 3u);
   ASSERT_EQ(want4.size(), 2u);
   EXPECT_GT(relative(want4[1], want[1]), 2e-5) << "4-bit rounding moves the loss by more than the bound";
 
   const std::string base = "model_name_or_path: " + model.string() + "\n";
-  EXPECT_LT(relative(launcher_eval(dir, "lora", base + "adapter_name_or_path: " + lora + "\n")["loss"].GetDouble(),
-                     want[1]), 1e-5);
+  EXPECT_LT(relative(launcher_eval(dir, "lora", base + "adapter_name_or_path: " + lora + "\n", "", lines[0])["loss"]
+                         .GetDouble(), want[1]), 1e-5);
   const double two_ranks = launcher_eval(dir, "lora2", base + "adapter_name_or_path: " + lora + "\n",
                                          "--num_procs 2 --master_port " + std::to_string(free_port()))["loss"]
                                .GetDouble();
@@ -123,7 +134,7 @@ TEST(Eval, LlamaAndQLoraAsInPeftAndBitsandbytes) {
   const std::string qlora = "adapter: qlora\nlora_model_dir: " + lora +
                             "\nload_in_4bit: true\nbnb_4bit_quant_type: nf4\nbnb_4bit_use_double_quant: true\n"
                             "bnb_4bit_compute_dtype: float32\n";
-  EXPECT_LT(relative(launcher_eval(dir, "qlora", base + qlora)["loss"].GetDouble(), want4[1]), 2e-5);
+  EXPECT_LT(relative(launcher_eval(dir, "qlora", base + qlora, "", lines4[0])["loss"].GetDouble(), want4[1]), 2e-5);
   EXPECT_LT(relative(launcher_eval(dir, "qlora_saved", "model_name_or_path: " + saved4.string() + "\n" + qlora)["loss"]
                          .GetDouble(), want4[1]), 2e-5);
 }

@@ -13,6 +13,7 @@
 #include <iostream>
 #include <limits>
 #include <sstream>
+#include <unordered_map>
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
@@ -143,6 +144,34 @@ void check_planned(const std::vector<ParamInfo>& planned, const std::vector<Para
       throw Error("the plugins planned parameter " + describe_param(a) + " but the model has " +
                   describe_param(b) + " in its place after transform_model" + fix);
   }
+}
+
+std::string thousands(int64_t n) {
+  std::string digits = std::to_string(n), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+// PEFT's print_trainable_parameters line, counted as PEFT counts: every parameter once, one that a
+// plugin replaced by another format (a 4-bit weight's codes) by the elements it stands for.
+std::string trainable_parameters_line(const std::vector<ParamInfo>& planned, const ModelShape& shape) {
+  std::unordered_map<std::string, int64_t> logical;
+  for (const auto& [name, dims] : model_parameter_shapes(shape))
+    logical[name] = c10::multiply_integers(dims);
+  int64_t trainable = 0, all = 0;
+  for (const ParamInfo& p : planned) {
+    auto it = logical.find(p.name);
+    const int64_t n = at::isFloatingType(p.dtype) || it == logical.end() ? c10::multiply_integers(p.shape) : it->second;
+    all += n;
+    if (p.trainable) trainable += n;
+  }
+  std::ostringstream os;
+  os << "trainable params: " << thousands(trainable) << " || all params: " << thousands(all)
+     << " || trainable%: " << std::fixed << std::setprecision(4) << 100.0 * static_cast<double>(trainable) / static_cast<double>(std::max<int64_t>(1, all));
+  return os.str();
 }
 
 }  // namespace
@@ -370,6 +399,7 @@ void Engine::setup() {
     }
     log_ << "model: " << run_.shape.arch << ", " << count_parameters(*model_) << " parameters ("
          << trainable_.size() << " trainable tensors)\n"
+         << trainable_parameters_line(planned, run_.shape) << "\n"
          << "data: " << data->description() << ", " << loader_->samples() << " samples, "
          << loader_->steps_per_epoch() << " steps per epoch\n"
          << "batch: train_batch_size " << cfg_.train_batch_size << " = micro "
