@@ -188,6 +188,7 @@ class LoraPlugin final : public memrt::Plugin {
     const memrt::ConfigNode* rslora = r.child("use_rslora");
     const memrt::ConfigNode* targets = r.child("lora_target_modules");
     const memrt::ConfigNode* dir = r.child("lora_model_dir");
+    const memrt::ConfigNode* layers = r.child("layers_to_transform");
     if (const memrt::ConfigNode* ratio = r.child("loraplus_lr_ratio"); ratio && !ratio->is_null()) {
       loraplus_ratio_ = ratio->as_double();
       if (!(loraplus_ratio_ > 0.0))
@@ -208,12 +209,15 @@ class LoraPlugin final : public memrt::Plugin {
       agree(alpha, alpha && !alpha->is_null() && alpha->as_double() == peft.alpha, "lora_alpha " + std::to_string(peft.alpha));
       agree(rslora, rslora && !rslora->is_null() && rslora->as_bool() == peft.rslora, "use_rslora " + std::string(peft.rslora ? "true" : "false"));
       agree(targets, false, "target_modules");
+      agree(layers, layers && !layers->is_null() && memrt::lora::read_layers(*layers) == peft.layers_to_transform,
+            "layers_to_transform " + (peft.layers_to_transform.empty() ? std::string("null") : std::string("another list")));
       options_.r = peft.r;
       options_.alpha = peft.alpha;
       options_.rslora = peft.rslora;
       options_.dropout = peft.dropout;
       rule_.file = peft.file;
       rule_.modules = peft.target_modules;
+      rule_.layers = peft.layers_to_transform;
       fan_in_fan_out_ = peft.fan_in_fan_out;
     }
     if (rank && !rank->is_null()) options_.r = rank->as_int();
@@ -224,6 +228,7 @@ class LoraPlugin final : public memrt::Plugin {
       throw memrt::ConfigError(options.file(), "lora_dropout", "is " + std::to_string(options_.dropout) +
                                                                    "; a dropout probability must be in [0, 1)");
     if (rslora && !rslora->is_null()) options_.rslora = rslora->as_bool();
+    if (layers && !layers->is_null()) rule_.layers = memrt::lora::read_layers(*layers);
     if (targets && !targets->is_null()) {
       if (targets->is_string() && targets->as_string() == "all-linear") {
         rule_.all_linear = true;
@@ -244,6 +249,7 @@ class LoraPlugin final : public memrt::Plugin {
     c.dropout = options_.dropout;
     c.rslora = options_.rslora;
     c.fan_in_fan_out = arch == "gpt2";  // PEFT's flag for GPT-2's Conv1D projections
+    c.layers_to_transform = rule_.layers;
     std::set<std::string> modules;  // the targets' own names, as PEFT resolves target_modules
     for (const auto& [name, t] : targets_) modules.insert(name.substr(name.rfind('.') + 1));
     c.target_modules.assign(modules.begin(), modules.end());

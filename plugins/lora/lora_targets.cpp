@@ -15,14 +15,16 @@ bool ends_with(const std::string& s, const std::string& x) {
   return s.size() >= x.size() && s.compare(s.size() - x.size(), x.size(), x) == 0;
 }
 
-// "transformer.h.3.attn.c_attn.weight" -> "attn.c_attn": the module below the block's prefix.
-std::string block_module(const std::string& module) {
+// "transformer.h.3.attn.c_attn" -> "attn.c_attn" and 3: the module below the block's prefix and
+// the block's index ("" and -1 outside the blocks).
+std::pair<std::string, int64_t> block_module(const std::string& module) {
   for (const std::string prefix : {"transformer.h.", "model.layers."}) {
     if (!starts_with(module, prefix)) continue;
     const size_t dot = module.find('.', prefix.size());
-    return dot == std::string::npos ? std::string() : module.substr(dot + 1);
+    if (dot == std::string::npos) return {std::string(), -1};
+    return {module.substr(dot + 1), std::stoll(module.substr(prefix.size(), dot - prefix.size()))};
   }
-  return {};
+  return {std::string(), -1};
 }
 
 bool matches(const std::string& module, const std::vector<std::string>& targets) {
@@ -45,15 +47,23 @@ std::vector<Target> select_targets(const std::vector<ParamInfo>& params, const M
   if (wanted.empty() && !rule.all_linear) {
     wanted = arch == "llama" ? std::vector<std::string>{"q_proj", "v_proj"} : std::vector<std::string>{"c_attn"};
   }
+  for (int64_t layer : rule.layers)
+    if (layer < 0 || layer >= shape.n_layer)
+      throw ConfigError(rule.file, "layers_to_transform", "names block " + std::to_string(layer) + "; the model's blocks are 0.." +
+                                                              std::to_string(shape.n_layer - 1));
+  const auto transformed = [&](int64_t layer) {
+    return rule.layers.empty() || std::find(rule.layers.begin(), rule.layers.end(), layer) != rule.layers.end();
+  };
   std::vector<Target> out;
   std::set<std::string> available;
   for (const ParamInfo& p : params) {
     if (!ends_with(p.name, ".weight") || p.shape.size() != 2 || is_adapter(p.name)) continue;
     const std::string module = p.name.substr(0, p.name.size() - 7);
-    const std::string short_name = block_module(module);
+    const auto [short_name, layer] = block_module(module);
     if (short_name.empty()) continue;  // not inside a block: embeddings, lm_head
     available.insert(short_name.substr(short_name.rfind('.') + 1));
     if (!rule.all_linear && !matches(module, wanted)) continue;
+    if (!transformed(layer)) continue;
     if (at::isFloatingType(p.dtype)) {
       out.push_back({module, p.shape[1], p.shape[0]});
       continue;

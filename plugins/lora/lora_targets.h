@@ -7,6 +7,8 @@
 //   a list      the name equals an entry or ends with "." + entry ("q_proj", "self_attn.q_proj")
 //   all-linear  every projection of the blocks (never lm_head)
 //   none given  PEFT's default for the architecture: GPT-2 ["c_attn"], Llama ["q_proj", "v_proj"]
+// and, with layers_to_transform, only in the blocks of those indices (PEFT's layer index: the
+// number after "h." / "layers." in the module's name).
 // Candidates are the blocks' projections ("<block>.<module>.weight", 2-D); a selection matching
 // none of them is an error naming the key and the module names available.
 #pragma once
@@ -24,6 +26,7 @@ struct TargetRule {
   std::string file;                  // the config file, for errors
   std::vector<std::string> modules;  // lora_target_modules; empty: the architecture's default
   bool all_linear = false;
+  std::vector<int64_t> layers;       // layers_to_transform; empty: every block
 };
 
 struct Target {
@@ -34,7 +37,7 @@ struct Target {
 // The targets among `params` (model order) of the model `shape` describes: a target's (in, out) is
 // its weight's shape, or for a weight another plugin planned in another form (4-bit codes) the
 // model's own (model_parameter_shapes). Throws memrt::ConfigError naming lora_target_modules when
-// nothing matches.
+// nothing matches, or layers_to_transform when it names a block the model does not have.
 std::vector<Target> select_targets(const std::vector<ParamInfo>& params, const ModelShape& shape,
                                    const TargetRule& rule);
 

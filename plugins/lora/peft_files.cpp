@@ -19,6 +19,18 @@ bool unset(const ConfigNode* n) {
 
 }  // namespace
 
+std::vector<int64_t> read_layers(const ConfigNode& n) {
+  std::vector<int64_t> out;
+  if (n.is_null()) return out;
+  if (n.is_array()) {
+    for (const ConfigNode& item : n.as_array()) out.push_back(item.as_int());
+    if (out.empty()) throw n.error("is an empty list; list block indices, or leave it out for every block");
+  } else {
+    out.push_back(n.as_int());
+  }
+  return out;
+}
+
 PeftAdapterConfig read_peft_config(const std::string& dir) {
   PeftAdapterConfig c;
   c.file = (fs::path(dir) / kPeftConfigFile).string();
@@ -47,7 +59,15 @@ PeftAdapterConfig read_peft_config(const std::string& dir) {
                    "implemented yet)");
   if (const ConfigNode* n = field("use_dora"); !unset(n) && n->as_bool())
     refuse("use_dora", "is true; DoRA is not implemented yet in this memrt version");
-  for (const char* key : {"modules_to_save", "layers_to_transform", "rank_pattern", "alpha_pattern",
+  if (const ConfigNode* n = field("layers_to_transform"); !unset(n)) c.layers_to_transform = read_layers(*n);
+  if (const ConfigNode* n = field("layers_pattern"); !unset(n)) {
+    const std::vector<std::string> patterns = n->as_names();
+    for (const std::string& p : patterns)
+      if (p != "h" && p != "layers")
+        refuse("layers_pattern", "is " + n->to_json(0) + "; memrt's models number their blocks under \"h\" (GPT-2) "
+                                 "and \"layers\" (Llama)");
+  }
+  for (const char* key : {"modules_to_save", "rank_pattern", "alpha_pattern",
                           "target_parameters", "exclude_modules", "megatron_config", "loftq_config"}) {
     const ConfigNode* n = field(key);
     if (!unset(n))
@@ -71,7 +91,13 @@ std::string peft_config_json(const PeftAdapterConfig& c) {
   root.set("inference_mode", ConfigNode::boolean(true));
   root.set("init_lora_weights", ConfigNode::boolean(true));
   root.set("layers_pattern", ConfigNode::null());
-  root.set("layers_to_transform", ConfigNode::null());
+  if (c.layers_to_transform.empty()) {
+    root.set("layers_to_transform", ConfigNode::null());
+  } else {
+    ConfigNode layers = ConfigNode::array();
+    for (int64_t l : c.layers_to_transform) layers.push_back(ConfigNode::number(static_cast<double>(l)));
+    root.set("layers_to_transform", layers);
+  }
   root.set("lora_alpha", ConfigNode::number(c.alpha));
   root.set("lora_dropout", ConfigNode::real(c.dropout));  // a float in PEFT's file, 0.0 too
   root.set("modules_to_save", ConfigNode::null());

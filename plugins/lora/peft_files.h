@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <memrt/config_node.h>
 #include <memrt/safetensors.h>
 
 namespace memrt::lora {
@@ -18,8 +19,8 @@ inline constexpr char kPeftConfigFile[] = "adapter_config.json";
 inline constexpr char kPeftWeightsFile[] = "adapter_model.safetensors";
 
 // What a PEFT LoRA adapter_config.json sets, of what memrt builds. A field set to something memrt
-// does not build (use_dora, bias other than "none", modules_to_save, layers_to_transform,
-// rank_pattern, alpha_pattern, a regex target_modules, another peft_type, ...) is a
+// does not build (use_dora, bias other than "none", modules_to_save, a layers_pattern other than
+// the models' own "h" / "layers", rank_pattern, alpha_pattern, a regex target_modules, another peft_type, ...) is a
 // memrt::ConfigError naming the file and the field.
 struct PeftAdapterConfig {
   std::string file;  // <dir>/adapter_config.json
@@ -29,7 +30,11 @@ struct PeftAdapterConfig {
   bool rslora = false;
   bool fan_in_fan_out = false;
   std::vector<std::string> target_modules;
+  std::vector<int64_t> layers_to_transform;  // empty: every block
 };
+
+// layers_to_transform as PEFT's LoraConfig takes it: an index or a list of indices (null: none).
+std::vector<int64_t> read_layers(const ConfigNode& n);
 
 PeftAdapterConfig read_peft_config(const std::string& dir);
 

@@ -5,8 +5,9 @@ code with memrt.
     peft_eval.py make gpt2|llama DIR
         writes a small model with transformers' own random initialisation to DIR (config.json,
         model.safetensors; vocabulary 256 for byte-level text, context 32, 2 blocks of width 64) and
-        two PEFT LoRA adapters for it (PeftModel.save_pretrained), DIR/lora and DIR/rslora: r 4,
-        alpha 8 (rslora: use_rslora, scaling alpha / sqrt(r)), lora_dropout 0.1 (evaluation must not
+        three PEFT LoRA adapters for it (PeftModel.save_pretrained), DIR/lora, DIR/rslora and
+        DIR/layers: r 4, alpha 8 (rslora: use_rslora, scaling alpha / sqrt(r); layers:
+        layers_to_transform [1], the second block alone), lora_dropout 0.1 (evaluation must not
         apply it), every projection (GPT-2: c_attn, c_proj, c_fc; Llama: q/k/v/o and gate/up/down),
         B random (normal, std 0.02) so that the adapters count
     peft_eval.py loss DIR FILE BLOCK OUT [--nf4 [--save SAVE]] [ADAPTER ...]
@@ -42,9 +43,10 @@ def make(kind, directory):
     model.save_pretrained(directory, safe_serialization=True)
     targets = ["c_attn", "c_proj", "c_fc"] if gpt2 else ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                                         "up_proj", "down_proj"]
-    for name in ("lora", "rslora"):
+    for name in ("lora", "rslora", "layers"):
         config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1, target_modules=targets, fan_in_fan_out=gpt2,
-                            use_rslora=name == "rslora", task_type="CAUSAL_LM")
+                            use_rslora=name == "rslora", layers_to_transform=[1] if name == "layers" else None,
+                            task_type="CAUSAL_LM")
         peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32), config)
         with torch.no_grad():
             for n, p in peft_model.named_parameters():

@@ -81,17 +81,18 @@ double relative(double a, double b) { return std::abs(a / b - 1.0); }
 }  // namespace
 
 // A GPT-2 saved by transformers, alone and with PEFT's LoRA and rsLoRA adapters (every projection,
-// Conv1D's fan_in_fan_out, dropout that evaluation must not apply): `launcher eval` gives PEFT's
-// loss within 1e-5, and prints PEFT's print_trainable_parameters line.
+// Conv1D's fan_in_fan_out, dropout that evaluation must not apply, layers_to_transform):
+// `launcher eval` gives PEFT's loss within 1e-5, and prints PEFT's print_trainable_parameters line.
 TEST(Eval, GptTwoWithPeftAdaptersAsInPeft) {
   TempDir dir("eval_gpt2");
   eval_text(dir);
   const fs::path model = make_model(dir, "gpt2");
   std::vector<std::string> lines;
-  const std::vector<double> want =
-      peft_losses(dir, model, (model / "lora").string() + " " + (model / "rslora").string(), &lines);
-  ASSERT_EQ(want.size(), 3u);
-  ASSERT_EQ(lines.size(), 2u);
+  const std::vector<double> want = peft_losses(
+      dir, model, (model / "lora").string() + " " + (model / "rslora").string() + " " + (model / "layers").string(),
+      &lines);
+  ASSERT_EQ(want.size(), 4u);
+  ASSERT_EQ(lines.size(), 3u);
   EXPECT_GT(relative(want[1], want[0]), 1e-4) << "the adapter changes the loss";
   EXPECT_GT(relative(want[2], want[1]), 1e-4) << "rsLoRA's scaling changes it again";
   const std::string base = "model_name_or_path: " + model.string() + "\n";
@@ -100,6 +101,20 @@ TEST(Eval, GptTwoWithPeftAdaptersAsInPeft) {
                                    "", lines[0])["loss"].GetDouble(), want[1]), 1e-5);
   EXPECT_LT(relative(launcher_eval(dir, "rslora", base + "lora_model_dir: " + (model / "rslora").string() + "\n")
                          ["loss"].GetDouble(), want[2]), 1e-5);
+  // layers_to_transform: from PEFT's file, and as axolotl's key with the same targets (B zero there,
+  // so the model's loss; the count is PEFT's).
+  EXPECT_GT(relative(want[3], want[1]), 1e-4) << "one block's adapters are not both blocks'";
+  EXPECT_LT(relative(launcher_eval(dir, "layers", base + "lora_model_dir: " + (model / "layers").string() + "\n", "",
+                                   lines[2])["loss"].GetDouble(), want[3]), 1e-5);
+  const std::string keys = "adapter: lora\nlora_r: 4\nlora_alpha: 8\nlora_target_modules: [c_attn, c_proj, c_fc]\n";
+  EXPECT_LT(relative(launcher_eval(dir, "layers_key", base + keys + "peft_layers_to_transform: [1]\n", "", lines[2])
+                         ["loss"].GetDouble(), want[0]), 1e-5);
+  const RunResult bad = run(kLauncher + " eval --deepspeed " + dir.write("bad.json", kDs) + " " +
+                            dir.write("bad.yaml", base + keys + "layers_to_transform: 2\nblock_size: 32\n") + " --eval_file=" +
+                            (dir.path() / "eval.txt").string() + " --output_dir=" + (dir.path() / "bad").string());
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.out.find("layers_to_transform"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("the model's blocks are 0..1"), std::string::npos) << bad.out;
 }
 
 // A Llama with PEFT's adapters, on its fp32 base and on a 4-bit one: QLoRA's NF4 with double

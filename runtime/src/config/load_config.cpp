@@ -149,6 +149,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>> kYamlKeys = 
     {"lora_model_dir", {"lora_model_dir", "adapter_name_or_path"}},
     {"use_rslora", {"use_rslora", "peft_use_rslora"}},
     {"loraplus_lr_ratio", {"loraplus_lr_ratio"}},
+    {"layers_to_transform", {"layers_to_transform", "peft_layers_to_transform"}},
     {"use_peft", {"use_peft"}},
     {"adapter", {"adapter"}},
     {"finetuning_type", {"finetuning_type"}},
@@ -1272,7 +1273,8 @@ void Loader::resolve_lora_and_quant() {
       }
     }
     for (const char* k : {"lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_target",
-                          "lora_target_linear", "lora_model_dir", "use_rslora", "loraplus_lr_ratio"}) {
+                          "lora_target_linear", "lora_model_dir", "use_rslora", "loraplus_lr_ratio",
+                          "layers_to_transform"}) {
       if (const ConfigNode* n = yv(k))
         diag.warnings.push_back(where(*n) + " is ignored: " + where(*type) + " trains no adapters");
     }
@@ -1310,6 +1312,7 @@ void Loader::resolve_lora_and_quant() {
   take("lora_model_dir", Ty::Str);
   take("use_rslora", Ty::Bool);
   take("loraplus_lr_ratio", Ty::Num);
+  take("layers_to_transform", Ty::Any);  // an index or a list (PEFT's LoraConfig)
   // Target modules: a list, "all" (LLaMA-Factory) / lora_target_linear: true (axolotl) -> "all-linear"
   // (PEFT's spelling), or a comma-separated string.
   const ConfigNode* tm = yv("lora_target_modules");
