@@ -65,6 +65,8 @@ class LoraPlugin final : public memrt::Plugin {
     std::vector<Target> list;
     for (const auto& [name, t] : targets_) list.push_back(t);
     memrt::lora::plan_adapters(ctx.params, list, options_.r);
+    for (memrt::ParamInfo& p : ctx.params)
+      if (at::isFloatingType(p.dtype) && trained_bias(p.name)) p.trainable = true;
   }
 
   // What the adapters keep for backward beyond what the host's op model counts (a target's input
@@ -218,6 +220,7 @@ class LoraPlugin final : public memrt::Plugin {
       rule_.file = peft.file;
       rule_.modules = peft.target_modules;
       rule_.layers = peft.layers_to_transform;
+      bias_ = peft.bias;
       fan_in_fan_out_ = peft.fan_in_fan_out;
     }
     if (rank && !rank->is_null()) options_.r = rank->as_int();
@@ -250,29 +253,49 @@ class LoraPlugin final : public memrt::Plugin {
     c.rslora = options_.rslora;
     c.fan_in_fan_out = arch == "gpt2";  // PEFT's flag for GPT-2's Conv1D projections
     c.layers_to_transform = rule_.layers;
+    c.bias = bias_;
     std::set<std::string> modules;  // the targets' own names, as PEFT resolves target_modules
     for (const auto& [name, t] : targets_) modules.insert(name.substr(name.rfind('.') + 1));
     c.target_modules.assign(modules.begin(), modules.end());
     std::vector<std::pair<std::string, at::Tensor>> tensors;
     for (const std::string& name : saved.names())
-      if (memrt::lora::is_adapter(name)) tensors.emplace_back(memrt::lora::peft_key(name), saved.read(name));
+      if (memrt::lora::is_adapter(name) || trained_bias(name)) tensors.emplace_back(file_key(name), saved.read(name));
     memrt::write_file_atomic(dir + "/" + memrt::lora::kPeftConfigFile, memrt::lora::peft_config_json(c));
     memrt::write_safetensors(dir + "/" + memrt::lora::kPeftWeightsFile, tensors, {{"format", "pt"}});
     return {memrt::lora::kPeftConfigFile, memrt::lora::kPeftWeightsFile};
   }
 
-  // The loaded adapter's tensors into the wrapped layers, by PEFT key; anything else in the file
-  // (a DoRA magnitude, a module trained in full) is an error naming it.
+  // Whether the bias mode trains parameter `name` (a bias), and then PEFT saves it with the adapter.
+  bool trained_bias(const std::string& name) const {
+    if (bias_ == "none") return false;
+    std::vector<Target> list;
+    for (const auto& [module, t] : targets_) list.push_back(t);
+    return memrt::lora::bias_trains(name, bias_, list);
+  }
+
+  // A parameter's key in PEFT's file: a target's own bias is its base layer's
+  // ("<module>.base_layer.bias", where PEFT's LoRA layer keeps the wrapped one).
+  std::string file_key(const std::string& name) const {
+    const std::string module = name.size() > 5 ? name.substr(0, name.size() - 5) : std::string();
+    if (name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0 && targets_.count(module))
+      return memrt::lora::peft_key(module + ".base_layer.bias");
+    return memrt::lora::peft_key(name);
+  }
+
+  // The loaded adapter's tensors into the wrapped layers (and the biases its bias mode trains), by
+  // PEFT key; anything else in the file (a DoRA magnitude, a module trained in full) is an error
+  // naming it.
   void load_adapter(memrt::CausalLM& model) const {
     const memrt::SafetensorsFile file = memrt::lora::open_peft_weights(adapter_dir_);
     std::set<std::string> unread;
     for (const std::string& key : file.names()) unread.insert(key);
     at::NoGradGuard no_grad;
     for (const auto& item : model.named_parameters(/*recurse=*/true)) {
-      if (!memrt::lora::is_adapter(item.key())) continue;
-      const std::string key = memrt::lora::peft_key(item.key());
+      if (!memrt::lora::is_adapter(item.key()) && !trained_bias(item.key())) continue;
+      const std::string key = file_key(item.key());
       if (!file.contains(key))
-        throw memrt::FileError(file.path(), "has no tensor " + key + ", which the adapter's target_modules ask for");
+        throw memrt::FileError(file.path(), "has no tensor " + key + ", which the adapter's target_modules (and bias \"" +
+                                                bias_ + "\") ask for");
       const at::Tensor t = file.tensor(key);
       if (t.sizes() != item.value().sizes())
         throw memrt::FileError(file.path(), key + " has shape " + c10::str(t.sizes()) + "; the model's is " +
@@ -283,8 +306,8 @@ class LoraPlugin final : public memrt::Plugin {
     if (!unread.empty())
       throw memrt::FileError(file.path(), "holds " + *unread.begin() + (unread.size() > 1 ? " and " + std::to_string(unread.size() - 1) + " more" : "") +
                                               ", which this model's LoRA adapters do not have; memrt loads adapters of "
-                                              "lora_A and lora_B only (DoRA, modules_to_save and bias modes are not "
-                                              "implemented yet)");
+                                              "lora_A and lora_B and the biases of their bias mode (DoRA and "
+                                              "modules_to_save are not implemented yet)");
   }
 
   bool freeze_mode_ = false;
@@ -292,6 +315,7 @@ class LoraPlugin final : public memrt::Plugin {
   memrt::lora::LoraOptions options_;
   memrt::lora::TargetRule rule_;
   std::string adapter_dir_;  // lora_model_dir / adapter_name_or_path: a PEFT adapter to start from
+  std::string bias_ = "none";  // PEFT's bias mode, from the adapter loaded
   bool fan_in_fan_out_ = false;
   double loraplus_ratio_ = 1.0;  // LoRA+: B's learning rate over A's
   std::map<std::string, Target> targets_;  // by module name

@@ -112,4 +112,11 @@ void plan_adapters(std::vector<ParamInfo>& params, const std::vector<Target>& ta
   params = std::move(out);
 }
 
+bool bias_trains(const std::string& name, const std::string& bias, const std::vector<Target>& targets) {
+  if (bias == "all") return name.find("bias") != std::string::npos;
+  if (bias != "lora_only" || !ends_with(name, ".bias")) return false;
+  const std::string module = name.substr(0, name.size() - 5);
+  return std::any_of(targets.begin(), targets.end(), [&](const Target& t) { return t.module == module; });
+}
+
 }  // namespace memrt::lora

@@ -52,4 +52,8 @@ bool is_lora_b(const std::string& param_name);
 // named_parameters() puts them, so the plan lists the parameters in the model's order.
 void plan_adapters(std::vector<ParamInfo>& params, const std::vector<Target>& targets, int64_t r);
 
+// PEFT's bias modes (LoraConfig.bias): which biases train besides the adapters — "none"; "all":
+// every parameter whose name contains "bias" (PEFT's test); "lora_only": the targets' own biases.
+bool bias_trains(const std::string& param_name, const std::string& bias, const std::vector<Target>& targets);
+
 }  // namespace memrt::lora

@@ -54,9 +54,11 @@ PeftAdapterConfig read_peft_config(const std::string& dir) {
     refuse("target_modules", "is a regular expression (\"" + targets->as_string() + "\"); memrt loads adapters "
                              "whose target_modules is a list of module names");
   c.target_modules = targets->as_names();
-  if (const ConfigNode* n = field("bias"); !unset(n) && n->as_string() != "none")
-    refuse("bias", "is \"" + n->as_string() + "\"; memrt loads adapters with bias \"none\" (bias modes are not "
-                   "implemented yet)");
+  if (const ConfigNode* n = field("bias"); !unset(n)) {
+    c.bias = n->as_string();
+    if (c.bias != "none" && c.bias != "all" && c.bias != "lora_only")
+      refuse("bias", "is \"" + c.bias + "\"; PEFT's bias modes are \"none\", \"all\" and \"lora_only\"");
+  }
   if (const ConfigNode* n = field("use_dora"); !unset(n) && n->as_bool())
     refuse("use_dora", "is true; DoRA is not implemented yet in this memrt version");
   if (const ConfigNode* n = field("layers_to_transform"); !unset(n)) c.layers_to_transform = read_layers(*n);
@@ -86,7 +88,7 @@ std::string peft_config_json(const PeftAdapterConfig& c) {
   for (const std::string& t : c.target_modules) targets.push_back(ConfigNode::string(t));
   root.set("alpha_pattern", ConfigNode::object());
   root.set("base_model_name_or_path", ConfigNode::null());
-  root.set("bias", ConfigNode::string("none"));
+  root.set("bias", ConfigNode::string(c.bias));
   root.set("fan_in_fan_out", ConfigNode::boolean(c.fan_in_fan_out));
   root.set("inference_mode", ConfigNode::boolean(true));
   root.set("init_lora_weights", ConfigNode::boolean(true));

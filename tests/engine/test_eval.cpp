@@ -88,11 +88,11 @@ TEST(Eval, GptTwoWithPeftAdaptersAsInPeft) {
   eval_text(dir);
   const fs::path model = make_model(dir, "gpt2");
   std::vector<std::string> lines;
-  const std::vector<double> want = peft_losses(
-      dir, model, (model / "lora").string() + " " + (model / "rslora").string() + " " + (model / "layers").string(),
-      &lines);
-  ASSERT_EQ(want.size(), 4u);
-  ASSERT_EQ(lines.size(), 3u);
+  std::string adapters;
+  for (const char* a : {"lora", "rslora", "layers", "bias_all", "bias_lora_only"}) adapters += (model / a).string() + " ";
+  const std::vector<double> want = peft_losses(dir, model, adapters, &lines);
+  ASSERT_EQ(want.size(), 6u);
+  ASSERT_EQ(lines.size(), 5u);
   EXPECT_GT(relative(want[1], want[0]), 1e-4) << "the adapter changes the loss";
   EXPECT_GT(relative(want[2], want[1]), 1e-4) << "rsLoRA's scaling changes it again";
   const std::string base = "model_name_or_path: " + model.string() + "\n";
@@ -115,6 +115,42 @@ TEST(Eval, GptTwoWithPeftAdaptersAsInPeft) {
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.out.find("layers_to_transform"), std::string::npos) << bad.out;
   EXPECT_NE(bad.out.find("the model's blocks are 0..1"), std::string::npos) << bad.out;
+
+  // PEFT's bias modes: the biases the adapter saved are the model's (all of them, or the targets').
+  EXPECT_GT(relative(want[4], want[1]), 1e-4) << "the saved biases change the loss";
+  EXPECT_LT(relative(launcher_eval(dir, "bias_all", base + "lora_model_dir: " + (model / "bias_all").string() + "\n", "",
+                                   lines[3])["loss"].GetDouble(), want[4]), 1e-5);
+  EXPECT_LT(relative(launcher_eval(dir, "bias_lora_only",
+                                   base + "lora_model_dir: " + (model / "bias_lora_only").string() + "\n", "", lines[4])
+                         ["loss"].GetDouble(), want[5]), 1e-5);
+}
+
+// Training on from an adapter with PEFT's bias: all, the biases train with the adapters, the run's
+// peak is its estimate to the byte (without dropout, whose term is an upper bound), and the checkpoint's adapter — biases included — loads in PEFT
+// with `launcher eval`'s loss.
+TEST(Eval, BiasModeTrainsAsEstimatedAndReloadsInPeft) {
+  TempDir dir("eval_bias");
+  eval_text(dir);
+  const fs::path model = make_model(dir, "gpt2");
+  const fs::path out = dir.path() / "run";
+  const std::string yaml = dir.write("train.yaml", "model_name_or_path: " + model.string() + "\nlora_model_dir: " +
+                                                       (model / "bias_all").string() + "\nlora_dropout: 0.0\nblock_size: 32\nmax_steps: 2\n"
+                                                       "learning_rate: 1.0e-2\nsave_steps: 2\neval_file: " +
+                                                       (dir.path() / "eval.txt").string() + "\n");
+  const RunResult r = run(kLauncher + " --deepspeed " + dir.write("ds.json", kDs) + " " + yaml + " --output_dir=" + out.string());
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("(29 trainable tensors)"), std::string::npos) << "16 adapters, 13 biases\n" << r.out;
+  const rapidjson::Document report = read_json(out / "memory_report.json");
+  const auto& rank = report["ranks"][0];
+  EXPECT_EQ(rank["measured"]["peak_bytes"].GetInt64(), rank["estimate"]["peak_bytes"].GetInt64());
+  for (const auto& c : rank["measured"]["categories"].GetObject())
+    EXPECT_EQ(c.value["device"].GetInt64(), rank["estimate"]["categories"][c.name.GetString()]["device"].GetInt64())
+        << c.name.GetString();
+  const double trained = read_json(out / "eval.json")["loss"].GetDouble();
+  const std::vector<double> peft = peft_losses(dir, model, (out / "global_step2").string() + " " + (model / "bias_all").string());
+  ASSERT_EQ(peft.size(), 3u);
+  EXPECT_LT(relative(trained, peft[1]), 1e-5);
+  EXPECT_GT(relative(peft[1], peft[2]), 1e-4) << "training moved the adapter";
 }
 
 // A Llama with PEFT's adapters, on its fp32 base and on a 4-bit one: QLoRA's NF4 with double
