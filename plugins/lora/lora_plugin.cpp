@@ -67,6 +67,8 @@ class LoraPlugin final : public memrt::Plugin {
     memrt::lora::plan_adapters(ctx.params, list, options_.r);
     for (memrt::ParamInfo& p : ctx.params)
       if (at::isFloatingType(p.dtype) && trained_bias(p.name)) p.trainable = true;
+    memrt::lora::plan_modules_to_save(ctx.params, ctx.run.shape, modules_to_save_, modules_key_file_,
+                                      adapter_dir_.empty() ? "lora_modules_to_save" : "modules_to_save");
   }
 
   // What the adapters keep for backward beyond what the host's op model counts (a target's input
@@ -191,6 +193,7 @@ class LoraPlugin final : public memrt::Plugin {
     const memrt::ConfigNode* targets = r.child("lora_target_modules");
     const memrt::ConfigNode* dir = r.child("lora_model_dir");
     const memrt::ConfigNode* layers = r.child("layers_to_transform");
+    const memrt::ConfigNode* saved = r.child("lora_modules_to_save");
     if (const memrt::ConfigNode* ratio = r.child("loraplus_lr_ratio"); ratio && !ratio->is_null()) {
       loraplus_ratio_ = ratio->as_double();
       if (!(loraplus_ratio_ > 0.0))
@@ -221,6 +224,8 @@ class LoraPlugin final : public memrt::Plugin {
       rule_.modules = peft.target_modules;
       rule_.layers = peft.layers_to_transform;
       bias_ = peft.bias;
+      modules_to_save_ = peft.modules_to_save;
+      agree(saved, saved && !saved->is_null() && saved->as_names() == peft.modules_to_save, "modules_to_save");
       fan_in_fan_out_ = peft.fan_in_fan_out;
     }
     if (rank && !rank->is_null()) options_.r = rank->as_int();
@@ -232,6 +237,12 @@ class LoraPlugin final : public memrt::Plugin {
                                                                    "; a dropout probability must be in [0, 1)");
     if (rslora && !rslora->is_null()) options_.rslora = rslora->as_bool();
     if (layers && !layers->is_null()) rule_.layers = memrt::lora::read_layers(*layers);
+    if (saved && !saved->is_null()) {
+      modules_to_save_ = saved->as_names();
+      modules_key_file_ = saved->file();
+    } else if (!modules_to_save_.empty()) {
+      modules_key_file_ = rule_.file;  // the adapter's
+    }
     if (targets && !targets->is_null()) {
       if (targets->is_string() && targets->as_string() == "all-linear") {
         rule_.all_linear = true;
@@ -254,12 +265,13 @@ class LoraPlugin final : public memrt::Plugin {
     c.fan_in_fan_out = arch == "gpt2";  // PEFT's flag for GPT-2's Conv1D projections
     c.layers_to_transform = rule_.layers;
     c.bias = bias_;
+    c.modules_to_save = modules_to_save_;
     std::set<std::string> modules;  // the targets' own names, as PEFT resolves target_modules
     for (const auto& [name, t] : targets_) modules.insert(name.substr(name.rfind('.') + 1));
     c.target_modules.assign(modules.begin(), modules.end());
     std::vector<std::pair<std::string, at::Tensor>> tensors;
     for (const std::string& name : saved.names())
-      if (memrt::lora::is_adapter(name) || trained_bias(name)) tensors.emplace_back(file_key(name), saved.read(name));
+      if (in_adapter_file(name)) tensors.emplace_back(file_key(name), saved.read(name));
     memrt::write_file_atomic(dir + "/" + memrt::lora::kPeftConfigFile, memrt::lora::peft_config_json(c));
     memrt::write_safetensors(dir + "/" + memrt::lora::kPeftWeightsFile, tensors, {{"format", "pt"}});
     return {memrt::lora::kPeftConfigFile, memrt::lora::kPeftWeightsFile};
@@ -271,6 +283,12 @@ class LoraPlugin final : public memrt::Plugin {
     std::vector<Target> list;
     for (const auto& [module, t] : targets_) list.push_back(t);
     return memrt::lora::bias_trains(name, bias_, list);
+  }
+
+  // Whether PEFT's adapter file holds parameter `name`: the adapters, the biases of the bias mode,
+  // the modules trained in full.
+  bool in_adapter_file(const std::string& name) const {
+    return memrt::lora::is_adapter(name) || trained_bias(name) || memrt::lora::saved_module(name, modules_to_save_);
   }
 
   // A parameter's key in PEFT's file: a target's own bias is its base layer's
@@ -291,7 +309,7 @@ class LoraPlugin final : public memrt::Plugin {
     for (const std::string& key : file.names()) unread.insert(key);
     at::NoGradGuard no_grad;
     for (const auto& item : model.named_parameters(/*recurse=*/true)) {
-      if (!memrt::lora::is_adapter(item.key()) && !trained_bias(item.key())) continue;
+      if (!in_adapter_file(item.key())) continue;
       const std::string key = file_key(item.key());
       if (!file.contains(key))
         throw memrt::FileError(file.path(), "has no tensor " + key + ", which the adapter's target_modules (and bias \"" +
@@ -306,8 +324,8 @@ class LoraPlugin final : public memrt::Plugin {
     if (!unread.empty())
       throw memrt::FileError(file.path(), "holds " + *unread.begin() + (unread.size() > 1 ? " and " + std::to_string(unread.size() - 1) + " more" : "") +
                                               ", which this model's LoRA adapters do not have; memrt loads adapters of "
-                                              "lora_A and lora_B and the biases of their bias mode (DoRA and "
-                                              "modules_to_save are not implemented yet)");
+                                              "lora_A and lora_B, the biases of their bias mode and the modules "
+                                              "trained in full (DoRA is not implemented yet)");
   }
 
   bool freeze_mode_ = false;
@@ -316,6 +334,8 @@ class LoraPlugin final : public memrt::Plugin {
   memrt::lora::TargetRule rule_;
   std::string adapter_dir_;  // lora_model_dir / adapter_name_or_path: a PEFT adapter to start from
   std::string bias_ = "none";  // PEFT's bias mode, from the adapter loaded
+  std::vector<std::string> modules_to_save_;  // trained in full (PEFT's modules_to_save)
+  std::string modules_key_file_;              // the file that named them, for errors
   bool fan_in_fan_out_ = false;
   double loraplus_ratio_ = 1.0;  // LoRA+: B's learning rate over A's
   std::map<std::string, Target> targets_;  // by module name

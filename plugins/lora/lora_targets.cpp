@@ -112,6 +112,40 @@ void plan_adapters(std::vector<ParamInfo>& params, const std::vector<Target>& ta
   params = std::move(out);
 }
 
+bool saved_module(const std::string& name, const std::vector<std::string>& modules) {
+  const std::string module = name.substr(0, name.rfind('.'));
+  return std::any_of(modules.begin(), modules.end(), [&](const std::string& m) { return ends_with(module, m); });
+}
+
+void plan_modules_to_save(std::vector<ParamInfo>& params, const ModelShape& shape,
+                          const std::vector<std::string>& modules, const std::string& file, const std::string& key) {
+  for (const std::string& m : modules) {
+    if (shape.tie_embeddings && (m == "lm_head" || ends_with("transformer.wte", m) || ends_with("model.embed_tokens", m)))
+      throw ConfigError(file, key,
+                        "names " + m + ", but this " + shape.arch + " model ties lm_head to the token embedding: PEFT "
+                        "would train an untied copy, which memrt does not make; use a model with "
+                        "tie_word_embeddings false, or leave it out");
+    bool found = false;
+    for (ParamInfo& p : params) {
+      if (is_adapter(p.name) || !saved_module(p.name, {m})) continue;
+      if (!at::isFloatingType(p.dtype))
+        throw ConfigError(file, key, "names " + m + ", whose '" + p.name + "' is stored as " +
+                                                            c10::toString(p.dtype) + " (a quantized base): it cannot train in full");
+      p.trainable = true;
+      found = true;
+    }
+    if (!found) {
+      std::set<std::string> names;
+      for (const ParamInfo& p : params)
+        if (block_module(p.name.substr(0, p.name.rfind('.'))).first.empty()) names.insert(p.name.substr(0, p.name.rfind('.')));
+      std::string list;
+      for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+      throw ConfigError(file, key, "names " + m + ", which matches no module of the model (outside the "
+                                                      "blocks it has: " + list + ")");
+    }
+  }
+}
+
 bool bias_trains(const std::string& name, const std::string& bias, const std::vector<Target>& targets) {
   if (bias == "all") return name.find("bias") != std::string::npos;
   if (bias != "lora_only" || !ends_with(name, ".bias")) return false;

@@ -52,6 +52,15 @@ bool is_lora_b(const std::string& param_name);
 // named_parameters() puts them, so the plan lists the parameters in the model's order.
 void plan_adapters(std::vector<ParamInfo>& params, const std::vector<Target>& targets, int64_t r);
 
+// PEFT's modules_to_save: every parameter of a module whose name ends with one of `modules`
+// ("lm_head", "embed_tokens") trains in full. (PEFT trains a copy beside the frozen original;
+// memrt trains the module itself: the same values, one copy.) An entry that matches nothing, or a
+// module whose weight is tied to another (GPT-2's lm_head and wte), is a ConfigError naming
+// `key` in `file`.
+void plan_modules_to_save(std::vector<ParamInfo>& params, const ModelShape& shape,
+                          const std::vector<std::string>& modules, const std::string& file, const std::string& key);
+bool saved_module(const std::string& param_name, const std::vector<std::string>& modules);
+
 // PEFT's bias modes (LoraConfig.bias): which biases train besides the adapters — "none"; "all":
 // every parameter whose name contains "bias" (PEFT's test); "lora_only": the targets' own biases.
 bool bias_trains(const std::string& param_name, const std::string& bias, const std::vector<Target>& targets);

@@ -69,7 +69,8 @@ PeftAdapterConfig read_peft_config(const std::string& dir) {
         refuse("layers_pattern", "is " + n->to_json(0) + "; memrt's models number their blocks under \"h\" (GPT-2) "
                                  "and \"layers\" (Llama)");
   }
-  for (const char* key : {"modules_to_save", "rank_pattern", "alpha_pattern",
+  if (const ConfigNode* n = field("modules_to_save"); !unset(n)) c.modules_to_save = n->as_names();
+  for (const char* key : {"rank_pattern", "alpha_pattern",
                           "target_parameters", "exclude_modules", "megatron_config", "loftq_config"}) {
     const ConfigNode* n = field(key);
     if (!unset(n))
@@ -102,7 +103,13 @@ std::string peft_config_json(const PeftAdapterConfig& c) {
   }
   root.set("lora_alpha", ConfigNode::number(c.alpha));
   root.set("lora_dropout", ConfigNode::real(c.dropout));  // a float in PEFT's file, 0.0 too
-  root.set("modules_to_save", ConfigNode::null());
+  if (c.modules_to_save.empty()) {
+    root.set("modules_to_save", ConfigNode::null());
+  } else {
+    ConfigNode modules = ConfigNode::array();
+    for (const std::string& m : c.modules_to_save) modules.push_back(ConfigNode::string(m));
+    root.set("modules_to_save", modules);
+  }
   root.set("peft_type", ConfigNode::string("LORA"));
   root.set("r", ConfigNode::number(static_cast<double>(c.r)));
   root.set("rank_pattern", ConfigNode::object());

@@ -19,7 +19,7 @@ inline constexpr char kPeftConfigFile[] = "adapter_config.json";
 inline constexpr char kPeftWeightsFile[] = "adapter_model.safetensors";
 
 // What a PEFT LoRA adapter_config.json sets, of what memrt builds. A field set to something memrt
-// does not build (use_dora, modules_to_save, a layers_pattern other than
+// does not build (use_dora, a layers_pattern other than
 // the models' own "h" / "layers", rank_pattern, alpha_pattern, a regex target_modules, another peft_type, ...) is a
 // memrt::ConfigError naming the file and the field.
 struct PeftAdapterConfig {
@@ -32,6 +32,7 @@ struct PeftAdapterConfig {
   std::vector<std::string> target_modules;
   std::vector<int64_t> layers_to_transform;  // empty: every block
   std::string bias = "none";                 // "none" | "all" | "lora_only"
+  std::vector<std::string> modules_to_save;  // trained in full, saved whole
 };
 
 // layers_to_transform as PEFT's LoraConfig takes it: an index or a list of indices (null: none).

@@ -6,11 +6,12 @@ code with memrt.
         writes a small model with transformers' own random initialisation to DIR (config.json,
         model.safetensors; vocabulary 256 for byte-level text, context 32, 2 blocks of width 64) and
         PEFT LoRA adapters for it (PeftModel.save_pretrained), DIR/lora, DIR/rslora, DIR/layers and,
-        for GPT-2, DIR/bias_all and DIR/bias_lora_only: r 4, alpha 8 (rslora: use_rslora, scaling
-        alpha / sqrt(r); layers: layers_to_transform [1], the second block alone; bias_*: PEFT's
-        bias modes "all" and "lora_only"), lora_dropout 0.1 (evaluation must not apply it), every
-        projection (GPT-2: c_attn, c_proj, c_fc; Llama: q/k/v/o and gate/up/down), B and the trained
-        biases moved by normal noise (std 0.02) so that what the adapter saves counts
+        for GPT-2, DIR/bias_all and DIR/bias_lora_only, for Llama DIR/saved: r 4, alpha 8 (rslora:
+        use_rslora, scaling alpha / sqrt(r); layers: layers_to_transform [1], the second block
+        alone; bias_*: PEFT's bias modes "all" and "lora_only"; saved: modules_to_save lm_head and
+        embed_tokens), lora_dropout 0.1 (evaluation must not apply it), every projection (GPT-2:
+        c_attn, c_proj, c_fc; Llama: q/k/v/o and gate/up/down), B, the trained biases and the
+        modules trained in full moved by normal noise (std 0.02) so that what the adapter saves counts
     peft_eval.py loss DIR FILE BLOCK OUT [--nf4 [--save SAVE]] [ADAPTER ...]
         the mean next-token loss of FILE's bytes: consecutive windows of BLOCK tokens (the remainder
         dropped), each window's model(input_ids=w, labels=w).loss with the model in eval mode,
@@ -44,15 +45,16 @@ def make(kind, directory):
     model.save_pretrained(directory, safe_serialization=True)
     targets = ["c_attn", "c_proj", "c_fc"] if gpt2 else ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                                         "up_proj", "down_proj"]
-    for name in ("lora", "rslora", "layers") + (("bias_all", "bias_lora_only") if gpt2 else ()):
+    for name in ("lora", "rslora", "layers") + (("bias_all", "bias_lora_only") if gpt2 else ("saved",)):
         bias = name[5:] if name.startswith("bias_") else "none"
         config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1, target_modules=targets, fan_in_fan_out=gpt2,
                             use_rslora=name == "rslora", layers_to_transform=[1] if name == "layers" else None,
-                            bias=bias, task_type="CAUSAL_LM")
+                            bias=bias, modules_to_save=["lm_head", "embed_tokens"] if name == "saved" else None,
+                            task_type="CAUSAL_LM")
         peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32), config)
         with torch.no_grad():
             for n, p in peft_model.named_parameters():
-                if "lora_B" in n or ("bias" in n and p.requires_grad):  # trained biases, as if trained
+                if "lora_B" in n or (p.requires_grad and ("bias" in n or "modules_to_save" in n)):  # as if trained
                     p.add_(torch.randn_like(p) * 0.02)
         peft_model.save_pretrained(os.path.join(directory, name))
 

@@ -125,9 +125,47 @@ TEST(Eval, GptTwoWithPeftAdaptersAsInPeft) {
                          ["loss"].GetDouble(), want[5]), 1e-5);
 }
 
+// lora_modules_to_save (HF/TRL, axolotl; LLaMA-Factory's additional_target) trains lm_head and the
+// token embedding in full beside the adapters: the run's peak is its estimate to the byte, and the
+// checkpoint's adapter file — the modules included — loads in PEFT with `launcher eval`'s loss.
+TEST(Eval, ModulesToSaveTrainAsEstimatedAndReloadInPeft) {
+  TempDir dir("eval_saved");
+  eval_text(dir);
+  const fs::path model = make_model(dir, "llama");
+  const fs::path out = dir.path() / "run";
+  const std::string yaml = dir.write("train.yaml", "model_name_or_path: " + model.string() +
+                                                       "\nadapter: lora\nlora_r: 4\nlora_target_linear: true\n"
+                                                       "additional_target: lm_head,embed_tokens\nblock_size: 32\n"
+                                                       "max_steps: 2\nlearning_rate: 1.0e-2\nsave_steps: 2\neval_file: " +
+                                                       (dir.path() / "eval.txt").string() + "\n");
+  const RunResult r = run(kLauncher + " --deepspeed " + dir.write("ds.json", kDs) + " " + yaml + " --output_dir=" + out.string());
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("(30 trainable tensors)"), std::string::npos) << "28 adapters, lm_head, embed_tokens\n" << r.out;
+  const rapidjson::Document report = read_json(out / "memory_report.json");
+  const auto& rank = report["ranks"][0];
+  EXPECT_EQ(rank["measured"]["peak_bytes"].GetInt64(), rank["estimate"]["peak_bytes"].GetInt64());
+  for (const auto& c : rank["measured"]["categories"].GetObject())
+    EXPECT_EQ(c.value["device"].GetInt64(), rank["estimate"]["categories"][c.name.GetString()]["device"].GetInt64())
+        << c.name.GetString();
+  const double trained = read_json(out / "eval.json")["loss"].GetDouble();
+  const std::vector<double> peft = peft_losses(dir, model, (out / "global_step2").string());
+  ASSERT_EQ(peft.size(), 2u);
+  EXPECT_LT(relative(trained, peft[1]), 1e-5);
+
+  // A tied embedding cannot train apart from the head: an error naming the key.
+  const RunResult tied = run(kLauncher + " --deepspeed " + dir.write("ds2.json", kDs) + " " +
+                             dir.write("tied.yaml", "model: {arch: gpt2, n_layer: 1, n_head: 2, d_model: 32, d_ff: 64, "
+                                                    "vocab_size: 256, n_ctx: 32}\nblock_size: 32\nuse_peft: true\n"
+                                                    "lora_modules_to_save: [lm_head]\n") +
+                             " --output_dir=" + (dir.path() / "tied").string());
+  EXPECT_NE(tied.exit_code, 0);
+  EXPECT_NE(tied.out.find("lora_modules_to_save"), std::string::npos) << tied.out;
+  EXPECT_NE(tied.out.find("ties lm_head to the token embedding"), std::string::npos) << tied.out;
+}
+
 // Training on from an adapter with PEFT's bias: all, the biases train with the adapters, the run's
-// peak is its estimate to the byte (without dropout, whose term is an upper bound), and the checkpoint's adapter — biases included — loads in PEFT
-// with `launcher eval`'s loss.
+// peak is its estimate to the byte (without dropout, whose term is an upper bound), and the
+// checkpoint's adapter — biases included — loads in PEFT with `launcher eval`'s loss.
 TEST(Eval, BiasModeTrainsAsEstimatedAndReloadsInPeft) {
   TempDir dir("eval_bias");
   eval_text(dir);
@@ -153,7 +191,7 @@ TEST(Eval, BiasModeTrainsAsEstimatedAndReloadsInPeft) {
   EXPECT_GT(relative(peft[1], peft[2]), 1e-4) << "training moved the adapter";
 }
 
-// A Llama with PEFT's adapters, on its fp32 base and on a 4-bit one: QLoRA's NF4 with double
+// A Llama with PEFT's adapters (modules_to_save too), on its fp32 base and on a 4-bit one: QLoRA's NF4 with double
 // quantization and fp32 compute, quantized as the model loads and read from the directory
 // bitsandbytes saved, against transformers + bitsandbytes + PEFT within 2e-5 — a bound that tells
 // the 4-bit base from the full one. Two ranks share the windows and agree with one. The trainable
@@ -163,13 +201,14 @@ TEST(Eval, LlamaAndQLoraAsInPeftAndBitsandbytes) {
   eval_text(dir);
   const fs::path model = make_model(dir, "llama");
   const std::string lora = (model / "lora").string(), rslora = (model / "rslora").string();
+  const std::string saved = (model / "saved").string();
   std::vector<std::string> lines, lines4;
-  const std::vector<double> want = peft_losses(dir, model, lora + " " + rslora, &lines);
+  const std::vector<double> want = peft_losses(dir, model, lora + " " + rslora + " " + saved, &lines);
   const fs::path saved4 = dir.path() / "llama_bnb4";
   const std::vector<double> want4 = peft_losses(dir, model, "--nf4 --save " + saved4.string() + " " + lora, &lines4);
-  ASSERT_EQ(lines.size(), 2u);
+  ASSERT_EQ(lines.size(), 3u);
   ASSERT_EQ(lines4.size(), 1u);
-  ASSERT_EQ(want.size(), 3u);
+  ASSERT_EQ(want.size(), 4u);
   ASSERT_EQ(want4.size(), 2u);
   EXPECT_GT(relative(want4[1], want[1]), 2e-5) << "4-bit rounding moves the loss by more than the bound";
 
@@ -182,6 +221,10 @@ TEST(Eval, LlamaAndQLoraAsInPeftAndBitsandbytes) {
   EXPECT_LT(relative(two_ranks, want[1]), 1e-5);
   EXPECT_LT(relative(launcher_eval(dir, "rslora", base + "adapter_name_or_path: " + rslora + "\n")["loss"].GetDouble(),
                      want[2]), 1e-5);
+  // modules_to_save: lm_head and embed_tokens as the adapter saved them.
+  EXPECT_GT(relative(want[3], want[1]), 3e-5) << "the saved modules change the loss by more than the bound";
+  EXPECT_LT(relative(launcher_eval(dir, "saved", base + "adapter_name_or_path: " + saved + "\n")["loss"].GetDouble(),
+                     want[3]), 1e-5);
   const std::string qlora = "adapter: qlora\nlora_model_dir: " + lora +
                             "\nload_in_4bit: true\nbnb_4bit_quant_type: nf4\nbnb_4bit_use_double_quant: true\n"
                             "bnb_4bit_compute_dtype: float32\n";

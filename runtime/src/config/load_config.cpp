@@ -150,6 +150,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>> kYamlKeys = 
     {"use_rslora", {"use_rslora", "peft_use_rslora"}},
     {"loraplus_lr_ratio", {"loraplus_lr_ratio"}},
     {"layers_to_transform", {"layers_to_transform", "peft_layers_to_transform"}},
+    {"lora_modules_to_save", {"lora_modules_to_save", "additional_target"}},
     {"use_peft", {"use_peft"}},
     {"adapter", {"adapter"}},
     {"finetuning_type", {"finetuning_type"}},
@@ -1274,7 +1275,7 @@ void Loader::resolve_lora_and_quant() {
     }
     for (const char* k : {"lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_target",
                           "lora_target_linear", "lora_model_dir", "use_rslora", "loraplus_lr_ratio",
-                          "layers_to_transform"}) {
+                          "layers_to_transform", "lora_modules_to_save"}) {
       if (const ConfigNode* n = yv(k))
         diag.warnings.push_back(where(*n) + " is ignored: " + where(*type) + " trains no adapters");
     }
@@ -1313,6 +1314,7 @@ void Loader::resolve_lora_and_quant() {
   take("use_rslora", Ty::Bool);
   take("loraplus_lr_ratio", Ty::Num);
   take("layers_to_transform", Ty::Any);  // an index or a list (PEFT's LoraConfig)
+  take("lora_modules_to_save", Ty::Any);  // a list, or LLaMA-Factory's comma-separated string
   // Target modules: a list, "all" (LLaMA-Factory) / lora_target_linear: true (axolotl) -> "all-linear"
   // (PEFT's spelling), or a comma-separated string.
   const ConfigNode* tm = yv("lora_target_modules");
