@@ -105,9 +105,14 @@ class LoraPlugin final : public memrt::Plugin {
   // Every checkpoint holds the adapters as PEFT saves them (adapter_config.json,
   // adapter_model.safetensors): PeftModel.from_pretrained(base, "<output_dir>/global_step<N>")
   // loads them, as it loads a Hugging Face Trainer checkpoint of a PEFT run.
+  // Every checkpoint holds PEFT's files, and output_dir/adapter/ the newest checkpoint's (Hugging
+  // Face Trainer's output_dir after save_model: the adapter to load, without the training state).
   void write_checkpoint_files(memrt::CheckpointFilesContext& ctx) override {
     if (freeze_mode_) return;
     for (const char* f : write_peft_files(ctx.dir, ctx.saved, ctx.run.shape.arch)) ctx.files.push_back(f);
+    const std::string newest = ctx.run.output_dir + "/" + kAdapterDir;
+    std::filesystem::create_directories(newest);
+    write_peft_files(newest, ctx.saved, ctx.run.shape.arch);
   }
 
   // `launcher export`: the base as the other plugins and the host write it, and the adapters beside
@@ -327,6 +332,8 @@ class LoraPlugin final : public memrt::Plugin {
                                               "lora_A and lora_B, the biases of their bias mode and the modules "
                                               "trained in full (DoRA is not implemented yet)");
   }
+
+  static constexpr char kAdapterDir[] = "adapter";  // in output_dir: the newest checkpoint's adapter
 
   bool freeze_mode_ = false;
   memrt::lora::FreezeOptions freeze_;

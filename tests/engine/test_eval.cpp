@@ -235,7 +235,8 @@ TEST(Eval, LlamaAndQLoraAsInPeftAndBitsandbytes) {
 
 // eval_file + eval_steps while training: eval_loss in metrics.jsonl at every eval_steps and at the
 // end, eval.json the last; `launcher eval --resume` of the saved checkpoint gives the same loss
-// and leaves metrics.jsonl as it was; the adapter the run saved, loaded by PEFT, gives it too.
+// and leaves metrics.jsonl as it was; the adapter the run saved (output_dir/adapter/), loaded by
+// PEFT, gives it too.
 TEST(Eval, PeriodicEvalLauncherEvalAndPeftAgree) {
   TempDir dir("eval_periodic");
   eval_text(dir);
@@ -269,7 +270,9 @@ TEST(Eval, PeriodicEvalLauncherEvalAndPeftAgree) {
   EXPECT_EQ(read_json(out / "eval.json")["loss"].GetDouble(), evals.back());
   EXPECT_EQ(slurp(out / "metrics.jsonl"), history);
 
-  const std::vector<double> peft = peft_losses(dir, model, (out / "global_step5").string());
+  // output_dir/adapter/: the newest checkpoint's adapter, as Hugging Face Trainer leaves it.
+  EXPECT_EQ(slurp(out / "adapter" / "adapter_model.safetensors"), slurp(out / "global_step5" / "adapter_model.safetensors"));
+  const std::vector<double> peft = peft_losses(dir, model, (out / "adapter").string());
   ASSERT_EQ(peft.size(), 2u);
   EXPECT_LT(relative(evals.back(), peft[1]), 1e-5);
 }
