@@ -176,11 +176,24 @@ void Base4::export_model(ExportContext& ctx) const {
   for (const auto& [name, shape] : shapes_) {
     if (std::find(saved.begin(), saved.end(), name) == saved.end() || ctx.saved.format(name) != type_name)
       continue;  // not saved in this format: export names it
-    if (ctx.merge)
-      throw Error("launcher export --merge: '" + name + "' is a " + type_name + " weight; merging adapters into "
-                  "4-bit weights is not implemented yet: export without --merge (the 4-bit base and the adapter "
-                  "files beside it)");
     const FrozenLayout layout = linear4bit_layout(name, numel_of(shape), options_.type, options_.double_quant);
+    if (ctx.merge) {
+      // --merge writes a plain model: the weight dequantized as bitsandbytes' dequantize_4bit does,
+      // in fp32 and Hugging Face's layout, for a later plugin to fold its adapters into.
+      Quantized4 q;
+      q.type = options_.type;
+      q.shape = shape;
+      q.packed = ctx.saved.read(name);
+      q.absmax = ctx.saved.read(name, layout.tensors[1].name);
+      if (options_.double_quant) {
+        q.nested_absmax = ctx.saved.read(name, layout.tensors[2].name);
+        q.offset = ctx.saved.read(name, layout.tensors[3].name);
+      }
+      const at::Tensor w = dequantize_4bit(q, at::kFloat).reshape(shape);  // (out, in)
+      ctx.tensors[name] = ctx.run.shape.arch == "gpt2" ? w.t().contiguous() : w;  // GPT-2's Conv1D: (in, out)
+      ctx.handled.insert(name);
+      continue;  // and no quantization_config: the model is no longer 4-bit
+    }
     ctx.tensors[name] = ctx.saved.read(name);
     ctx.tensors[name + ".absmax"] = ctx.saved.read(name, layout.tensors[1].name);
     ctx.tensors[name + ".quant_map"] = map4(options_.type);

@@ -63,6 +63,9 @@ class Base4 {
   void plan_store(StorePlan& plan) const;
   // `launcher export`: every planned weight the checkpoint saved in this format, written as
   // read_bnb4bit reads it, marked handled; and quantization_config as BitsAndBytesConfig writes it.
+  // With --merge (ExportContext::merge), each written dequantized instead (bitsandbytes'
+  // dequantize_4bit, fp32, Hugging Face's layout) and no quantization_config: a plain model that a
+  // later plugin folds its adapters into.
   void export_model(ExportContext& ctx) const;
   // The tile scratch every Linear4bit shares (fp32 or 16-bit tiles, whichever is larger).
   int64_t scratch_bytes() const;

@@ -21,6 +21,11 @@ code with memrt.
         compute: QLoRA's BitsAndBytesConfig); --save: where that 4-bit model is saved
         (save_pretrained: a bnb-4bit directory). Writes {"losses": [model, adapters...],
         "windows": ..., "tokens": ..., "lines": [print_trainable_parameters' line per adapter]} to OUT.
+    peft_eval.py merged4 DIR ADAPTER MERGED OUT
+        DIR loaded in 4 bits as `loss --nf4` does, ADAPTER on it: each adapted layer's weight as
+        bitsandbytes dequantizes it plus PEFT's get_delta_weight, every other tensor as loaded,
+        against the plain model in MERGED (`launcher export --merge`): writes {"tensors": count,
+        "worst": the largest |MERGED - reference| over the tensor's largest |reference|} to OUT.
 """
 import json
 import os
@@ -59,6 +64,34 @@ def make(kind, directory):
         peft_model.save_pretrained(os.path.join(directory, name))
 
 
+def nf4_config():
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                              bnb_4bit_compute_dtype=torch.float32)
+
+
+def merged4(directory, adapter_dir, merged_dir, out):
+    import bitsandbytes as bnb
+    from safetensors.torch import load_file
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, quantization_config=nf4_config(),
+                                                 device_map="cpu")
+    model = PeftModel.from_pretrained(model, adapter_dir)
+    want = {}
+    for name, module in model.named_modules():
+        if hasattr(module, "get_delta_weight") and hasattr(module, "base_layer"):
+            w = module.base_layer.weight
+            base = bnb.functional.dequantize_4bit(w.data, w.quant_state).float()
+            want[name.replace("base_model.model.", "") + ".weight"] = base + module.get_delta_weight("default")
+    for name, p in model.named_parameters():
+        key = name.replace("base_model.model.", "")
+        if "lora_" not in key and ".base_layer." not in key:
+            want[key] = p.detach().float()
+    got = load_file(os.path.join(merged_dir, "model.safetensors"))
+    assert set(got) == set(want), f"keys differ: {sorted(set(got) ^ set(want))}"
+    worst = max(((got[k] - want[k]).abs().max() / want[k].abs().max()).item() for k in want)
+    with open(out, "w") as f:
+        json.dump({"tensors": len(want), "worst": worst}, f)
+
+
 def loss(directory, text_file, block, out, *rest):
     rest = list(rest)
     nf4 = "--nf4" in rest
@@ -67,9 +100,7 @@ def loss(directory, text_file, block, out, *rest):
     block = int(block)
     kwargs = {"dtype": torch.float32}
     if nf4:
-        kwargs["quantization_config"] = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                                                           bnb_4bit_use_double_quant=True,
-                                                           bnb_4bit_compute_dtype=torch.float32)
+        kwargs["quantization_config"] = nf4_config()
         kwargs["device_map"] = "cpu"
     data = torch.tensor(list(open(text_file, "rb").read()), dtype=torch.long)
     windows = data.numel() // block
@@ -100,5 +131,7 @@ if __name__ == "__main__":
         make(*args)
     elif command == "loss":
         loss(*args)
+    elif command == "merged4":
+        merged4(*args)
     else:
         sys.exit(f"unknown command {command}")

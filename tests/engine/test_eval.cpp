@@ -125,6 +125,37 @@ TEST(Eval, GptTwoWithPeftAdaptersAsInPeft) {
                          ["loss"].GetDouble(), want[5]), 1e-5);
 }
 
+// `launcher export --merge` of a QLoRA checkpoint: a plain fp32 model whose adapted weights are the
+// 4-bit base as bitsandbytes dequantizes it plus PEFT's get_delta_weight (within 1e-6), every other
+// tensor as trained; it evaluates as the QLoRA model it came from.
+TEST(Eval, QLoraMergedExportIsTheDequantizedBasePlusTheAdapters) {
+  TempDir dir("eval_merge4");
+  eval_text(dir);
+  const fs::path model = make_model(dir, "llama");
+  const fs::path out = dir.path() / "run";
+  const std::string yaml = dir.write("train.yaml", "model_name_or_path: " + model.string() + "\nadapter_name_or_path: " +
+                                                       (model / "lora").string() + "\nload_in_4bit: true\n"
+                                                       "bnb_4bit_compute_dtype: float32\nblock_size: 32\nmax_steps: 1\n"
+                                                       "save_steps: 1\nlearning_rate: 1.0e-2\neval_file: " +
+                                                       (dir.path() / "eval.txt").string() + "\n");
+  const RunResult r = run(kLauncher + " --deepspeed " + dir.write("ds.json", kDs) + " " + yaml + " --output_dir=" + out.string());
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const double qlora = read_json(out / "eval.json")["loss"].GetDouble();
+  const fs::path merged = dir.path() / "merged";
+  const RunResult e = run(kLauncher + " export " + (out / "global_step1").string() + " " + merged.string() + " --merge");
+  ASSERT_EQ(e.exit_code, 0) << e.out;
+  EXPECT_EQ(slurp(merged / "config.json").find("quantization_config"), std::string::npos) << "a plain model";
+  const fs::path compared = dir.path() / "compared.json";
+  const RunResult c = run(kPeftEval + "merged4 " + model.string() + " " + (out / "global_step1").string() + " " +
+                          merged.string() + " " + compared.string());
+  ASSERT_EQ(c.exit_code, 0) << c.out;
+  const rapidjson::Document d = read_json(compared);
+  EXPECT_EQ(d["tensors"].GetInt(), 21);
+  EXPECT_LT(d["worst"].GetDouble(), 1e-6);
+  EXPECT_LT(relative(launcher_eval(dir, "merged", "model_name_or_path: " + merged.string() + "\n")["loss"].GetDouble(),
+                     qlora), 1e-5);
+}
+
 // lora_modules_to_save (HF/TRL, axolotl; LLaMA-Factory's additional_target) trains lm_head and the
 // token embedding in full beside the adapters: the run's peak is its estimate to the byte, and the
 // checkpoint's adapter file — the modules included — loads in PEFT with `launcher eval`'s loss.
