@@ -3,6 +3,17 @@
 //
 //   y = base(x) + lora_B(lora_A(dropout(x))) · scaling       scaling = alpha / r (rsLoRA: alpha / sqrt(r))
 //
+// and with DoRA (use_dora), PEFT's DoraLinearLayer: a magnitude m (out) and, for W the base's
+// (out, in) weight,
+//
+//   n     = ||W + scaling · B A||_row, detached (no gradient, as the DoRA paper's section 4.3)
+//   s     = m / n
+//   y     = base(x) + (s - 1) · x_d W^T + s · lora_B(lora_A(x_d)) · scaling
+//
+// where x_d = dropout(x), and x_d W^T is base(x) less its bias when no dropout applies. W is the
+// base's "weight" parameter when it is a floating tensor, else (a 4-bit base: QDoRA) read through
+// the base's forward, base(I) - bias, which dequantizes exactly.
+//
 // `base` is any layer of in -> out features (nn::Linear, plugins/quant's Linear4bit: the lora plugin
 // sees only its forward and its tensors). The wrapper registers the base's own parameters and
 // buffers under their own names — the same tensors, so the parameter store's set_data reaches the
@@ -26,6 +37,7 @@ struct LoraOptions {
   double alpha = 8.0;
   double dropout = 0.0;   // on A's input only
   bool rslora = false;
+  bool dora = false;      // DoRA: "lora_magnitude_vector" (out)
 };
 
 // alpha / r, or alpha / sqrt(r) with rsLoRA.
@@ -38,8 +50,13 @@ class LoraLinearImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x);
 
   // PEFT's init_lora_weights=True: A kaiming-uniform with a = sqrt(5) (uniform in ±1/sqrt(in)) from
-  // the default generator, B zeros — the adapter starts as the identity on the base's output.
+  // the default generator, B zeros — the adapter starts as the identity on the base's output; with
+  // DoRA, m = ||W + scaling · B A||_row (= ||W||_row).
   void reset_parameters();
+
+  // DoRA's column norm ||W + scaling · B A||_row for the base weight `w` (out, in), in its dtype,
+  // without gradient.
+  at::Tensor weight_norm(const at::Tensor& w);
 
   double scaling() const { return scaling_; }
   const LoraOptions& options() const { return options_; }
@@ -47,8 +64,12 @@ class LoraLinearImpl : public torch::nn::Module {
   // memrt's projection (ops::linear): 16-bit adapters at speed on CPUs without 16-bit GEMM too.
   memrt::Linear lora_A{nullptr};
   memrt::Linear lora_B{nullptr};
+  at::Tensor lora_magnitude_vector;  // DoRA's m (out); undefined without DoRA
 
  private:
+  at::Tensor base_weight(at::ScalarType dtype);  // W (out, in), no gradient
+  at::Tensor base_bias() const;                  // the base's bias, or undefined
+  int64_t in_features_;
   torch::nn::AnyModule base_;
   LoraOptions options_;
   double scaling_;

@@ -64,7 +64,7 @@ class LoraPlugin final : public memrt::Plugin {
       targets_[t.module] = t;
     std::vector<Target> list;
     for (const auto& [name, t] : targets_) list.push_back(t);
-    memrt::lora::plan_adapters(ctx.params, list, options_.r);
+    memrt::lora::plan_adapters(ctx.params, list, options_.r, options_.dora);
     for (memrt::ParamInfo& p : ctx.params)
       if (at::isFloatingType(p.dtype) && trained_bias(p.name)) p.trainable = true;
     memrt::lora::plan_modules_to_save(ctx.params, ctx.run.shape, modules_to_save_, modules_key_file_,
@@ -76,13 +76,17 @@ class LoraPlugin final : public memrt::Plugin {
   // input and the dropout's mask, as wide (an upper bound: ATen keeps no mask where the input needs
   // no gradient). Plugins after this one that re-derive the activations (another compute dtype,
   // checkpointing) keep the term.
+  // With DoRA, the two products by the magnitude's scale keep their other operands: the base's
+  // result and the adapter's, each as wide as the output (the (out, in) sums W + scaling · B A are
+  // transient and not counted: DoRA's estimate is not to the byte).
   void estimate_memory(memrt::memory::MemoryEstimate& e) const override {
-    if (freeze_mode_ || options_.dropout == 0.0) return;
+    if (freeze_mode_ || (options_.dropout == 0.0 && !options_.dora)) return;
     const int64_t tokens = e.run->micro_batch_size * e.run->block_size;
     const int64_t width = static_cast<int64_t>(c10::elementSize(e.compute_dtype));
     for (const auto& [name, t] : targets_) {
       const int64_t block = memrt::memory::param_segment(name + ".weight", e.run->shape.n_layer);
-      e.activations.per_block.at(static_cast<size_t>(block)) += tokens * 2 * t.in * width;
+      const int64_t per_token = (options_.dropout > 0.0 ? 2 * t.in : 0) + (options_.dora ? 2 * t.out : 0);
+      e.activations.per_block.at(static_cast<size_t>(block)) += tokens * per_token * width;
     }
     e.refresh_activations();
   }
@@ -131,7 +135,12 @@ class LoraPlugin final : public memrt::Plugin {
         const at::Tensor a = ctx.saved.read(memrt::lora::lora_a_name(module)).to(at::kFloat);
         const at::Tensor b = ctx.saved.read(memrt::lora::lora_b_name(module)).to(at::kFloat);
         const at::Tensor delta = b.mm(a) * memrt::lora::lora_scaling(options_);
-        it->second = it->second + (conv1d ? delta.t() : delta);
+        at::Tensor w = (conv1d ? it->second.t() : it->second) + delta;  // (out, in)
+        if (options_.dora) {  // PEFT's DoRA merge: each row scaled to its magnitude m
+          const at::Tensor m = ctx.saved.read(memrt::lora::magnitude_name(module)).to(at::kFloat);
+          w = w * (m / at::linalg_vector_norm(w, 2, {1}, false, std::nullopt)).unsqueeze(1);
+        }
+        it->second = conv1d ? w.t().contiguous() : w;
       }
     } else {
       std::filesystem::create_directories(ctx.run.output_dir);
@@ -155,7 +164,8 @@ class LoraPlugin final : public memrt::Plugin {
         const std::string& name = plan.slots()[static_cast<size_t>(slot)].param.name;
         if (!memrt::lora::is_adapter(name)) continue;
         adapters.insert(name);
-        if (memrt::lora::is_lora_b(name)) bs.insert(name);
+        // LoRA+ (PEFT's create_loraplus_optimizer): B and the 1-d adapters (DoRA's magnitude).
+        if (memrt::lora::is_lora_b(name) || memrt::lora::is_magnitude(name)) bs.insert(name);
       }
       if (!adapters.empty() && adapters.size() < g.slots.size())
         plan.add_group({g.name + "_lora", [adapters](const memrt::ParamInfo& p) { return adapters.count(p.name) > 0; },
@@ -199,6 +209,7 @@ class LoraPlugin final : public memrt::Plugin {
     const memrt::ConfigNode* dir = r.child("lora_model_dir");
     const memrt::ConfigNode* layers = r.child("layers_to_transform");
     const memrt::ConfigNode* saved = r.child("lora_modules_to_save");
+    const memrt::ConfigNode* dora = r.child("use_dora");
     if (const memrt::ConfigNode* ratio = r.child("loraplus_lr_ratio"); ratio && !ratio->is_null()) {
       loraplus_ratio_ = ratio->as_double();
       if (!(loraplus_ratio_ > 0.0))
@@ -218,6 +229,8 @@ class LoraPlugin final : public memrt::Plugin {
       agree(rank, rank && !rank->is_null() && rank->as_int() == peft.r, "r " + std::to_string(peft.r));
       agree(alpha, alpha && !alpha->is_null() && alpha->as_double() == peft.alpha, "lora_alpha " + std::to_string(peft.alpha));
       agree(rslora, rslora && !rslora->is_null() && rslora->as_bool() == peft.rslora, "use_rslora " + std::string(peft.rslora ? "true" : "false"));
+      agree(dora, dora && !dora->is_null() && dora->as_bool() == peft.dora, "use_dora " + std::string(peft.dora ? "true" : "false"));
+      options_.dora = peft.dora;
       agree(targets, false, "target_modules");
       agree(layers, layers && !layers->is_null() && memrt::lora::read_layers(*layers) == peft.layers_to_transform,
             "layers_to_transform " + (peft.layers_to_transform.empty() ? std::string("null") : std::string("another list")));
@@ -241,6 +254,7 @@ class LoraPlugin final : public memrt::Plugin {
       throw memrt::ConfigError(options.file(), "lora_dropout", "is " + std::to_string(options_.dropout) +
                                                                    "; a dropout probability must be in [0, 1)");
     if (rslora && !rslora->is_null()) options_.rslora = rslora->as_bool();
+    if (dora && !dora->is_null()) options_.dora = dora->as_bool();
     if (layers && !layers->is_null()) rule_.layers = memrt::lora::read_layers(*layers);
     if (saved && !saved->is_null()) {
       modules_to_save_ = saved->as_names();
@@ -267,6 +281,7 @@ class LoraPlugin final : public memrt::Plugin {
     c.alpha = options_.alpha;
     c.dropout = options_.dropout;
     c.rslora = options_.rslora;
+    c.dora = options_.dora;
     c.fan_in_fan_out = arch == "gpt2";  // PEFT's flag for GPT-2's Conv1D projections
     c.layers_to_transform = rule_.layers;
     c.bias = bias_;

@@ -37,7 +37,11 @@ bool matches(const std::string& module, const std::vector<std::string>& targets)
 std::string lora_a_name(const std::string& module) { return module + ".lora_A.weight"; }
 std::string lora_b_name(const std::string& module) { return module + ".lora_B.weight"; }
 bool is_lora_b(const std::string& name) { return ends_with(name, ".lora_B.weight"); }
-bool is_adapter(const std::string& name) { return ends_with(name, ".lora_A.weight") || is_lora_b(name); }
+std::string magnitude_name(const std::string& module) { return module + ".lora_magnitude_vector"; }
+bool is_magnitude(const std::string& name) { return ends_with(name, ".lora_magnitude_vector"); }
+bool is_adapter(const std::string& name) {
+  return ends_with(name, ".lora_A.weight") || is_lora_b(name) || is_magnitude(name);
+}
 
 std::vector<Target> select_targets(const std::vector<ParamInfo>& params, const ModelShape& shape,
                                    const TargetRule& rule) {
@@ -88,7 +92,7 @@ std::vector<Target> select_targets(const std::vector<ParamInfo>& params, const M
   return out;
 }
 
-void plan_adapters(std::vector<ParamInfo>& params, const std::vector<Target>& targets, int64_t r) {
+void plan_adapters(std::vector<ParamInfo>& params, const std::vector<Target>& targets, int64_t r, bool dora) {
   std::map<std::string, const Target*> by_module;
   for (const Target& t : targets) by_module[t.module] = &t;
   std::vector<ParamInfo> out;
@@ -106,6 +110,8 @@ void plan_adapters(std::vector<ParamInfo>& params, const std::vector<Target>& ta
         params[i + 1].name.find('.', module.size() + 1) == std::string::npos)
       continue;
     const Target& t = *it->second;
+    // LoraLinear's own parameters come before its submodules': the magnitude, then A and B.
+    if (dora) out.push_back({magnitude_name(module), {t.out}, at::kFloat, true, true});
     out.push_back({lora_a_name(module), {r, t.in}, at::kFloat, true, true});
     out.push_back({lora_b_name(module), {t.out, r}, at::kFloat, true, true});
   }

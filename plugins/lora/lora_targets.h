@@ -41,16 +41,19 @@ struct Target {
 std::vector<Target> select_targets(const std::vector<ParamInfo>& params, const ModelShape& shape,
                                    const TargetRule& rule);
 
-// The adapters' names: "<module>.lora_A.weight" (r, in) and "<module>.lora_B.weight" (out, r).
+// The adapters' names: "<module>.lora_A.weight" (r, in), "<module>.lora_B.weight" (out, r) and,
+// with DoRA, "<module>.lora_magnitude_vector" (out).
 std::string lora_a_name(const std::string& module);
 std::string lora_b_name(const std::string& module);
+std::string magnitude_name(const std::string& module);
+bool is_magnitude(const std::string& param_name);
 bool is_adapter(const std::string& param_name);
 bool is_lora_b(const std::string& param_name);
 
 // Freezes every parameter and inserts each target's adapters (fp32, trainable, decaying) right
 // after the target's own parameters ("<module>.weight", "<module>.bias"): where LoraLinear's
 // named_parameters() puts them, so the plan lists the parameters in the model's order.
-void plan_adapters(std::vector<ParamInfo>& params, const std::vector<Target>& targets, int64_t r);
+void plan_adapters(std::vector<ParamInfo>& params, const std::vector<Target>& targets, int64_t r, bool dora);
 
 // PEFT's modules_to_save: every parameter of a module whose name ends with one of `modules`
 // ("lm_head", "embed_tokens") trains in full. (PEFT trains a copy beside the frozen original;

@@ -59,8 +59,7 @@ PeftAdapterConfig read_peft_config(const std::string& dir) {
     if (c.bias != "none" && c.bias != "all" && c.bias != "lora_only")
       refuse("bias", "is \"" + c.bias + "\"; PEFT's bias modes are \"none\", \"all\" and \"lora_only\"");
   }
-  if (const ConfigNode* n = field("use_dora"); !unset(n) && n->as_bool())
-    refuse("use_dora", "is true; DoRA is not implemented yet in this memrt version");
+  if (const ConfigNode* n = field("use_dora"); !unset(n)) c.dora = n->as_bool();
   if (const ConfigNode* n = field("layers_to_transform"); !unset(n)) c.layers_to_transform = read_layers(*n);
   if (const ConfigNode* n = field("layers_pattern"); !unset(n)) {
     const std::vector<std::string> patterns = n->as_names();
@@ -116,7 +115,7 @@ std::string peft_config_json(const PeftAdapterConfig& c) {
   root.set("revision", ConfigNode::null());
   root.set("target_modules", targets);
   root.set("task_type", ConfigNode::string("CAUSAL_LM"));
-  root.set("use_dora", ConfigNode::boolean(false));
+  root.set("use_dora", ConfigNode::boolean(c.dora));
   root.set("use_rslora", ConfigNode::boolean(c.rslora));
   return root.to_json(2) + "\n";
 }

@@ -19,7 +19,7 @@ inline constexpr char kPeftConfigFile[] = "adapter_config.json";
 inline constexpr char kPeftWeightsFile[] = "adapter_model.safetensors";
 
 // What a PEFT LoRA adapter_config.json sets, of what memrt builds. A field set to something memrt
-// does not build (use_dora, a layers_pattern other than
+// does not build ( a layers_pattern other than
 // the models' own "h" / "layers", rank_pattern, alpha_pattern, a regex target_modules, another peft_type, ...) is a
 // memrt::ConfigError naming the file and the field.
 struct PeftAdapterConfig {
@@ -28,6 +28,7 @@ struct PeftAdapterConfig {
   double alpha = 8.0;
   double dropout = 0.0;
   bool rslora = false;
+  bool dora = false;
   bool fan_in_fan_out = false;
   std::vector<std::string> target_modules;
   std::vector<int64_t> layers_to_transform;  // empty: every block

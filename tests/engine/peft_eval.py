@@ -5,20 +5,25 @@ code with memrt.
     peft_eval.py make gpt2|llama DIR
         writes a small model with transformers' own random initialisation to DIR (config.json,
         model.safetensors; vocabulary 256 for byte-level text, context 32, 2 blocks of width 64) and
-        PEFT LoRA adapters for it (PeftModel.save_pretrained), DIR/lora, DIR/rslora, DIR/layers and,
+        PEFT LoRA adapters for it (PeftModel.save_pretrained), DIR/lora, DIR/rslora, DIR/layers,
+        DIR/dora (use_dora: DoRA's magnitude vector) and,
         for GPT-2, DIR/bias_all and DIR/bias_lora_only, for Llama DIR/saved: r 4, alpha 8 (rslora:
         use_rslora, scaling alpha / sqrt(r); layers: layers_to_transform [1], the second block
         alone; bias_*: PEFT's bias modes "all" and "lora_only"; saved: modules_to_save lm_head and
         embed_tokens), lora_dropout 0.1 (evaluation must not apply it), every projection (GPT-2:
-        c_attn, c_proj, c_fc; Llama: q/k/v/o and gate/up/down), B, the trained biases and the
-        modules trained in full moved by normal noise (std 0.02) so that what the adapter saves counts
-    peft_eval.py loss DIR FILE BLOCK OUT [--nf4 [--save SAVE]] [ADAPTER ...]
+        c_attn, c_proj, c_fc; Llama: q/k/v/o and gate/up/down), B, DoRA's magnitude, the trained
+        biases and the modules trained in full moved by normal noise (std 0.02) so that what the
+        adapter saves counts
+    peft_eval.py loss DIR FILE BLOCK OUT [--nf4 [--dequantize] [--save SAVE]] [ADAPTER ...]
         the mean next-token loss of FILE's bytes: consecutive windows of BLOCK tokens (the remainder
         dropped), each window's model(input_ids=w, labels=w).loss with the model in eval mode,
         averaged over the windows (each predicts BLOCK - 1 tokens: the mean over every predicted
         token). Once for the model alone, then once per ADAPTER (PeftModel.from_pretrained on a
         fresh copy, its adapters trainable). --nf4: DIR loaded in 4 bits by bitsandbytes (NF4, double quantization, fp32
-        compute: QLoRA's BitsAndBytesConfig); --save: where that 4-bit model is saved
+        compute: QLoRA's BitsAndBytesConfig); --dequantize: then every 4-bit linear replaced by an
+        nn.Linear of its weight as bitsandbytes' dequantize_4bit returns it (the exact computation on
+        the 4-bit weights, where bitsandbytes' CPU 4-bit matmul approximates); --save: where that
+        4-bit model is saved
         (save_pretrained: a bnb-4bit directory). Writes {"losses": [model, adapters...],
         "windows": ..., "tokens": ..., "lines": [print_trainable_parameters' line per adapter]} to OUT.
     peft_eval.py merged4 DIR ADAPTER MERGED OUT
@@ -50,16 +55,16 @@ def make(kind, directory):
     model.save_pretrained(directory, safe_serialization=True)
     targets = ["c_attn", "c_proj", "c_fc"] if gpt2 else ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                                         "up_proj", "down_proj"]
-    for name in ("lora", "rslora", "layers") + (("bias_all", "bias_lora_only") if gpt2 else ("saved",)):
+    for name in ("lora", "rslora", "layers", "dora") + (("bias_all", "bias_lora_only") if gpt2 else ("saved",)):
         bias = name[5:] if name.startswith("bias_") else "none"
         config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1, target_modules=targets, fan_in_fan_out=gpt2,
-                            use_rslora=name == "rslora", layers_to_transform=[1] if name == "layers" else None,
+                            use_rslora=name == "rslora", use_dora=name == "dora", layers_to_transform=[1] if name == "layers" else None,
                             bias=bias, modules_to_save=["lm_head", "embed_tokens"] if name == "saved" else None,
                             task_type="CAUSAL_LM")
         peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32), config)
         with torch.no_grad():
             for n, p in peft_model.named_parameters():
-                if "lora_B" in n or (p.requires_grad and ("bias" in n or "modules_to_save" in n)):  # as if trained
+                if "lora_B" in n or "lora_magnitude" in n or (p.requires_grad and ("bias" in n or "modules_to_save" in n)):
                     p.add_(torch.randn_like(p) * 0.02)
         peft_model.save_pretrained(os.path.join(directory, name))
 
@@ -95,6 +100,7 @@ def merged4(directory, adapter_dir, merged_dir, out):
 def loss(directory, text_file, block, out, *rest):
     rest = list(rest)
     nf4 = "--nf4" in rest
+    dequantize = "--dequantize" in rest
     save = rest[rest.index("--save") + 1] if "--save" in rest else ""
     adapters = [a for i, a in enumerate(rest) if not a.startswith("--") and (i == 0 or rest[i - 1] != "--save")]
     block = int(block)
@@ -109,6 +115,18 @@ def loss(directory, text_file, block, out, *rest):
         model = AutoModelForCausalLM.from_pretrained(directory, **kwargs)
         if save and not adapter_dir:
             model.save_pretrained(save)
+        if dequantize:
+            import bitsandbytes as bnb
+            for name, module in list(model.named_modules()):
+                if isinstance(module, bnb.nn.Linear4bit):
+                    w = module.weight
+                    plain = torch.nn.Linear(module.in_features, module.out_features, bias=module.bias is not None)
+                    with torch.no_grad():
+                        plain.weight.copy_(bnb.functional.dequantize_4bit(w.data, w.quant_state).float())
+                        if module.bias is not None:
+                            plain.bias.copy_(module.bias)
+                    parent, _, child = name.rpartition(".")
+                    setattr(model.get_submodule(parent), child, plain)
         if adapter_dir:
             model = PeftModel.from_pretrained(model, adapter_dir, is_trainable=True)
             trainable, total = model.get_nb_trainable_parameters()

@@ -182,6 +182,51 @@ TEST(Lora, PeftAdapterTrainsAsInPeft) {
   }
 }
 
+// DoRA (PEFT's use_dora) from a PEFT-saved adapter on GPT-2's Conv1D projections trains 20 steps as
+// PEFT + AdamW does (losses and gradient norms within 1e-5); the checkpoint's adapter — magnitude
+// vectors included — loads in PEFT and holds what PEFT's own run saved (1e-5), and `export --merge`
+// writes PEFT's merge_and_unload of it (each row scaled to its magnitude; 1e-6).
+TEST(Lora, DoraAdapterTrainsAsInPeft) {
+  TempDir dir("lora_dora");
+  const fs::path model = torch_model(dir);
+  const std::string adapter = (dir.path() / "dora").string();
+  const RunResult made = run(std::string(MEMRT_PYTHON) + " " + kTorchReference + " adapter " + model.string() + " " +
+                             adapter + " dora");
+  ASSERT_EQ(made.exit_code, 0) << made.out;
+  const std::string prefix = (dir.path() / "dora_").string();
+  const std::string ds = dir.write("ds.json", R"({"train_batch_size": 8, "gradient_clipping": 1.0, "plugins": [{"name": )"
+                                              R"("fixture_recorder", "library": ")" + std::string(FIXTURE_RECORDER) +
+                                              R"(", "options": {"prefix": ")" + prefix + R"("}}]})");
+  const std::string yaml = dir.write("train.yaml", "model_name_or_path: " + model.string() + "\nadapter_name_or_path: " +
+                                                       adapter + "\nblock_size: 32\nmax_steps: 20\nlogging_steps: 1\n"
+                                                       "learning_rate: 1.0e-3\nweight_decay: 0.1\nlr_scheduler_type: constant\n"
+                                                       "save_steps: 20\n");
+  const fs::path out = dir.path() / "run";
+  const RunResult r = run("env OMP_NUM_THREADS=1 " + kLauncher + " --deepspeed " + ds + " " + yaml + " --output_dir=" + out.string());
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("(12 trainable tensors)"), std::string::npos) << r.out;
+  const std::string saved_by_peft = prefix + "peft";
+  const auto [want_loss, want_norm] = torch_reference(model, prefix, 1, "", "", adapter, saved_by_peft);
+  ASSERT_EQ(want_loss.size(), 20u);
+  EXPECT_LT(want_loss.back(), want_loss.front()) << "PEFT's run learns";
+  EXPECT_LT(worst_relative(losses(out), want_loss), 1e-5);
+  EXPECT_LT(worst_relative(metric(out, "grad_norm"), want_norm), 1e-5);
+
+  const std::string compared = prefix + "compared.json";
+  const RunResult c = run(std::string(MEMRT_PYTHON) + " " + kTorchReference + " compare_adapter " + model.string() + " " +
+                          (out / "global_step20").string() + " " + saved_by_peft + " " + compared);
+  ASSERT_EQ(c.exit_code, 0) << c.out;
+  EXPECT_EQ(read_json(compared)["loaded"].GetInt(), 12);
+  EXPECT_LT(read_json(compared)["worst"].GetDouble(), 1e-5);
+  const fs::path merged = dir.path() / "merged";
+  const RunResult m = run(kLauncher + " export " + (out / "global_step20").string() + " " + merged.string() + " --merge");
+  ASSERT_EQ(m.exit_code, 0) << m.out;
+  const RunResult y = run(std::string(MEMRT_PYTHON) + " " + kTorchReference + " compare_merged " + model.string() + " " +
+                          (out / "adapter").string() + " " + merged.string() + " " + compared);
+  ASSERT_EQ(y.exit_code, 0) << y.out;
+  EXPECT_LT(read_json(compared)["worst"].GetDouble(), 1e-6);
+}
+
 // A saved adapter decides its own settings: train.yaml contradicting it, or an adapter of a kind
 // memrt does not build, is an error naming the file and the key.
 TEST(Lora, AnAdapterThatCannotBeLoadedIsAnErrorNamingItsKey) {
@@ -198,7 +243,7 @@ TEST(Lora, AnAdapterThatCannotBeLoadedIsAnErrorNamingItsKey) {
   };
   const std::vector<Case> cases = {
       {"lora_model_dir: " + adapter("plain", "") + "\nlora_r: 8\n", {"lora_r", "is 8", "adapter_config.json says r 4"}},
-      {"lora_model_dir: " + adapter("dora", R"("use_dora": true, )") + "\n", {"adapter_config.json", "use_dora", "DoRA"}},
+      {"lora_model_dir: " + adapter("ranks", R"("rank_pattern": {"c_attn": 8}, )") + "\n", {"adapter_config.json", "rank_pattern"}},
       {"lora_model_dir: " + adapter("saved", R"("modules_to_save": ["lm_head"], )") + "\n",
        {"adapter_config.json", "modules_to_save"}},
       {"lora_model_dir: " + (dir.path() / "nowhere").string() + "\n", {"nowhere/adapter_config.json", "not found"}},

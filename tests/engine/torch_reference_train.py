@@ -6,9 +6,10 @@ averaging the ranks' gradients as DDP does. It shares no code with memrt.
     torch_reference_train.py init DIR
         writes a small GPT-2 (2 blocks of width 64, vocabulary 256, context 32, no dropout) with
         transformers' own random initialisation to DIR (config.json, model.safetensors)
-    torch_reference_train.py adapter DIR OUT
+    torch_reference_train.py adapter DIR OUT [dora]
         writes a PEFT LoRA adapter for DIR's GPT-2 to OUT (PeftModel.save_pretrained): r 4, alpha 8,
-        c_attn and c_fc, A as PEFT initialises it and B random (normal, std 0.02) so that both train
+        c_attn and c_fc, A as PEFT initialises it and B random (normal, std 0.02) so that both train;
+        `dora`: use_dora (the magnitude as PEFT initialises it)
     torch_reference_train.py train DIR PREFIX RANKS STEPS ACCUM MICRO T LR WD CLIP OUT [TRAINABLE [LR_GROUPS [ADAPTER [SAVE]]]]
         replays PREFIX<rank r>.bin (memrt's fixture_recorder: per step and micro-step, the
         (MICRO, T) inputs then targets, int64) on RANKS processes with a constant learning rate,
@@ -56,11 +57,11 @@ def init(directory):
     GPT2LMHeadModel(config).save_pretrained(directory, safe_serialization=True)
 
 
-def adapter(directory, out):
+def adapter(directory, out, variant=""):
     torch.manual_seed(4321)
     model = GPT2LMHeadModel.from_pretrained(directory, dtype=torch.float32)
     config = LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn", "c_fc"], fan_in_fan_out=True,
-                        task_type="CAUSAL_LM")
+                        use_dora=variant == "dora", task_type="CAUSAL_LM")
     peft_model = get_peft_model(model, config)
     with torch.no_grad():
         for n, p in peft_model.named_parameters():
@@ -78,7 +79,7 @@ def compare_adapter(directory, got, want, out):
     for name, p in model.named_parameters():
         if "lora_" not in name:
             continue
-        key = name.replace(".default", "")
+        key = name.replace(".default", "").replace("lora_magnitude_vector.weight", "lora_magnitude_vector")
         assert key in got_tensors, f"PEFT's parameter {name} has no tensor {key} in {got}"
         assert torch.equal(p.detach(), got_tensors[key]), f"{name} does not hold {key}"
         loaded += 1
@@ -205,7 +206,7 @@ if __name__ == "__main__":
     if sys.argv[1] == "init":
         init(sys.argv[2])
     elif sys.argv[1] == "adapter":
-        adapter(sys.argv[2], sys.argv[3])
+        adapter(*sys.argv[2:5])
     elif sys.argv[1] == "compare_merged":
         compare_merged(*sys.argv[2:6])
     elif sys.argv[1] == "compare_adapter":

@@ -148,6 +148,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>> kYamlKeys = 
     {"lora_target_linear", {"lora_target_linear"}},
     {"lora_model_dir", {"lora_model_dir", "adapter_name_or_path"}},
     {"use_rslora", {"use_rslora", "peft_use_rslora"}},
+    {"use_dora", {"use_dora", "peft_use_dora"}},
     {"loraplus_lr_ratio", {"loraplus_lr_ratio"}},
     {"layers_to_transform", {"layers_to_transform", "peft_layers_to_transform"}},
     {"lora_modules_to_save", {"lora_modules_to_save", "additional_target"}},
@@ -1275,7 +1276,7 @@ void Loader::resolve_lora_and_quant() {
     }
     for (const char* k : {"lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_target",
                           "lora_target_linear", "lora_model_dir", "use_rslora", "loraplus_lr_ratio",
-                          "layers_to_transform", "lora_modules_to_save"}) {
+                          "layers_to_transform", "lora_modules_to_save", "use_dora"}) {
       if (const ConfigNode* n = yv(k))
         diag.warnings.push_back(where(*n) + " is ignored: " + where(*type) + " trains no adapters");
     }
@@ -1312,6 +1313,7 @@ void Loader::resolve_lora_and_quant() {
   take("lora_dropout", Ty::Num);
   take("lora_model_dir", Ty::Str);
   take("use_rslora", Ty::Bool);
+  take("use_dora", Ty::Bool);
   take("loraplus_lr_ratio", Ty::Num);
   take("layers_to_transform", Ty::Any);  // an index or a list (PEFT's LoraConfig)
   take("lora_modules_to_save", Ty::Any);  // a list, or LLaMA-Factory's comma-separated string
