@@ -2,15 +2,16 @@
 //
 // LoRA (`use_peft`, `adapter: lora|qlora`, `finetuning_type: lora`, or any lora_* key):
 // plan_params freezes the model and adds each target projection's adapters (lora_targets.h; a
-// 4-bit target of plugins/quant too: QLoRA); transform_model wraps those projections in LoraLinear
-// (lora_linear.h), whose A and B are the planned parameters; plan_store counts the adapters as
-// adapters (LoRA+: B in groups of their own). PEFT's files (peft_files.h): a PEFT adapter directory
-// (lora_model_dir / adapter_name_or_path) sets the adapters' settings and initial values; every
-// checkpoint and `launcher export` write them (export --merge folds them into the weights).
-// LLaMA-Factory's freeze tuning (`finetuning_type: freeze`, freeze.h): in plan_params only the
-// chosen parameters train. Not built yet (docs/lora.md's order): DoRA, bias modes,
-// modules_to_save, layers_to_transform — each refused by its key rather than trained as something
-// else.
+// 4-bit target of plugins/quant too: QLoRA; layers_to_transform; DoRA's magnitude), and trains the
+// biases of PEFT's bias mode and the modules_to_save in full; transform_model wraps the targets in
+// LoraLinear (lora_linear.h), whose A, B (and m) are the planned parameters; plan_store counts the
+// adapters as adapters (LoRA+: B in groups of their own). PEFT's files (peft_files.h): a PEFT
+// adapter directory (lora_model_dir / adapter_name_or_path) sets the adapters' settings and initial
+// values; every checkpoint (and output_dir/adapter/, the newest) and `launcher export` write them
+// (export --merge folds them into the weights). LLaMA-Factory's freeze tuning
+// (`finetuning_type: freeze`, freeze.h): in plan_params only the chosen parameters train. What PEFT
+// can express and memrt does not build (rank_pattern, alpha_pattern, regex targets, ...) is refused
+// by its key rather than trained as something else.
 #include <memrt/plugin.h>
 
 #include <ATen/ATen.h>
@@ -320,9 +321,9 @@ class LoraPlugin final : public memrt::Plugin {
     return memrt::lora::peft_key(name);
   }
 
-  // The loaded adapter's tensors into the wrapped layers (and the biases its bias mode trains), by
-  // PEFT key; anything else in the file (a DoRA magnitude, a module trained in full) is an error
-  // naming it.
+  // The loaded adapter's tensors into the wrapped layers (DoRA's magnitudes too), the biases its bias
+  // mode trains and the modules it trains in full, by PEFT key; anything else in the file is an
+  // error naming it.
   void load_adapter(memrt::CausalLM& model) const {
     const memrt::SafetensorsFile file = memrt::lora::open_peft_weights(adapter_dir_);
     std::set<std::string> unread;
@@ -344,8 +345,8 @@ class LoraPlugin final : public memrt::Plugin {
     if (!unread.empty())
       throw memrt::FileError(file.path(), "holds " + *unread.begin() + (unread.size() > 1 ? " and " + std::to_string(unread.size() - 1) + " more" : "") +
                                               ", which this model's LoRA adapters do not have; memrt loads adapters of "
-                                              "lora_A and lora_B, the biases of their bias mode and the modules "
-                                              "trained in full (DoRA is not implemented yet)");
+                                              "lora_A, lora_B and DoRA's magnitude, the biases of their bias mode "
+                                              "and the modules trained in full");
   }
 
   static constexpr char kAdapterDir[] = "adapter";  // in output_dir: the newest checkpoint's adapter
@@ -365,4 +366,4 @@ class LoraPlugin final : public memrt::Plugin {
 
 }  // namespace
 
-MEMRT_PLUGIN(LoraPlugin, "lora", "0.3.0", "LoRA adapters (PEFT's), freeze tuning (LLaMA-Factory's)")
+MEMRT_PLUGIN(LoraPlugin, "lora", "0.4.0", "LoRA adapters (PEFT's), freeze tuning (LLaMA-Factory's)")

@@ -1,7 +1,8 @@
 // plugins/lora/peft_files.h — PEFT's adapter directory, as `PeftModel.from_pretrained` reads it
 // (docs/lora.md, "Files"): adapter_config.json (LoraConfig.to_dict()) and
-// adapter_model.safetensors, keys "base_model.model.<module>.lora_A.weight" (r, in) and
-// "...lora_B.weight" (out, r).
+// adapter_model.safetensors, keys "base_model.model.<module>.lora_A.weight" (r, in),
+// "...lora_B.weight" (out, r), DoRA's "...lora_magnitude_vector" (out), the biases of the bias mode
+// and the modules_to_save under their own names (a target's bias as "<module>.base_layer.bias").
 #pragma once
 
 #include <cstdint>
@@ -19,8 +20,8 @@ inline constexpr char kPeftConfigFile[] = "adapter_config.json";
 inline constexpr char kPeftWeightsFile[] = "adapter_model.safetensors";
 
 // What a PEFT LoRA adapter_config.json sets, of what memrt builds. A field set to something memrt
-// does not build ( a layers_pattern other than
-// the models' own "h" / "layers", rank_pattern, alpha_pattern, a regex target_modules, another peft_type, ...) is a
+// does not build (a layers_pattern other than the models' own "h" / "layers", rank_pattern,
+// alpha_pattern, a regex target_modules, another peft_type, ...) is a
 // memrt::ConfigError naming the file and the field.
 struct PeftAdapterConfig {
   std::string file;  // <dir>/adapter_config.json

@@ -298,10 +298,10 @@ TEST(StoreCheckpoint, AQuantizedStateFormatLoadsOnAnyWorldSizeValueForValue) {
   // What a parameter's state tensor k holds, all its values: codes and absmax as functions of its
   // name and their position.
   auto expected = [&](const ParamSlot& ps, int k) {
-    const StateTensor& t = format.tensors[static_cast<size_t>(k)];
+    const StateTensor& tensor = format.tensors[static_cast<size_t>(k)];
     const int64_t seed = static_cast<int64_t>(std::hash<std::string>{}(ps.param.name) % 97) + 10 * k;
-    const at::Tensor i = at::arange((ps.numel + t.per_value - 1) / t.per_value, at::kLong) + seed;
-    return t.dtype == at::kByte ? (i % 251).to(at::kByte) : i.to(at::kFloat) * 0.5;
+    const at::Tensor i = at::arange((ps.numel + tensor.per_value - 1) / tensor.per_value, at::kLong) + seed;
+    return tensor.dtype == at::kByte ? (i % 251).to(at::kByte) : i.to(at::kFloat) * 0.5;
   };
   auto make = [&](int rank, int world, Extent state, const StateFormat& f) {
     StorePlan plan(infos(), options(rank, world));
