@@ -69,10 +69,10 @@ class LoraLinearImpl : public torch::nn::Module {
  private:
   at::Tensor base_weight(at::ScalarType dtype);  // W (out, in), no gradient
   at::Tensor base_bias() const;                  // the base's bias, or undefined
-  int64_t in_features_;
   torch::nn::AnyModule base_;
   LoraOptions options_;
   double scaling_;
+  int64_t in_features_;
 };
 TORCH_MODULE(LoraLinear);
 

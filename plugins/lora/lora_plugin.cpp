@@ -299,12 +299,7 @@ class LoraPlugin final : public memrt::Plugin {
   }
 
   // Whether the bias mode trains parameter `name` (a bias), and then PEFT saves it with the adapter.
-  bool trained_bias(const std::string& name) const {
-    if (bias_ == "none") return false;
-    std::vector<Target> list;
-    for (const auto& [module, t] : targets_) list.push_back(t);
-    return memrt::lora::bias_trains(name, bias_, list);
-  }
+  bool trained_bias(const std::string& name) const { return memrt::lora::bias_trains(name, bias_, targets_); }
 
   // Whether PEFT's adapter file holds parameter `name`: the adapters, the biases of the bias mode,
   // the modules trained in full.

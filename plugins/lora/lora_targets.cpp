@@ -152,11 +152,9 @@ void plan_modules_to_save(std::vector<ParamInfo>& params, const ModelShape& shap
   }
 }
 
-bool bias_trains(const std::string& name, const std::string& bias, const std::vector<Target>& targets) {
+bool bias_trains(const std::string& name, const std::string& bias, const std::map<std::string, Target>& targets) {
   if (bias == "all") return name.find("bias") != std::string::npos;
-  if (bias != "lora_only" || !ends_with(name, ".bias")) return false;
-  const std::string module = name.substr(0, name.size() - 5);
-  return std::any_of(targets.begin(), targets.end(), [&](const Target& t) { return t.module == module; });
+  return bias == "lora_only" && ends_with(name, ".bias") && targets.count(name.substr(0, name.size() - 5)) > 0;
 }
 
 }  // namespace memrt::lora

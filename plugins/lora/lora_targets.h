@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,6 @@ bool saved_module(const std::string& param_name, const std::vector<std::string>&
 
 // PEFT's bias modes (LoraConfig.bias): which biases train besides the adapters — "none"; "all":
 // every parameter whose name contains "bias" (PEFT's test); "lora_only": the targets' own biases.
-bool bias_trains(const std::string& param_name, const std::string& bias, const std::vector<Target>& targets);
+bool bias_trains(const std::string& param_name, const std::string& bias, const std::map<std::string, Target>& targets);
 
 }  // namespace memrt::lora

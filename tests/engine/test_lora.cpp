@@ -32,17 +32,6 @@ RunResult launch(const TempDir& dir, const std::string& name, const std::string&
              " --output_dir=" + (dir.path() / name).string() + " " + args);
 }
 
-// Every category of the peak, and the peak, measured as estimated; the adapters' bytes.
-int64_t adapter_bytes_as_estimated(const fs::path& out) {
-  const rapidjson::Document report = read_json(out / "memory_report.json");
-  const auto& rank = report["ranks"][0];
-  EXPECT_EQ(rank["measured"]["peak_bytes"].GetInt64(), rank["estimate"]["peak_bytes"].GetInt64());
-  for (const auto& c : rank["measured"]["categories"].GetObject())
-    EXPECT_EQ(c.value["device"].GetInt64(), rank["estimate"]["categories"][c.name.GetString()]["device"].GetInt64())
-        << c.name.GetString();
-  return rank["measured"]["categories"]["adapters"]["device"].GetInt64();
-}
-
 }  // namespace
 
 // PEFT's default targets for GPT-2 (c_attn) and every projection of a Llama (all-linear): only the
@@ -54,7 +43,7 @@ TEST(Lora, AdaptersAloneTrainAndTheRunIsAsEstimated) {
     ASSERT_EQ(r.exit_code, 0) << r.out;
     EXPECT_NE(r.out.find("(4 trainable tensors)"), std::string::npos) << r.out;
     // Per block: A (4, 64) and B (192, 4), fp32.
-    EXPECT_EQ(adapter_bytes_as_estimated(dir.path() / "gpt2"), 2 * (4 * 64 + 192 * 4) * 4);
+    EXPECT_EQ(expect_peak_as_estimated(dir.path() / "gpt2"), 2 * (4 * 64 + 192 * 4) * 4);
   }
   {
     const RunResult r = launch(dir, "llama", std::string(kLlama) + "finetuning_type: lora\nlora_rank: 2\n"
@@ -64,7 +53,7 @@ TEST(Lora, AdaptersAloneTrainAndTheRunIsAsEstimated) {
     // Per block: q (64 -> 64), k and v (64 -> 32), o (64 -> 64), gate and up (64 -> 160), down
     // (160 -> 64); an adapter of rank 2 holds 2 * (in + out) values.
     const int64_t per_block = 2 * ((64 + 64) + 2 * (64 + 32) + (64 + 64) + 2 * (64 + 160) + (160 + 64));
-    EXPECT_EQ(adapter_bytes_as_estimated(dir.path() / "llama"), 2 * per_block * 4);
+    EXPECT_EQ(expect_peak_as_estimated(dir.path() / "llama"), 2 * per_block * 4);
   }
 }
 
@@ -150,7 +139,9 @@ TEST(Lora, PeftAdapterTrainsAsInPeft) {
     EXPECT_LT(worst_relative(losses(out), want_loss), 1e-5) << name;
     EXPECT_LT(worst_relative(metric(out, "grad_norm"), want_norm), loraplus ? 5e-5 : 1e-5) << name;
     if (job == 1) plain_losses = want_loss;
-    if (loraplus) EXPECT_GT(worst_relative(want_loss, plain_losses), 1e-3) << "LoRA+'s ratio matters";
+    if (loraplus) {
+      EXPECT_GT(worst_relative(want_loss, plain_losses), 1e-3) << "LoRA+'s ratio matters";
+    }
 
     const std::string compared = prefix + "compared.json";
     const RunResult c = run(std::string(MEMRT_PYTHON) + " " + kTorchReference + " compare_adapter " + model.string() + " " +
@@ -227,6 +218,19 @@ TEST(Lora, DoraAdapterTrainsAsInPeft) {
   EXPECT_LT(read_json(compared)["worst"].GetDouble(), 1e-6);
 }
 
+// DoRA from train.yaml's keys (axolotl's peft_use_dora) with lora_dropout, where DoRA recomputes the
+// base's product on the dropped input: A, B and the magnitude of PEFT's default target train, and
+// the loss falls.
+TEST(Lora, DoraWithDropoutTrainsFromTheKeys) {
+  TempDir dir("lora_dora_keys");
+  const RunResult r = launch(dir, "dora", std::string(kGpt2) + "use_peft: true\npeft_use_dora: true\nlora_dropout: 0.1\n");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("(6 trainable tensors)"), std::string::npos) << r.out;
+  const std::vector<double> curve = losses(dir.path() / "dora");
+  ASSERT_EQ(curve.size(), 4u);
+  EXPECT_LT(curve.back(), curve.front());
+}
+
 // A saved adapter decides its own settings: train.yaml contradicting it, or an adapter of a kind
 // memrt does not build, is an error naming the file and the key.
 TEST(Lora, AnAdapterThatCannotBeLoadedIsAnErrorNamingItsKey) {
@@ -268,7 +272,7 @@ TEST(Lora, QLoraTrainsAdaptersOnAFourBitBaseAsEstimated) {
   EXPECT_NE(r.out.find("(28 trainable tensors)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("14 nf4"), std::string::npos) << r.out;
   const int64_t per_block = 2 * ((64 + 64) + 2 * (64 + 32) + (64 + 64) + 2 * (64 + 160) + (160 + 64));
-  EXPECT_EQ(adapter_bytes_as_estimated(dir.path() / "qlora"), 2 * per_block * 4);
+  EXPECT_EQ(expect_peak_as_estimated(dir.path() / "qlora"), 2 * per_block * 4);
   const std::vector<double> curve = losses(dir.path() / "qlora");
   ASSERT_EQ(curve.size(), 4u);
   EXPECT_LT(curve.back(), curve.front());

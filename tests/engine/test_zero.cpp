@@ -360,15 +360,18 @@ TEST(Zero, StageTwoPeakIsEstimatedToTheByte) {
       SCOPED_TRACE(c.job.name() + " rank " + std::to_string(rank["rank"].GetInt()));
       const auto& measured = rank["measured"];
       const auto& estimate = rank["estimate"];
-      if (c.exact.empty()) EXPECT_EQ(measured["peak_bytes"].GetInt64(), estimate["peak_bytes"].GetInt64());
+      if (c.exact.empty()) {
+        EXPECT_EQ(measured["peak_bytes"].GetInt64(), estimate["peak_bytes"].GetInt64());
+      }
       for (const auto& cat : measured["categories"].GetObject()) {
         const std::string name = cat.name.GetString();
         if (!c.exact.empty() && std::find(c.exact.begin(), c.exact.end(), name) == c.exact.end()) continue;
         for (const char* pl : {"device", "host"})
           EXPECT_EQ(cat.value[pl].GetInt64(), estimate["categories"][name.c_str()][pl].GetInt64()) << name << " " << pl;
       }
-      if (c.staged >= 0)
+      if (c.staged >= 0) {
         EXPECT_EQ(measured["categories"]["comm_buffers"]["device"].GetInt64(), c.staged);
+      }
     }
   }
 }

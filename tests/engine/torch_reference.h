@@ -42,6 +42,18 @@ inline double worst_relative(const std::vector<double>& a, const std::vector<dou
   return worst;
 }
 
+// A run's memory_report.json: its peak and every category of it measured as estimated, to the
+// byte; returns the adapters' measured bytes.
+inline int64_t expect_peak_as_estimated(const std::filesystem::path& out) {
+  const rapidjson::Document report = read_json(out / "memory_report.json");
+  const auto& rank = report["ranks"][0];
+  EXPECT_EQ(rank["measured"]["peak_bytes"].GetInt64(), rank["estimate"]["peak_bytes"].GetInt64());
+  for (const auto& c : rank["measured"]["categories"].GetObject())
+    EXPECT_EQ(c.value["device"].GetInt64(), rank["estimate"]["categories"][c.name.GetString()]["device"].GetInt64())
+        << c.name.GetString();
+  return rank["measured"]["categories"]["adapters"]["device"].GetInt64();
+}
+
 const std::string kTorchReference = std::string(MEMRT_SOURCE_DIR) + "/tests/engine/torch_reference_train.py";
 
 // A small GPT-2 with transformers' own initialisation, in dir/gpt2.
