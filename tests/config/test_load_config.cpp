@@ -502,6 +502,23 @@ TEST(Overrides, OverrideWinsOverYamlInContradictionChecks) {
   EXPECT_EQ(c.micro_batch_size, 4);
 }
 
+TEST(Overrides, AnOverrideReplacesEverySpellingOfItsKey) {
+  // axolotl's names in the file, Hugging Face's on the command line: the command line wins, as
+  // it would over the same spelling (not "two names of one setting").
+  const auto dir = std::filesystem::path(MEMRT_BINARY_DIR) / "test_scratch" / "config" / "override_alias";
+  for (const char* name : {"in_yaml", "on_command_line"}) {
+    std::filesystem::create_directories(dir / name);
+    write_file(dir / name / "config.json", R"({"model_type": "llama", "hidden_size": 64})");
+  }
+  const TrainConfig c = load("", "base_model: " + (dir / "in_yaml").string() + "\nsequence_len: 64\nmicro_batch_size: 2\n",
+                             {"--model_name_or_path=" + (dir / "on_command_line").string(), "--block_size=32",
+                              "--per_device_train_batch_size", "4"});
+  EXPECT_EQ(c.model.name_or_path, (dir / "on_command_line").string());
+  EXPECT_EQ(c.data.block_size, 32);
+  EXPECT_EQ(c.micro_batch_size, 4);
+  EXPECT_EQ(c.train_yaml.find("base_model"), nullptr);
+}
+
 TEST(TrainYaml, DeepspeedKeyNamingTheSameFileIsAccepted) {
   const auto s = sources(R"({"train_micro_batch_size_per_gpu": 3})", "max_steps: 1\n");
   const std::string yaml = write_file(std::filesystem::path(s.train_yaml_path).parent_path() / "t2.yaml",

@@ -276,8 +276,22 @@ YamlValues read_yaml(const ConfigNode& ty, ConfigDiagnostics& diag) {
   return y;
 }
 
+// The other spellings of a top-level train.yaml key (`base_model` for `model_name_or_path`).
+std::vector<std::string> other_spellings(const std::string& key) {
+  for (const auto& [canonical, names] : kYamlKeys) {
+    if (std::find(names.begin(), names.end(), key) == names.end()) continue;
+    std::vector<std::string> others;
+    for (const auto& name : names) {
+      if (name != key) others.push_back(name);
+    }
+    return others;
+  }
+  return {};
+}
+
 // Applies "--key=value" / "--key value" words to the train.yaml tree. Dotted keys reach into
-// blocks ("--model.n_layer=2").
+// blocks ("--model.n_layer=2"). An override replaces the key under every spelling, as it would
+// replace the key itself: `--model_name_or_path=D` over axolotl's `base_model: E` trains D.
 void apply_overrides(ConfigNode& ty, const std::vector<std::string>& words) {
   for (size_t i = 0; i < words.size(); ++i) {
     const std::string& w = words[i];
@@ -299,6 +313,7 @@ void apply_overrides(ConfigNode& ty, const std::vector<std::string>& words) {
     if (key.empty()) throw ConfigError(kCommandLine, "", "empty key in '" + w + "'");
     ConfigNode node = parse_yaml_value(value, kCommandLine, key);
     if (ty.is_null()) ty = ConfigNode::object(kCommandLine, "");
+    for (const std::string& other : other_spellings(key)) ty.erase(other);
     ConfigNode* parent = &ty;
     size_t start = 0;
     for (size_t dot = key.find('.'); dot != std::string::npos; dot = key.find('.', start)) {
