@@ -517,6 +517,11 @@ TEST(Overrides, AnOverrideReplacesEverySpellingOfItsKey) {
   EXPECT_EQ(c.data.block_size, 32);
   EXPECT_EQ(c.micro_batch_size, 4);
   EXPECT_EQ(c.train_yaml.find("base_model"), nullptr);
+  // A checkpoint directory on the command line replaces the yaml's model block (random init).
+  const TrainConfig d = load("", "model:\n  n_layer: 2\n  d_model: 32\n",
+                             {"--model_name_or_path", (dir / "on_command_line").string()});
+  EXPECT_EQ(d.model.name_or_path, (dir / "on_command_line").string());
+  EXPECT_EQ(d.train_yaml.find("model"), nullptr);
 }
 
 TEST(TrainYaml, DeepspeedKeyNamingTheSameFileIsAccepted) {

@@ -276,17 +276,26 @@ YamlValues read_yaml(const ConfigNode& ty, ConfigDiagnostics& diag) {
   return y;
 }
 
-// The other spellings of a top-level train.yaml key (`base_model` for `model_name_or_path`).
-std::vector<std::string> other_spellings(const std::string& key) {
-  for (const auto& [canonical, names] : kYamlKeys) {
-    if (std::find(names.begin(), names.end(), key) == names.end()) continue;
-    std::vector<std::string> others;
-    for (const auto& name : names) {
-      if (name != key) others.push_back(name);
-    }
-    return others;
+// Every spelling of the train.yaml key that `name` spells (null: not a train.yaml key).
+const std::vector<std::string>* spellings_of(const std::string& name) {
+  for (const auto& entry : kYamlKeys) {
+    const auto& names = entry.second;
+    if (std::find(names.begin(), names.end(), name) != names.end()) return &names;
   }
-  return {};
+  return nullptr;
+}
+
+// The top-level train.yaml keys a command-line `key` replaces: every spelling of it (`base_model`
+// for `model_name_or_path`), and for the model the other way to describe it (a checkpoint
+// directory replaces the yaml's model block, a model block replaces a directory).
+std::vector<std::string> replaced_keys(const std::string& key) {
+  const std::vector<std::string>* names = spellings_of(key);
+  if (!names) return {};
+  std::vector<std::string> replaced = *names;
+  const std::vector<std::string>& dirs = *spellings_of("model_name_or_path");
+  if (names == &dirs) replaced.push_back("model");
+  if (key == "model") replaced.insert(replaced.end(), dirs.begin(), dirs.end());
+  return replaced;
 }
 
 // Applies "--key=value" / "--key value" words to the train.yaml tree. Dotted keys reach into
@@ -313,7 +322,7 @@ void apply_overrides(ConfigNode& ty, const std::vector<std::string>& words) {
     if (key.empty()) throw ConfigError(kCommandLine, "", "empty key in '" + w + "'");
     ConfigNode node = parse_yaml_value(value, kCommandLine, key);
     if (ty.is_null()) ty = ConfigNode::object(kCommandLine, "");
-    for (const std::string& other : other_spellings(key)) ty.erase(other);
+    for (const std::string& replaced : replaced_keys(key)) ty.erase(replaced);
     ConfigNode* parent = &ty;
     size_t start = 0;
     for (size_t dot = key.find('.'); dot != std::string::npos; dot = key.find('.', start)) {
