@@ -93,10 +93,6 @@ struct Linear4bitFunction : torch::autograd::Function<Linear4bitFunction> {
   }
 };
 
-bool native_gemm(at::ScalarType dtype, at::Device device) {
-  return dtype == at::kFloat || ops::matmul_path(dtype, device) == ops::MatmulPath::kNative;
-}
-
 }  // namespace
 
 TileShape tile_shape(int64_t out, int64_t in, int64_t elem_bytes, int64_t budget) {
@@ -177,20 +173,11 @@ at::Tensor Linear4bitImpl::multiply(const at::Tensor& x, const at::Tensor& b) co
   at::Tensor y = at::empty({M, out}, x.options());
   if (M == 0) return y;
   const TileShape t = tile_shape(out, in, static_cast<int64_t>(c10::elementSize(dtype)), tile_budget_);
-  const bool native = native_gemm(dtype, x.device());
   for (int64_t r = 0; r < out; r += t.rows) {
     const int64_t rows = std::min(t.rows, out - r);
     const at::Tensor w = scratch_->tile(rows, in, dtype);
     dequantize_4bit_tile(q_, dynamic_map_values(true), r, r + rows, 0, in, w);
-    at::Tensor yr = y.narrow(1, r, rows);
-    const at::Tensor br = b.defined() ? b.narrow(0, r, rows) : at::Tensor();
-    if (!native) {
-      yr.copy_(ops::linear(x, w, br));
-    } else if (br.defined()) {
-      at::addmm_out(yr, br, x, w.t());
-    } else {
-      at::mm_out(yr, x, w.t());
-    }
+    ops::linear_into(y.narrow(1, r, rows), x, w, b.defined() ? b.narrow(0, r, rows) : at::Tensor());
   }
   return y;
 }
@@ -201,17 +188,11 @@ at::Tensor Linear4bitImpl::multiply_transposed(const at::Tensor& dy) const {
   at::Tensor dx = at::empty({M, in}, dy.options());
   if (M == 0) return dx;
   const TileShape t = tile_shape(out, in, static_cast<int64_t>(c10::elementSize(dtype)), tile_budget_);
-  const bool native = native_gemm(dtype, dy.device());
   for (int64_t c = 0; c < in; c += t.cols) {
     const int64_t cols = std::min(t.cols, in - c);
     const at::Tensor w = scratch_->tile(out, cols, dtype);
     dequantize_4bit_tile(q_, dynamic_map_values(true), 0, out, c, c + cols, w);
-    at::Tensor dxc = dx.narrow(1, c, cols);
-    if (native) {
-      at::mm_out(dxc, dy, w);
-    } else {
-      dxc.copy_(ops::linear(dy, w.t()));
-    }
+    ops::linear_into(dx.narrow(1, c, cols), dy, w.t());  // dy w: w^T is the (cols, out) weight
   }
   return dx;
 }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "json_helpers.h"
+#include "memrt/ops.h"
 #include "run_helpers.h"
 
 namespace {
@@ -57,15 +58,21 @@ fs::path train(const TempDir& dir, const std::string& name, const std::string& d
 }
 
 // Each rank's bytes of `category` (at the peak) as estimated, and their sum; every rank's peak as
-// estimated too.
-int64_t bytes_as_estimated(const fs::path& out, const char* category, const char* placement) {
+// estimated too — to the byte, or with `unestimated` > 0 at most that many bytes above it.
+int64_t bytes_as_estimated(const fs::path& out, const char* category, const char* placement, int64_t unestimated = 0) {
   const rapidjson::Document report = read_json(out / "memory_report.json");
   int64_t sum = 0;
   for (const auto& rank : report["ranks"].GetArray()) {
     SCOPED_TRACE("rank " + std::to_string(rank["rank"].GetInt()));
     const int64_t measured = rank["measured"]["categories"][category][placement].GetInt64();
     EXPECT_EQ(measured, rank["estimate"]["categories"][category][placement].GetInt64()) << category;
-    EXPECT_EQ(rank["measured"]["peak_bytes"].GetInt64(), rank["estimate"]["peak_bytes"].GetInt64());
+    const int64_t peak = rank["measured"]["peak_bytes"].GetInt64(), estimate = rank["estimate"]["peak_bytes"].GetInt64();
+    if (unestimated == 0) {
+      EXPECT_EQ(peak, estimate);
+    } else {
+      EXPECT_GE(peak, estimate);
+      EXPECT_LE(peak, estimate + unestimated);
+    }
     sum += measured;
   }
   return sum;
@@ -210,7 +217,12 @@ TEST(Quant, FourBitBaseUnderZeroTwoInBf16) {
   // FP4 without double quantization: two codes a byte and an fp32 absmax per 64.
   auto fp4_bytes = [](int64_t n) { return n / 2 + 4 * ((n + 63) / 64); };
   const int64_t base = 2 * (fp4_bytes(3 * C * C) + fp4_bytes(C * C) + 2 * fp4_bytes(C * F));
-  EXPECT_EQ(bytes_as_estimated(two, "quant_state", "device"), 2 * base);
+  // Where bf16 products take the fp32 path (an AVX2-only AMD, an Intel without AMX), the attention
+  // runs LibTorch's fp32 kernel on fp32 copies of the micro-batch (4 x 64 tokens a rank), which the
+  // estimate does not count yet (docs/precision.md): at most 8 such copies of (4 x 64 x C) floats
+  // above it, in backward. Elsewhere the peak is the estimate to the byte.
+  const bool fp32_attention = memrt::ops::matmul_path(at::kBFloat16) == memrt::ops::MatmulPath::kFp32Arithmetic;
+  EXPECT_EQ(bytes_as_estimated(two, "quant_state", "device", fp32_attention ? 8 * 4 * 64 * C * 4 : 0), 2 * base);
   const auto a = losses(one), b = losses(two);
   ASSERT_EQ(b.size(), 20u);
   EXPECT_LT(a.back(), 0.8 * a.front());

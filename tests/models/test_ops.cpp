@@ -26,7 +26,7 @@ CpuFacts zen4() {  // AMD EPYC 9004: AVX-512 with BF16, no AVX512-FP16, no AMX
 CpuFacts sapphire_rapids() {  // Intel Xeon 4th gen: AVX512-FP16, AMX-BF16, no AMX-FP16
   CpuFacts f = zen4();
   f.name = "Intel Xeon Platinum 8488C";
-  f.avx512_fp16 = f.amx_bf16 = true;
+  f.intel = f.avx512_fp16 = f.amx_bf16 = true;
   return f;
 }
 
@@ -52,13 +52,29 @@ TEST(MatmulPlan, OneDnnIsaCapBelowFp16TakesTheFp32Path) {
   MatmulPlan p = choose_matmul_plan(f);
   EXPECT_EQ(p.fp16, MatmulPath::kFp32Arithmetic);
   EXPECT_NE(p.fp16_how.find("ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16"), std::string::npos) << p.fp16_how;
-  EXPECT_EQ(p.bf16_how, "oneDNN (AVX512-BF16)");  // AMX is above the cap too
+  // AMX is above the cap too, and without it MKL's fp32 GEMM is the faster on an Intel processor.
+  EXPECT_EQ(p.bf16, MatmulPath::kFp32Arithmetic);
+  EXPECT_NE(p.bf16_how.find("without AMX (ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16)"), std::string::npos) << p.bf16_how;
   f.onednn_cap = "AVX2";
   p = choose_matmul_plan(f);
   EXPECT_EQ(p.bf16, MatmulPath::kFp32Arithmetic);
   EXPECT_EQ(p.fp16, MatmulPath::kFp32Arithmetic);
   f.onednn_cap = "ALL";  // no cap
   EXPECT_EQ(choose_matmul_plan(f).fp16, MatmulPath::kNative);
+}
+
+TEST(MatmulPlan, Bf16TakesOneDnnWithAmxOrOnAmdAndMklsFp32GemmOnIntelWithoutAmx) {
+  CpuFacts f = sapphire_rapids();
+  f.amx_bf16 = false;  // a Xeon whose AMX is absent or hidden (as in some virtual machines)
+  MatmulPlan p = choose_matmul_plan(f);
+  EXPECT_EQ(p.bf16, MatmulPath::kFp32Arithmetic);
+  EXPECT_EQ(p.bf16_how, "fp32 GEMM on bf16 storage: on an Intel processor without AMX MKL's fp32 GEMM "
+                        "outruns oneDNN's bf16 one");
+  EXPECT_EQ(p.fp16, MatmulPath::kNative);  // AVX512-FP16 is unaffected
+  f.avx512_bf16 = false;  // an Ice Lake: AVX-512 without BF16
+  EXPECT_EQ(choose_matmul_plan(f).bf16, MatmulPath::kFp32Arithmetic);
+  p = choose_matmul_plan(zen4());  // AMD without AMX: oneDNN's bf16 GEMM is the faster
+  EXPECT_EQ(p.bf16, MatmulPath::kNative);
 }
 
 TEST(MatmulPlan, Avx2OnlyProcessorRunsBoth16BitTypesInFp32) {
@@ -140,9 +156,46 @@ TEST(Fp32ArithmeticLinear, MatchesFloat64InFp16AndBf16) {
 }
 
 TEST(Fp32ArithmeticLinear, ManyRowBlocksGiveTheSameResult) {
-  // 4 MiB per block at (K + N) * 4 bytes a row: 1024 + 3072 columns -> 256 rows a block; 1100
-  // rows span 5 blocks, the last one short.
+  // 4 MiB of fp32 per block: W's 3072 rows of 1024 in 3 blocks of 1024, x's 1100 rows in a block
+  // of 1024 and a short one.
   check_linear(at::kHalf, 2, 550, 1024, 3072, /*bias=*/true);
+}
+
+// What the allocator sees of a linear layer, forward and backward, at its peak: what LibTorch's own
+// 16-bit kernel allocates — the output and the gradients — nothing more (the fp32 blocks are
+// scratch outside it).
+TEST(Fp32ArithmeticLinear, AllocatesWhatLibTorchsKernelAllocates) {
+  memory::install_tracking_allocator();
+  at::manual_seed(5);
+  const at::Tensor x = at::randn({300, 1024}).to(at::kHalf).requires_grad_(true);
+  const at::Tensor w = (at::randn({3072, 1024}) * 0.03).to(at::kHalf).requires_grad_(true);
+  const at::Tensor b = at::zeros({3072}).to(at::kHalf).requires_grad_(true);
+  const at::Tensor g = at::randn({300, 3072}).to(at::kHalf);
+  for (int round = 0; round < 2; ++round) {  // the first grows the scratch, outside the allocator
+    x.mutable_grad() = at::Tensor();
+    w.mutable_grad() = at::Tensor();
+    b.mutable_grad() = at::Tensor();
+    const int64_t before = memory::allocator_stats().current_bytes;
+    memory::reset_peak();
+    linear_fp32_arithmetic(x, w, b).backward(g);
+    // y, then gx, gW and gb in fp16: the bytes LibTorch's fp16 kernel allocates.
+    EXPECT_EQ(memory::allocator_stats().peak_bytes - before, 2 * (300 * 3072 + 300 * 1024 + 3072 * 1024 + 3072));
+  }
+}
+
+// linear_into writes the product into a strided tile of an output, the weight given transposed
+// (as plugins/quant's 4-bit linear writes dy W tile by tile), and computes what at::linear does.
+TEST(Fp32ArithmeticLinear, IntoAStridedTileWithATransposedWeight) {
+  for (at::ScalarType dtype : {at::kBFloat16, at::kHalf, at::kFloat}) {
+    at::manual_seed(9);
+    auto [x, x64] = leaf(at::randn({70, 96}), dtype);
+    auto [w, w64] = leaf(at::randn({96, 50}) / std::sqrt(96.0), dtype);  // used as (50, 96)^T
+    at::Tensor y = at::zeros({70, 80}, x.options());
+    linear_into(y.narrow(1, 10, 50), x.detach(), w.detach().t());
+    EXPECT_LT(rel_err(y.narrow(1, 10, 50), at::linear(x64, w64.t())), dtype == at::kFloat ? 1e-6 : kBf16Tol);
+    EXPECT_EQ(y.narrow(1, 0, 10).abs().max().item<double>(), 0.0) << "outside the tile";
+    EXPECT_EQ(y.narrow(1, 60, 20).abs().max().item<double>(), 0.0) << "outside the tile";
+  }
 }
 
 TEST(Fp32ArithmeticLinear, FrozenWeightGetsNoGradient) {

@@ -8,9 +8,11 @@
 // oneDNN's ISA cap (ONEDNN_MAX_CPU_ISA), which path each dtype takes:
 //
 //   kNative          LibTorch's own kernel for the dtype (always on CUDA).
-//   kFp32Arithmetic  fp32 GEMM (MKL) on the 16-bit tensors, converted a block of rows at a time;
-//                    inputs, outputs, saved activations and gradients stay 16-bit, so the
-//                    memory a step keeps and DeepSpeed's fp16/bf16 semantics do not change.
+//   kFp32Arithmetic  fp32 GEMM (MKL) on the 16-bit tensors, converted a block at a time into a
+//                    per-thread scratch; inputs, outputs, saved activations and gradients stay
+//                    16-bit, so the memory a step keeps and DeepSpeed's fp16/bf16 semantics do
+//                    not change. Also bf16 on an Intel processor without AMX, where MKL's fp32
+//                    GEMM outruns oneDNN's bf16 one.
 //
 // Models and plugins that replace a projection (LoRA, quantized linears) call these instead of
 // at::linear / at::scaled_dot_product_attention; in fp32 they are exactly those.
@@ -30,6 +32,12 @@ MatmulPath matmul_path(at::ScalarType dtype, at::Device device = at::kCPU);
 
 // y = x W^T + b, as at::linear. x (..., in), weight (out, in), bias (out) or undefined.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});
+
+// The same product written into `y` (M, out; any strides, x's dtype), for kernels that fill an
+// output a tile at a time (plugins/quant's 4-bit linear): x (M, in), weight (out, in) of any
+// strides, no autograd. It allocates nothing the memory report counts on either path (the fp32
+// path's blocks are a per-thread scratch, like the BLAS's packing buffers).
+void linear_into(const at::Tensor& y, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});
 
 // Causal scaled-dot-product attention with 1/sqrt(head_dim) scaling, as
 // at::scaled_dot_product_attention(q, k, v, {}, dropout_p, /*is_causal=*/true, {}, gqa).

@@ -68,11 +68,10 @@ CpuFacts read_cpu_facts() {
   f.avx2_vnni_2 = flag("avx_ne_convert") && flag("avx_vnni_int8");
 
   std::ifstream cpuinfo("/proc/cpuinfo");
-  for (std::string line; std::getline(cpuinfo, line);) {
-    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
-      f.name = line.substr(line.find(':') + 2);
-      break;
-    }
+  for (std::string line; std::getline(cpuinfo, line) && !line.empty();) {  // the first processor
+    if (line.find(':') == std::string::npos) continue;
+    if (line.rfind("model name", 0) == 0) f.name = line.substr(line.find(':') + 2);
+    if (line.rfind("vendor_id", 0) == 0) f.intel = line.find("GenuineIntel") != std::string::npos;
   }
   if (f.name.empty()) {
     auto it = caps.find("cpu_name");
@@ -97,15 +96,22 @@ MatmulPlan choose_matmul_plan(const CpuFacts& f) {
   const std::string capped = cap.empty() ? "" : " (ONEDNN_MAX_CPU_ISA=" + cap + ")";
   MatmulPlan plan;
 
-  // bf16: oneDNN runs it from avx512_core up (emulated below AVX512_BF16) or on avx2_vnni_2.
+  // bf16: oneDNN runs it from avx512_core up (emulated below AVX512_BF16) or on avx2_vnni_2. On an
+  // Intel processor without AMX, MKL's fp32 GEMM is the faster of the two (308-362 against 198
+  // GFLOP/s on a Xeon with AVX512-BF16 and no AMX: bench/RESULTS.md), so bf16 takes it there; on
+  // AMD, where MKL's fp32 GEMM is slow (121 against oneDNN's 366 in bf16 on a Zen 4), oneDNN.
   const bool bf16_512 = f.avx512_core && cap_admits(cap, "AVX512_CORE");
   const bool bf16_vnni2 = f.avx2_vnni_2 && cap_admits(cap, "AVX2_VNNI_2");
-  if (bf16_512 || bf16_vnni2) {
-    const bool amx = f.amx_bf16 && cap_admits(cap, "AVX512_CORE_AMX");
+  const bool amx = f.amx_bf16 && cap_admits(cap, "AVX512_CORE_AMX");
+  if ((bf16_512 || bf16_vnni2) && (amx || !f.intel)) {
     const bool native = f.avx512_bf16 && cap_admits(cap, "AVX512_CORE_BF16");
     plan.bf16_how = std::string("oneDNN (") +
                     (amx ? "AMX-BF16" : native ? "AVX512-BF16" : bf16_512 ? "AVX-512, converted" : "AVX2-VNNI-2") +
                     ")";
+  } else if (bf16_512 || bf16_vnni2) {
+    plan.bf16 = MatmulPath::kFp32Arithmetic;
+    plan.bf16_how = "fp32 GEMM on bf16 storage: on an Intel processor without AMX" + capped +
+                    " MKL's fp32 GEMM outruns oneDNN's bf16 one";
   } else {
     plan.bf16 = MatmulPath::kFp32Arithmetic;
     plan.bf16_how = "fp32 GEMM on bf16 storage: oneDNN has no bf16 GEMM without AVX-512" + capped;
@@ -115,9 +121,9 @@ MatmulPlan choose_matmul_plan(const CpuFacts& f) {
   const bool fp16_512 = (f.avx512_fp16 || f.amx_fp16) && cap_admits(cap, "AVX512_CORE_FP16");
   const bool fp16_vnni2 = f.avx2_vnni_2 && cap_admits(cap, "AVX2_VNNI_2");
   if (fp16_512 || fp16_vnni2) {
-    const bool amx = f.amx_fp16 && cap_admits(cap, "AVX512_CORE_AMX_FP16");
+    const bool amx_fp16 = f.amx_fp16 && cap_admits(cap, "AVX512_CORE_AMX_FP16");
     plan.fp16_how = std::string("oneDNN (") +
-                    (amx ? "AMX-FP16" : fp16_512 ? "AVX512-FP16" : "AVX2-VNNI-2") + ")";
+                    (amx_fp16 ? "AMX-FP16" : fp16_512 ? "AVX512-FP16" : "AVX2-VNNI-2") + ")";
   } else {
     plan.fp16 = MatmulPath::kFp32Arithmetic;
     plan.fp16_how = "fp32 GEMM on fp16 storage: no AVX512-FP16 here" + capped +

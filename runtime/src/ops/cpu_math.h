@@ -11,6 +11,7 @@ namespace memrt::ops {
 
 struct CpuFacts {
   std::string name;          // /proc/cpuinfo's model name (cpuinfo's when absent)
+  bool intel = false;        // /proc/cpuinfo's vendor_id is GenuineIntel: MKL runs at full speed
   // Instruction sets, as cpuinfo (LibTorch's own detector) reports them.
   bool avx2 = false;
   bool avx512_core = false;  // AVX-512 F, BW, VL and DQ: oneDNN's avx512_core

@@ -4,8 +4,11 @@
 // The fp32-arithmetic nodes save exactly what LibTorch's own 16-bit kernels save (linear: x and
 // W; flash attention: q, k, v, the output and the fp32 log-sum-exp), so forward keeps the same
 // bytes either way. The fp32 copies they make are transient and bounded: rows (or batch entries)
-// are converted a block at a time, the block sized to kBlockBytes.
+// are converted a block at a time, the block sized to kBlockBytes; the linear's blocks live in a
+// per-thread scratch outside the allocator, so it allocates what LibTorch's kernel allocates.
 #include <algorithm>
+#include <utility>
+#include <vector>
 
 #include <torch/autograd.h>
 
@@ -32,34 +35,79 @@ const MatmulPlan& plan() {
   return p;
 }
 
-// Rows per block when each row converts `row_elems` elements to fp32.
-int64_t block_rows(int64_t rows, int64_t row_elems) {
-  const int64_t fit = kBlockBytes / std::max<int64_t>(1, row_elems * 4);
-  return std::clamp<int64_t>(fit, kMinBlockRows, std::max<int64_t>(rows, 1));
+// ---- linear -----------------------------------------------------------------------------------
+// The fp32 copies live in a per-thread scratch outside the allocator (like the BLAS's own packing
+// buffers), in blocks of at most kBlockBytes each: the allocator sees exactly what LibTorch's
+// 16-bit kernel allocates (y; gx, gW, gb), so the memory estimate holds on either path.
+//   y[M,N]  = x[M,K] W[N,K]^T + b        per block of W's rows, per block of x's rows
+//   gx[M,K] = gy[M,N] W[N,K]             per block of gy's rows, summed over blocks of W's rows
+//   gW[N,K] = gy^T x, gb[N] = sum gy     per block of W's rows, summed over blocks of rows of x
+// Each block of an output is accumulated in fp32 and rounded once.
+
+// Per-thread fp32 scratch of four regions, grown as needed and kept for the next call.
+struct Scratch {
+  at::Tensor a, b, c, d;  // views of `storage`
+};
+Scratch scratch(int64_t a, int64_t b, int64_t c, int64_t d) {
+  thread_local std::vector<float> storage;
+  const size_t need = static_cast<size_t>(a + b + c + d);
+  if (storage.size() < need) {
+    storage.clear();
+    storage.shrink_to_fit();
+    storage.resize(need);
+  }
+  float* p = storage.data();
+  auto view = [&](int64_t n) {
+    at::Tensor t = at::from_blob(p, {n}, at::TensorOptions().dtype(at::kFloat));
+    p += n;
+    return t;
+  };
+  Scratch s;
+  s.a = view(a);
+  s.b = view(b);
+  s.c = view(c);
+  s.d = view(d);
+  return s;
 }
 
-// ---- linear -----------------------------------------------------------------------------------
-//   y[M,N]  = x[M,K] W[N,K]^T + b        forward, per block of rows of x
-//   gx[M,K] = gy[M,N] W[N,K]             per block of rows of gy
-//   gW[N,K] = sum over blocks gy^T x      accumulated in fp32, rounded once
-//   gb[N]   = sum over rows gy            accumulated in fp32
+// Rows per block of W (each K wide) and of x or gy (each K or nb wide), each block within
+// kBlockBytes of fp32 (at least kMinBlockRows rows, or all of them).
+std::pair<int64_t, int64_t> linear_blocks(int64_t M, int64_t N, int64_t K) {
+  const int64_t values = kBlockBytes / 4;
+  const int64_t nb = std::clamp<int64_t>(values / std::max<int64_t>(K, 1), std::min<int64_t>(kMinBlockRows, N), N);
+  const int64_t mb = std::clamp<int64_t>(values / std::max(K, nb), std::min<int64_t>(kMinBlockRows, M), std::max<int64_t>(M, 1));
+  return {nb, mb};
+}
+
+// y (M, N) = x (M, K) w (N, K)^T + b in fp32 blocks; any strides (copy_ gathers them).
+void fp32_linear_into(const at::Tensor& y, const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias) {
+  const int64_t M = x.size(0), K = w.size(1), N = w.size(0);
+  const auto [nb, mb] = linear_blocks(M, N, K);
+  const Scratch s = scratch(nb * K, mb * K, mb * nb, nb);
+  for (int64_t n0 = 0; n0 < N; n0 += nb) {
+    const int64_t n = std::min(nb, N - n0);
+    const at::Tensor w32 = s.a.narrow(0, 0, n * K).view({n, K}).copy_(w.narrow(0, n0, n));
+    const at::Tensor b32 = bias.defined() ? s.d.narrow(0, 0, n).copy_(bias.narrow(0, n0, n)) : at::Tensor();
+    for (int64_t m0 = 0; m0 < M; m0 += mb) {
+      const int64_t m = std::min(mb, M - m0);
+      const at::Tensor x32 = s.b.narrow(0, 0, m * K).view({m, K}).copy_(x.narrow(0, m0, m));
+      at::Tensor y32 = s.c.narrow(0, 0, m * n).view({m, n});
+      at::mm_out(y32, x32, w32.t());
+      if (b32.defined()) y32.add_(b32);
+      y.narrow(0, m0, m).narrow(1, n0, n).copy_(y32);
+    }
+  }
+}
+
 struct Fp32Linear : torch::autograd::Function<Fp32Linear> {
   // The bias is optional: an undefined tensor is no autograd input.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const std::optional<at::Tensor>& bias_opt) {
     const at::Tensor bias = bias_opt.value_or(at::Tensor());
     const int64_t K = weight.size(1), N = weight.size(0);
-    at::Tensor x2 = x.reshape({-1, K});
-    const int64_t M = x2.size(0);
-    at::Tensor y = at::empty({M, N}, x.options());
-    const at::Tensor w32 = weight.to(at::kFloat);
-    const at::Tensor b32 = bias.defined() ? bias.to(at::kFloat) : at::Tensor();
-    const int64_t rows = block_rows(M, K + N);
-    for (int64_t r = 0; r < M; r += rows) {
-      const int64_t n = std::min(rows, M - r);
-      at::Tensor x32 = x2.narrow(0, r, n).to(at::kFloat);
-      y.narrow(0, r, n).copy_(b32.defined() ? at::addmm(b32, x32, w32.t()) : at::mm(x32, w32.t()));
-    }
+    const at::Tensor x2 = x.reshape({-1, K});
+    at::Tensor y = at::empty({x2.size(0), N}, x.options());
+    fp32_linear_into(y, x2, weight, bias);
     ctx->save_for_backward({x, weight});
     ctx->saved_data["has_bias"] = bias.defined();
     auto out_shape = x.sizes().vec();
@@ -70,39 +118,52 @@ struct Fp32Linear : torch::autograd::Function<Fp32Linear> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& x = saved[0];
-    const at::Tensor& weight = saved[1];
-    const int64_t K = weight.size(1), N = weight.size(0);
-    at::Tensor gy = grads[0].reshape({-1, N});
-    at::Tensor x2 = x.reshape({-1, K});
+    const at::Tensor& w = saved[1];
+    const int64_t K = w.size(1), N = w.size(0);
+    const at::Tensor gy = grads[0].reshape({-1, N});
+    const at::Tensor x2 = x.reshape({-1, K});
     const int64_t M = gy.size(0);
     const bool want_x = ctx->needs_input_grad(0), want_w = ctx->needs_input_grad(1);
     const bool want_b = ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2);
+    const auto [nb, mb] = linear_blocks(M, N, K);
+    // a: a block of W (or of gW's fp32 sums), b: of x (or of gx's sums), c: of gy, d: of gb's sums.
+    const Scratch s = scratch(nb * K, mb * K, mb * nb, nb);
 
-    // Two passes over gy, so that the fp32 copy of W is freed before the fp32 gradient of W is
-    // made: the transient fp32 bytes are max(W, gW) + one block, not W + gW + one block.
-    const int64_t rows = block_rows(M, K + N);
     at::Tensor gx;
     if (want_x) {
       gx = at::empty({M, K}, x.options());
-      const at::Tensor w32 = weight.to(at::kFloat);
-      for (int64_t r = 0; r < M; r += rows) {
-        const int64_t n = std::min(rows, M - r);
-        gx.narrow(0, r, n).copy_(at::mm(gy.narrow(0, r, n).to(at::kFloat), w32));
+      for (int64_t m0 = 0; m0 < M; m0 += mb) {
+        const int64_t m = std::min(mb, M - m0);
+        at::Tensor gx32 = s.b.narrow(0, 0, m * K).view({m, K}).zero_();
+        for (int64_t n0 = 0; n0 < N; n0 += nb) {
+          const int64_t n = std::min(nb, N - n0);
+          const at::Tensor w32 = s.a.narrow(0, 0, n * K).view({n, K}).copy_(w.narrow(0, n0, n));
+          const at::Tensor gy32 = s.c.narrow(0, 0, m * n).view({m, n}).copy_(gy.narrow(0, m0, m).narrow(1, n0, n));
+          gx32.addmm_(gy32, w32);
+        }
+        gx.narrow(0, m0, m).copy_(gx32);
       }
     }
-    at::Tensor gw32 = want_w ? at::zeros({N, K}, weight.options().dtype(at::kFloat)) : at::Tensor();
-    at::Tensor gb32 = want_b ? at::zeros({N}, weight.options().dtype(at::kFloat)) : at::Tensor();
+    at::Tensor gw = want_w ? at::empty({N, K}, w.options()) : at::Tensor();
+    at::Tensor gb = want_b ? at::empty({N}, w.options()) : at::Tensor();
     if (want_w || want_b) {
-      for (int64_t r = 0; r < M; r += rows) {
-        const int64_t n = std::min(rows, M - r);
-        const at::Tensor gy32 = gy.narrow(0, r, n).to(at::kFloat);
-        if (want_w) gw32.addmm_(gy32.t(), x2.narrow(0, r, n).to(at::kFloat));
-        if (want_b) gb32.add_(gy32.sum(0));
+      for (int64_t n0 = 0; n0 < N; n0 += nb) {
+        const int64_t n = std::min(nb, N - n0);
+        at::Tensor gw32 = s.a.narrow(0, 0, n * K).view({n, K}).zero_();
+        at::Tensor gb32 = s.d.narrow(0, 0, n).zero_();
+        for (int64_t m0 = 0; m0 < M; m0 += mb) {
+          const int64_t m = std::min(mb, M - m0);
+          const at::Tensor gy32 = s.c.narrow(0, 0, m * n).view({m, n}).copy_(gy.narrow(0, m0, m).narrow(1, n0, n));
+          if (want_w) gw32.addmm_(gy32.t(), s.b.narrow(0, 0, m * K).view({m, K}).copy_(x2.narrow(0, m0, m)));
+          if (want_b) {
+            for (int64_t r = 0; r < m; ++r) gb32.add_(gy32[r]);
+          }
+        }
+        if (want_w) gw.narrow(0, n0, n).copy_(gw32);
+        if (want_b) gb.narrow(0, n0, n).copy_(gb32);
       }
     }
-    return {want_x ? gx.view(x.sizes()) : at::Tensor(),
-            want_w ? gw32.to(weight.scalar_type()) : at::Tensor(),
-            want_b ? gb32.to(weight.scalar_type()) : at::Tensor()};
+    return {want_x ? gx.view(x.sizes()) : at::Tensor(), gw, gb};
   }
 };
 
@@ -197,6 +258,19 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
     return at::linear(x, weight, bias);
   }
   return linear_fp32_arithmetic(x, weight, bias);
+}
+
+void linear_into(const at::Tensor& y, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  if (fp32_arithmetic(weight) && x.scalar_type() == weight.scalar_type()) {
+    fp32_linear_into(y, x, weight, bias);
+  } else {
+    at::Tensor out = y;  // a handle on y's storage: mm_out writes through it
+    if (bias.defined()) {
+      at::addmm_out(out, bias, x, weight.t());
+    } else {
+      at::mm_out(out, x, weight.t());
+    }
+  }
 }
 
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
