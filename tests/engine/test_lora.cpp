@@ -73,25 +73,37 @@ TEST(Lora, TargetsThatMatchNothingAreAnErrorNamingTheModules) {
 }
 
 // A checkpoint holds the adapters, their optimizer state and the dropout generator: resuming
-// continues the run exactly (rsLoRA in axolotl's key, dropout on A's input).
-TEST(Lora, ResumesExactly) {
-  TempDir dir("lora_resume");
-  const std::string yaml = std::string(kGpt2) + "adapter: lora\nlora_r: 4\nlora_alpha: 16\nlora_dropout: 0.1\n"
-                                                "peft_use_rslora: true\nlora_target_linear: true\n";
-  const std::string steps = "--max_steps=8 --save_steps=4";
-  const RunResult straight = launch(dir, "straight", yaml, steps);
-  ASSERT_EQ(straight.exit_code, 0) << straight.out;
-  const std::vector<double> want = losses(dir.path() / "straight");
-  ASSERT_EQ(want.size(), 8u);
-  const fs::path resumed = dir.path() / "resumed";
-  fs::create_directories(resumed);
-  fs::copy(dir.path() / "straight" / "global_step4", resumed / "global_step4", fs::copy_options::recursive);
-  std::ofstream(resumed / "latest") << "global_step4\n";
-  const RunResult r = launch(dir, "resumed", yaml, steps + " --resume");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  const std::vector<double> got = losses(resumed);
-  ASSERT_EQ(got.size(), 4u);
-  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], want[i + 4]) << "step " << i + 5;
+// continues the run exactly, for each composition the lora plugin makes — rsLoRA in axolotl's keys
+// with dropout on A's input and bf16 compute; DoRA; QLoRA (NF4 base, double quantization) with
+// activation checkpointing and 8-bit AdamW.
+TEST(Lora, EachCompositionResumesExactly) {
+  const std::pair<const char*, std::string> compositions[] = {
+      {"lora_bf16", std::string(kGpt2) + "adapter: lora\nlora_r: 4\nlora_alpha: 16\nlora_dropout: 0.1\n"
+                                         "peft_use_rslora: true\nlora_target_linear: true\nbf16: true\n"},
+      {"dora", std::string(kLlama) + "use_peft: true\nlora_r: 4\nlora_target_modules: all-linear\nuse_dora: true\n"},
+      {"qlora", std::string(kLlama) + "adapter: qlora\nload_in_4bit: true\nbnb_4bit_use_double_quant: true\n"
+                                      "lora_r: 4\nlora_target_linear: true\ngradient_checkpointing: true\n"
+                                      "optim: adamw_8bit\n"},
+  };
+  for (const auto& [name, yaml] : compositions) {
+    SCOPED_TRACE(name);
+    TempDir dir(std::string("lora_resume_") + name);
+    const std::string steps = "--max_steps=8 --save_steps=4";
+    const RunResult straight = launch(dir, "straight", yaml, steps);
+    ASSERT_EQ(straight.exit_code, 0) << straight.out;
+    const std::vector<double> want = losses(dir.path() / "straight");
+    ASSERT_EQ(want.size(), 8u);
+    EXPECT_LT(want.back(), want.front());
+    const fs::path resumed = dir.path() / "resumed";
+    fs::create_directories(resumed);
+    fs::copy(dir.path() / "straight" / "global_step4", resumed / "global_step4", fs::copy_options::recursive);
+    std::ofstream(resumed / "latest") << "global_step4\n";
+    const RunResult r = launch(dir, "resumed", yaml, steps + " --resume");
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    const std::vector<double> got = losses(resumed);
+    ASSERT_EQ(got.size(), 4u);
+    for (size_t k = 0; k < got.size(); ++k) EXPECT_EQ(got[k], want[k + 4]) << "step " << k + 5;
+  }
 }
 
 // A PEFT adapter (PeftModel.save_pretrained, B random so that both matrices train) on a GPT-2 saved by
