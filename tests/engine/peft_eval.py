@@ -26,11 +26,12 @@ code with memrt.
         4-bit model is saved
         (save_pretrained: a bnb-4bit directory). Writes {"losses": [model, adapters...],
         "windows": ..., "tokens": ..., "lines": [print_trainable_parameters' line per adapter]} to OUT.
-    peft_eval.py merged4 DIR ADAPTER MERGED OUT
+    peft_eval.py merged4 DIR ADAPTER MERGED OUT [fp32|bf16]
         DIR loaded in 4 bits as `loss --nf4` does, ADAPTER on it: each adapted layer's weight as
         bitsandbytes dequantizes it plus PEFT's get_delta_weight, every other tensor as loaded,
-        against the plain model in MERGED (`launcher export --merge`): writes {"tensors": count,
-        "worst": the largest |MERGED - reference| over the tensor's largest |reference|} to OUT.
+        against the plain model in MERGED (`launcher export --merge`; with bf16, the reference
+        rounded to bf16 against `--merge --dtype bf16`'s): writes {"tensors": count, "worst": the
+        largest |MERGED - reference| over the tensor's largest |reference|, "dtypes": MERGED's} to OUT.
 """
 import json
 import os
@@ -74,7 +75,7 @@ def nf4_config():
                               bnb_4bit_compute_dtype=torch.float32)
 
 
-def merged4(directory, adapter_dir, merged_dir, out):
+def merged4(directory, adapter_dir, merged_dir, out, dtype="fp32"):
     import bitsandbytes as bnb
     from safetensors.torch import load_file
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, quantization_config=nf4_config(),
@@ -92,9 +93,10 @@ def merged4(directory, adapter_dir, merged_dir, out):
             want[key] = p.detach().float()
     got = load_file(os.path.join(merged_dir, "model.safetensors"))
     assert set(got) == set(want), f"keys differ: {sorted(set(got) ^ set(want))}"
-    worst = max(((got[k] - want[k]).abs().max() / want[k].abs().max()).item() for k in want)
+    want = {k: v.to({"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]) for k, v in want.items()}
+    worst = max(((got[k].float() - want[k].float()).abs().max() / want[k].float().abs().max()).item() for k in want)
     with open(out, "w") as f:
-        json.dump({"tensors": len(want), "worst": worst}, f)
+        json.dump({"tensors": len(want), "worst": worst, "dtypes": sorted({str(t.dtype) for t in got.values()})}, f)
 
 
 def loss(directory, text_file, block, out, *rest):

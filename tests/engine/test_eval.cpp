@@ -131,7 +131,8 @@ TEST(Eval, GptTwoWithPeftAdaptersAsInPeft) {
 
 // `launcher export --merge` of a QLoRA checkpoint: a plain fp32 model whose adapted weights are the
 // 4-bit base as bitsandbytes dequantizes it plus PEFT's get_delta_weight (within 1e-6), every other
-// tensor as trained; it evaluates as the QLoRA model it came from.
+// tensor as trained; it evaluates as the QLoRA model it came from. `--dtype bf16` writes the same
+// rounded to bf16.
 TEST(Eval, QLoraMergedExportIsTheDequantizedBasePlusTheAdapters) {
   TempDir dir("eval_merge4");
   eval_text(dir);
@@ -158,6 +159,25 @@ TEST(Eval, QLoraMergedExportIsTheDequantizedBasePlusTheAdapters) {
   EXPECT_LT(d["worst"].GetDouble(), 1e-6);
   EXPECT_LT(relative(launcher_eval(dir, "merged", "model_name_or_path: " + merged.string() + "\n")["loss"].GetDouble(),
                      qlora), 1e-5);
+  // --dtype bf16: every tensor bf16, the reference rounded to bf16 (within one rounding: the fp32
+  // merges differ by 1e-6, which can tip a value over a rounding boundary), torch_dtype saying so.
+  const fs::path merged_bf16 = dir.path() / "merged_bf16";
+  const RunResult e16 = run(kLauncher + " export " + (out / "global_step1").string() + " " + merged_bf16.string() +
+                            " --merge --dtype bf16");
+  ASSERT_EQ(e16.exit_code, 0) << e16.out;
+  EXPECT_NE(slurp(merged_bf16 / "config.json").find("\"torch_dtype\": \"bfloat16\""), std::string::npos);
+  const RunResult c16 = run(kPeftEval + "merged4 " + model.string() + " " + (out / "global_step1").string() + " " +
+                            merged_bf16.string() + " " + compared.string() + " bf16");
+  ASSERT_EQ(c16.exit_code, 0) << c16.out;
+  const rapidjson::Document d16 = read_json(compared);
+  EXPECT_EQ(d16["tensors"].GetInt(), 21);
+  EXPECT_LE(d16["worst"].GetDouble(), 1.0 / 256);
+  ASSERT_EQ(d16["dtypes"].Size(), 1u);
+  EXPECT_STREQ(d16["dtypes"][0].GetString(), "torch.bfloat16");
+  const RunResult bad = run(kLauncher + " export " + (out / "global_step1").string() + " " +
+                            (dir.path() / "x").string() + " --dtype int8");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.out.find("--dtype int8 is not one of fp32, bf16, fp16"), std::string::npos) << bad.out;
 }
 
 // lora_modules_to_save (HF/TRL, axolotl; LLaMA-Factory's additional_target) trains lm_head and the

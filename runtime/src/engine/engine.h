@@ -60,8 +60,11 @@ int stop_signal_received();
 // copy — gathered from every rank's shards of the store, and the parameters in a plugin's format as
 // that plugin writes them (the run's plugins, loaded from its plugins.json; docs/checkpoints.md).
 // With `merge`, plugins fold what they added into the model's weights (ExportContext::merge).
-// Returns a summary line.
-std::string export_checkpoint(const std::string& checkpoint, const std::string& out_dir, bool merge = false);
+// `dtype` (fp32, bf16 or fp16) is what the model's dense floating parameters are written in (each
+// rounded once from its fp32 value; a quantized weight and its companions stay as their plugin
+// wrote them), and config.json's torch_dtype says so. Returns a summary line.
+std::string export_checkpoint(const std::string& checkpoint, const std::string& out_dir, bool merge = false,
+                              const std::string& dtype = "fp32");
 
 // The facts plugins see (RunInfo) for a resolved config on a given rank.
 RunInfo make_run_info(const TrainConfig& cfg, int rank, int world_size, int local_rank);

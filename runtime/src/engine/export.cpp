@@ -40,7 +40,14 @@ PluginHost load_run_plugins(const std::string& plugins_file, const RunInfo& run)
 
 }  // namespace
 
-std::string export_checkpoint(const std::string& checkpoint, const std::string& out_dir, bool merge) {
+std::string export_checkpoint(const std::string& checkpoint, const std::string& out_dir, bool merge,
+                              const std::string& dtype) {
+  // --dtype: Hugging Face's torch_dtype names for the three floating types memrt trains in.
+  static const std::map<std::string, std::pair<at::ScalarType, const char*>> kDtypes = {
+      {"fp32", {at::kFloat, "float32"}}, {"bf16", {at::kBFloat16, "bfloat16"}}, {"fp16", {at::kHalf, "float16"}}};
+  const auto out_dtype = kDtypes.find(dtype);
+  if (out_dtype == kDtypes.end())
+    throw Error("launcher export: --dtype " + dtype + " is not one of fp32, bf16, fp16");
   const std::string dir = fs::exists(fs::path(checkpoint) / "manifest.json")
                               ? checkpoint
                               : checkpoint_dir(checkpoint, "");
@@ -99,11 +106,19 @@ std::string export_checkpoint(const std::string& checkpoint, const std::string& 
                                     "in a plain format and was not exported" + by);
   }
 
+  if (out_dtype->second.first != at::kFloat) {
+    for (const ParamSpec& spec : specs) {
+      at::Tensor& t = tensors.at(spec.name);
+      if (at::isFloatingType(t.scalar_type()) && t.numel() == spec.numel()) t = t.to(out_dtype->second.first);
+    }
+    config.set("torch_dtype", ConfigNode::string(out_dtype->second.second));
+  }
+
   // In name order: a tensor's companions ("<name>.absmax", ...) follow it.
   std::vector<std::pair<std::string, at::Tensor>> ordered(tensors.begin(), tensors.end());
   save_hf_tensors(out_dir, config.to_json() + "\n", ordered);
   return "exported " + dir + " to " + out_dir + ": config.json, model.safetensors (" +
-         (writers.empty() ? std::string("fp32") : "parameters written by plugins (" + writers + "), the rest fp32") +
+         (writers.empty() ? dtype : "parameters written by plugins (" + writers + "), the rest " + dtype) +
          ", " + std::to_string(parameters) + " parameters in " + std::to_string(ordered.size()) +
          " tensors, from the exact weights saved by " + std::to_string(m.world_size) + " rank(s))";
 }
