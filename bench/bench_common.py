@@ -28,13 +28,13 @@ def run(cmd, env):
     return text, usage.ru_maxrss * 1024
 
 
-def launcher(build, ds_config, steps, env, extra=()):
-    """Runs memrt's launcher on ds_config + configs/train.yaml for `steps` steps in a temporary
-    output_dir; returns {"console", "rss", "metrics" (metrics.jsonl rows), "report" (rank 0 of
-    memory_report.json)}."""
+def launcher(build, ds_config, steps, env, extra=(), train_yaml="configs/train.yaml"):
+    """Runs memrt's launcher on ds_config + train_yaml (the main job's by default) for `steps`
+    steps in a temporary output_dir; returns {"console", "rss", "metrics" (metrics.jsonl rows),
+    "report" (rank 0 of memory_report.json)}."""
     with tempfile.TemporaryDirectory() as out_dir:
         console, rss = run([str(ROOT / build / "bin" / "launcher"), "--deepspeed",
-                            str(ROOT / ds_config), str(ROOT / "configs/train.yaml"),
+                            str(ROOT / ds_config), str(ROOT / train_yaml),
                             f"--max_steps={steps}", f"--output_dir={out_dir}", *extra], env)
         out = Path(out_dir)
         if not (out / "memory_report.json").exists():
