@@ -78,6 +78,16 @@ rapidjson::Document launcher_eval(const TempDir& dir, const std::string& name, c
 
 double relative(double a, double b) { return std::abs(a / b - 1.0); }
 
+// A training run of `model` with train.yaml `keys` (block_size 32 and the eval file added), from
+// dir/train.yaml and dir/ds.json into dir/run: the launcher's output.
+RunResult train_run(const TempDir& dir, const fs::path& model, const std::string& keys) {
+  const std::string yaml = dir.write("train.yaml", "model_name_or_path: " + model.string() + "\n" + keys +
+                                                       "block_size: 32\neval_file: " +
+                                                       (dir.path() / "eval.txt").string() + "\n");
+  return run(kLauncher + " --deepspeed " + dir.write("ds.json", kDs) + " " + yaml + " --output_dir=" +
+             (dir.path() / "run").string());
+}
+
 }  // namespace
 
 // A GPT-2 saved by transformers, alone and with PEFT's LoRA and rsLoRA adapters (every projection,
@@ -138,12 +148,9 @@ TEST(Eval, QLoraMergedExportIsTheDequantizedBasePlusTheAdapters) {
   eval_text(dir);
   const fs::path model = make_model(dir, "llama");
   const fs::path out = dir.path() / "run";
-  const std::string yaml = dir.write("train.yaml", "model_name_or_path: " + model.string() + "\nadapter_name_or_path: " +
-                                                       (model / "lora").string() + "\nload_in_4bit: true\n"
-                                                       "bnb_4bit_compute_dtype: float32\nblock_size: 32\nmax_steps: 1\n"
-                                                       "save_steps: 1\nlearning_rate: 1.0e-2\neval_file: " +
-                                                       (dir.path() / "eval.txt").string() + "\n");
-  const RunResult r = run(kLauncher + " --deepspeed " + dir.write("ds.json", kDs) + " " + yaml + " --output_dir=" + out.string());
+  const RunResult r = train_run(dir, model, "adapter_name_or_path: " + (model / "lora").string() +
+                                                "\nload_in_4bit: true\nbnb_4bit_compute_dtype: float32\nmax_steps: 1\n"
+                                                "save_steps: 1\nlearning_rate: 1.0e-2\n");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const double qlora = read_json(out / "eval.json")["loss"].GetDouble();
   const fs::path merged = dir.path() / "merged";
@@ -188,12 +195,9 @@ TEST(Eval, ModulesToSaveTrainAsEstimatedAndReloadInPeft) {
   eval_text(dir);
   const fs::path model = make_model(dir, "llama");
   const fs::path out = dir.path() / "run";
-  const std::string yaml = dir.write("train.yaml", "model_name_or_path: " + model.string() +
-                                                       "\nadapter: lora\nlora_r: 4\nlora_target_linear: true\n"
-                                                       "additional_target: lm_head,embed_tokens\nblock_size: 32\n"
-                                                       "max_steps: 2\nlearning_rate: 1.0e-2\nsave_steps: 2\neval_file: " +
-                                                       (dir.path() / "eval.txt").string() + "\n");
-  const RunResult r = run(kLauncher + " --deepspeed " + dir.write("ds.json", kDs) + " " + yaml + " --output_dir=" + out.string());
+  const RunResult r = train_run(dir, model, "adapter: lora\nlora_r: 4\nlora_target_linear: true\n"
+                                            "additional_target: lm_head,embed_tokens\nmax_steps: 2\n"
+                                            "learning_rate: 1.0e-2\nsave_steps: 2\n");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("(30 trainable tensors)"), std::string::npos) << "28 adapters, lm_head, embed_tokens\n" << r.out;
   expect_peak_as_estimated(out);
@@ -221,11 +225,8 @@ TEST(Eval, BiasModeTrainsAsEstimatedAndReloadsInPeft) {
   eval_text(dir);
   const fs::path model = make_model(dir, "gpt2");
   const fs::path out = dir.path() / "run";
-  const std::string yaml = dir.write("train.yaml", "model_name_or_path: " + model.string() + "\nlora_model_dir: " +
-                                                       (model / "bias_all").string() + "\nlora_dropout: 0.0\nblock_size: 32\nmax_steps: 2\n"
-                                                       "learning_rate: 1.0e-2\nsave_steps: 2\neval_file: " +
-                                                       (dir.path() / "eval.txt").string() + "\n");
-  const RunResult r = run(kLauncher + " --deepspeed " + dir.write("ds.json", kDs) + " " + yaml + " --output_dir=" + out.string());
+  const RunResult r = train_run(dir, model, "lora_model_dir: " + (model / "bias_all").string() +
+                                                "\nlora_dropout: 0.0\nmax_steps: 2\nlearning_rate: 1.0e-2\nsave_steps: 2\n");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("(29 trainable tensors)"), std::string::npos) << "16 adapters, 13 biases\n" << r.out;
   expect_peak_as_estimated(out);
@@ -299,13 +300,9 @@ TEST(Eval, PeriodicEvalLauncherEvalAndPeftAgree) {
   eval_text(dir);
   const fs::path model = make_model(dir, "gpt2");
   const fs::path out = dir.path() / "run";
-  const std::string yaml = dir.write("train.yaml", "model_name_or_path: " + model.string() +
-                                                       "\nuse_peft: true\nlora_r: 4\nlora_target_modules: all-linear\n"
-                                                       "block_size: 32\nmax_steps: 5\nlogging_steps: 1\n"
-                                                       "learning_rate: 1.0e-2\nsave_steps: 5\neval_steps: 2\neval_file: " +
-                                                       (dir.path() / "eval.txt").string() + "\n");
-  const std::string ds = dir.write("ds.json", kDs);
-  const RunResult r = run(kLauncher + " --deepspeed " + ds + " " + yaml + " --output_dir=" + out.string());
+  const RunResult r = train_run(dir, model, "use_peft: true\nlora_r: 4\nlora_target_modules: all-linear\n"
+                                            "max_steps: 5\nlogging_steps: 1\nlearning_rate: 1.0e-2\nsave_steps: 5\n"
+                                            "eval_steps: 2\n");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("eval     2/5 | eval_loss"), std::string::npos) << r.out;
   EXPECT_EQ(losses(out).size(), 5u);
@@ -320,8 +317,8 @@ TEST(Eval, PeriodicEvalLauncherEvalAndPeftAgree) {
   EXPECT_EQ(last["loss"].GetDouble(), evals.back());
 
   const std::string history = slurp(out / "metrics.jsonl");
-  const RunResult e = run(kLauncher + " eval --deepspeed " + ds + " " + yaml + " --output_dir=" + out.string() +
-                          " --resume");
+  const RunResult e = run(kLauncher + " eval --deepspeed " + (dir.path() / "ds.json").string() + " " +
+                          (dir.path() / "train.yaml").string() + " --output_dir=" + out.string() + " --resume");
   ASSERT_EQ(e.exit_code, 0) << e.out;
   EXPECT_NE(e.out.find("eval of the model at step 5"), std::string::npos) << e.out;
   EXPECT_EQ(read_json(out / "eval.json")["loss"].GetDouble(), evals.back());
