@@ -35,8 +35,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
 
 // The same product written into `y` (M, out; any strides, x's dtype), for kernels that fill an
 // output a tile at a time (plugins/quant's 4-bit linear): x (M, in), weight (out, in) of any
-// strides, no autograd. It allocates nothing the memory report counts on either path (the fp32
-// path's blocks are a per-thread scratch, like the BLAS's packing buffers).
+// strides, no autograd. Natively at::(add)mm_out; on the fp32 path it allocates nothing the memory
+// report counts (its blocks are a per-thread scratch, like the BLAS's packing buffers).
 void linear_into(const at::Tensor& y, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});
 
 // Causal scaled-dot-product attention with 1/sqrt(head_dim) scaling, as

@@ -44,13 +44,13 @@ const MatmulPlan& plan() {
 //   gW[N,K] = gy^T x, gb[N] = sum gy     per block of W's rows, summed over blocks of rows of x
 // Each block of an output is accumulated in fp32 and rounded once.
 
-// Per-thread fp32 scratch of four regions, grown as needed and kept for the next call.
+// Per-thread fp32 scratch of five regions, grown as needed and kept for the next call.
 struct Scratch {
-  at::Tensor a, b, c, d;  // views of `storage`
+  at::Tensor a, b, c, d, e;  // views of `storage`
 };
-Scratch scratch(int64_t a, int64_t b, int64_t c, int64_t d) {
+Scratch scratch(int64_t a, int64_t b, int64_t c, int64_t d, int64_t e = 0) {
   thread_local std::vector<float> storage;
-  const size_t need = static_cast<size_t>(a + b + c + d);
+  const size_t need = static_cast<size_t>(a + b + c + d + e);
   if (storage.size() < need) {
     storage.clear();
     storage.shrink_to_fit();
@@ -67,6 +67,7 @@ Scratch scratch(int64_t a, int64_t b, int64_t c, int64_t d) {
   s.b = view(b);
   s.c = view(c);
   s.d = view(d);
+  s.e = view(e);
   return s;
 }
 
@@ -126,8 +127,10 @@ struct Fp32Linear : torch::autograd::Function<Fp32Linear> {
     const bool want_x = ctx->needs_input_grad(0), want_w = ctx->needs_input_grad(1);
     const bool want_b = ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2);
     const auto [nb, mb] = linear_blocks(M, N, K);
-    // a: a block of W (or of gW's fp32 sums), b: of x (or of gx's sums), c: of gy, d: of gb's sums.
-    const Scratch s = scratch(nb * K, mb * K, mb * nb, nb);
+    // a: a block of W (or of gW's fp32 sums), b: of x (or of gx's sums), c: of gy, d: of gb's sums,
+    // e: ones, which sum gy's rows into gb as one matrix-vector product.
+    const Scratch s = scratch(nb * K, mb * K, mb * nb, nb, want_b ? mb : 0);
+    if (want_b) s.e.fill_(1.0f);
 
     at::Tensor gx;
     if (want_x) {
@@ -155,9 +158,7 @@ struct Fp32Linear : torch::autograd::Function<Fp32Linear> {
           const int64_t m = std::min(mb, M - m0);
           const at::Tensor gy32 = s.c.narrow(0, 0, m * n).view({m, n}).copy_(gy.narrow(0, m0, m).narrow(1, n0, n));
           if (want_w) gw32.addmm_(gy32.t(), s.b.narrow(0, 0, m * K).view({m, K}).copy_(x2.narrow(0, m0, m)));
-          if (want_b) {
-            for (int64_t r = 0; r < m; ++r) gb32.add_(gy32[r]);
-          }
+          if (want_b) gb32.addmv_(gy32.t(), s.e.narrow(0, 0, m));
         }
         if (want_w) gw.narrow(0, n0, n).copy_(gw32);
         if (want_b) gb.narrow(0, n0, n).copy_(gb32);
