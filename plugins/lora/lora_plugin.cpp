@@ -114,10 +114,10 @@ class LoraPlugin final : public memrt::Plugin {
   // Face Trainer's output_dir after save_model: the adapter to load, without the training state).
   void write_checkpoint_files(memrt::CheckpointFilesContext& ctx) override {
     if (freeze_mode_) return;
-    for (const char* f : write_peft_files(ctx.dir, ctx.saved, ctx.run.shape.arch)) ctx.files.push_back(f);
+    for (const char* f : write_peft_files(ctx.dir, ctx.saved, ctx.run)) ctx.files.push_back(f);
     const std::string newest = ctx.run.output_dir + "/" + kAdapterDir;
     std::filesystem::create_directories(newest);
-    write_peft_files(newest, ctx.saved, ctx.run.shape.arch);
+    write_peft_files(newest, ctx.saved, ctx.run);
   }
 
   // `launcher export`: the base as the other plugins and the host write it, and the adapters beside
@@ -145,7 +145,7 @@ class LoraPlugin final : public memrt::Plugin {
       }
     } else {
       std::filesystem::create_directories(ctx.run.output_dir);
-      write_peft_files(ctx.run.output_dir, ctx.saved, ctx.run.shape.arch);
+      write_peft_files(ctx.run.output_dir, ctx.saved, ctx.run);
     }
     for (const std::string& name : ctx.saved.names())
       if (memrt::lora::is_adapter(name)) ctx.handled.insert(name);
@@ -276,14 +276,15 @@ class LoraPlugin final : public memrt::Plugin {
   // adapter_config.json and adapter_model.safetensors in `dir` from the saved adapters (their fp32
   // masters where the run kept them); returns the files' names.
   std::vector<const char*> write_peft_files(const std::string& dir, const memrt::SavedParameters& saved,
-                                            const std::string& arch) const {
+                                            const memrt::RunInfo& run) const {
     memrt::lora::PeftAdapterConfig c;
+    c.base_model_name_or_path = run.model_name_or_path;
     c.r = options_.r;
     c.alpha = options_.alpha;
     c.dropout = options_.dropout;
     c.rslora = options_.rslora;
     c.dora = options_.dora;
-    c.fan_in_fan_out = arch == "gpt2";  // PEFT's flag for GPT-2's Conv1D projections
+    c.fan_in_fan_out = run.shape.arch == "gpt2";  // PEFT's flag for GPT-2's Conv1D projections
     c.layers_to_transform = rule_.layers;
     c.bias = bias_;
     c.modules_to_save = modules_to_save_;

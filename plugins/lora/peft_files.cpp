@@ -87,7 +87,8 @@ std::string peft_config_json(const PeftAdapterConfig& c) {
   ConfigNode targets = ConfigNode::array();
   for (const std::string& t : c.target_modules) targets.push_back(ConfigNode::string(t));
   root.set("alpha_pattern", ConfigNode::object());
-  root.set("base_model_name_or_path", ConfigNode::null());
+  root.set("base_model_name_or_path", c.base_model_name_or_path.empty() ? ConfigNode::null()
+                                                                         : ConfigNode::string(c.base_model_name_or_path));
   root.set("bias", ConfigNode::string(c.bias));
   root.set("fan_in_fan_out", ConfigNode::boolean(c.fan_in_fan_out));
   root.set("inference_mode", ConfigNode::boolean(true));

@@ -35,6 +35,7 @@ struct PeftAdapterConfig {
   std::vector<int64_t> layers_to_transform;  // empty: every block
   std::string bias = "none";                 // "none" | "all" | "lora_only"
   std::vector<std::string> modules_to_save;  // trained in full, saved whole
+  std::string base_model_name_or_path;       // written (null when empty); not read
 };
 
 // layers_to_transform as PEFT's LoraConfig takes it: an index or a list of indices (null: none).

@@ -103,7 +103,89 @@ TEST(Lora, EachCompositionResumesExactly) {
     const std::vector<double> got = losses(resumed);
     ASSERT_EQ(got.size(), 4u);
     for (size_t k = 0; k < got.size(); ++k) EXPECT_EQ(got[k], want[k + 4]) << "step " << k + 5;
+    // A random-init base exists nowhere else: the checkpoint holds it.
+    EXPECT_NE(slurp(dir.path() / "straight" / "global_step4" / "rank00000.safetensors").find("store/frozen/"),
+              std::string::npos);
   }
+}
+
+// A base read from model_name_or_path stays there: a QLoRA checkpoint holds the adapters and their
+// state, not the base (store.json names the directory and its fingerprint), resumes exactly from
+// it, refuses a base that changed, and exports — merged, from the 4-bit base rebuilt as the run
+// quantized it, with the base found where --model_name_or_path says after it moved; a 16-bit LoRA's
+// base read back from the mapped files, byte for byte, and its adapter_config naming the base.
+TEST(Lora, CheckpointsLeaveTheBaseInItsDirectory) {
+  TempDir dir("lora_base_left");
+  ASSERT_EQ(launch(dir, "init", kLlama, "--max_steps=1 --save_steps=1").exit_code, 0);
+  const fs::path base = dir.path() / "base";
+  const RunResult made = run(kLauncher + " export " + (dir.path() / "init").string() + " " + base.string());
+  ASSERT_EQ(made.exit_code, 0) << made.out;
+  const std::string qlora = "model_name_or_path: " + base.string() +
+                            "\nblock_size: 32\nlogging_steps: 1\nlearning_rate: 1.0e-2\nadapter: qlora\n"
+                            "load_in_4bit: true\nbnb_4bit_use_double_quant: true\nlora_r: 4\nlora_target_linear: true\n";
+  const std::string steps = "--max_steps=4 --save_steps=2";
+  const RunResult straight = launch(dir, "straight", qlora, steps);
+  ASSERT_EQ(straight.exit_code, 0) << straight.out;
+  const fs::path step2 = dir.path() / "straight" / "global_step2";
+  const std::string shard = slurp(step2 / "rank00000.safetensors");
+  EXPECT_EQ(shard.find("store/frozen/"), std::string::npos) << "no frozen tensor saved";
+  EXPECT_LT(shard.size() * 4, fs::file_size(base / "model.safetensors"));
+  const rapidjson::Document layout = read_json(step2 / "store.json");
+  ASSERT_TRUE(layout["base"].IsObject());
+  EXPECT_EQ(fs::path(layout["base"]["dir"].GetString()), fs::absolute(base).lexically_normal());
+
+  const fs::path resumed = dir.path() / "resumed";
+  fs::create_directories(resumed);
+  fs::copy(step2, resumed / "global_step2", fs::copy_options::recursive);
+  std::ofstream(resumed / "latest") << "global_step2\n";
+  const RunResult r = launch(dir, "resumed", qlora, steps + " --resume");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const std::vector<double> want = losses(dir.path() / "straight"), got = losses(resumed);
+  ASSERT_EQ(want.size(), 4u);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0], want[2]);
+  EXPECT_EQ(got[1], want[3]);
+
+  // Another base of the same shapes (one value changed near the end of its file) is refused.
+  const fs::path other = dir.path() / "other";
+  fs::copy(base, other);
+  {
+    std::fstream f(other / "model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-3, std::ios::end);
+    f.put('\x7f');
+  }
+  const RunResult refused = launch(dir, "resumed", qlora, steps + " --resume --model_name_or_path=" + other.string());
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.out.find("store.json"), std::string::npos) << refused.out;
+  EXPECT_NE(refused.out.find("model.safetensors holds other values"), std::string::npos) << refused.out;
+
+  // Export after the base moved: refused until told where it is; then merged as from the start.
+  const fs::path moved = dir.path() / "moved";
+  fs::rename(base, moved);
+  const std::string step4 = (dir.path() / "straight" / "global_step4").string();
+  const RunResult lost = run(kLauncher + " export " + step4 + " " + (dir.path() / "merged").string() + " --merge");
+  EXPECT_NE(lost.exit_code, 0);
+  EXPECT_NE(lost.out.find("--model_name_or_path"), std::string::npos) << lost.out;
+  const RunResult found = run(kLauncher + " export " + step4 + " " + (dir.path() / "merged").string() +
+                              " --merge --model_name_or_path " + moved.string());
+  ASSERT_EQ(found.exit_code, 0) << found.out;
+  EXPECT_EQ(read_json(dir.path() / "merged" / "config.json").HasMember("quantization_config"), false);
+
+  // A 16-bit base's frozen weights, exported beside the adapter: the base's own file.
+  const RunResult lora = launch(dir, "lora", "model_name_or_path: " + moved.string() +
+                                                 "\nblock_size: 32\nuse_peft: true\nlora_r: 4\nlora_target_modules: all-linear\n",
+                                "--max_steps=1 --save_steps=1");
+  ASSERT_EQ(lora.exit_code, 0) << lora.out;
+  const RunResult plain = run(kLauncher + " export " + (dir.path() / "lora" / "global_step1").string() + " " +
+                              (dir.path() / "lora_export").string());
+  ASSERT_EQ(plain.exit_code, 0) << plain.out;
+  EXPECT_EQ(slurp(dir.path() / "lora_export" / "model.safetensors"), slurp(moved / "model.safetensors"));
+  // PEFT's adapter_config names the base (AutoPeftModelForCausalLM loads it from there): as the run
+  // named it, and as export found it.
+  EXPECT_EQ(read_json(dir.path() / "lora" / "global_step1" / "adapter_config.json")["base_model_name_or_path"].GetString(),
+            moved.string());
+  EXPECT_EQ(fs::path(read_json(dir.path() / "lora_export" / "adapter_config.json")["base_model_name_or_path"].GetString()),
+            fs::absolute(moved).lexically_normal());
 }
 
 // A PEFT adapter (PeftModel.save_pretrained, B random so that both matrices train) on a GPT-2 saved by

@@ -409,3 +409,38 @@ TEST(StoreCheckpoint, FrozenSlotsAreSpreadOverRanksAndLoadWithTheirBuffers) {
   expect_error<FileError>([&] { load_store(plain, saved); },
                           {"store.json", "'base.", "kept as 'nf4' in the checkpoint", "as a plain weight in this run"});
 }
+
+// Frozen parameters read from a base model's directory are left there: not written, store.json
+// recording the directory ("rank": null), not read on load (the loading run built them), and read
+// from a provider where one is given (export), else refused naming the directory.
+TEST(StoreCheckpoint, FrozenParametersLeftInTheBaseAreNeitherWrittenNorRead) {
+  const Truth t = truth();
+  BaseSource base;
+  base.dir = "/models/base";
+  base.config_sha256 = "c0";
+  base.files = {{"model.safetensors", 4096, "5a"}};
+  memrt::test::TempDir dir;
+  const ParamStore s = make_store(0, 1, Layout{}, t.weight);
+  for (const auto& [name, tensor] : store_shard_tensors(s, &base)) EXPECT_NE(name.rfind("store/frozen/", 0), 0u) << name;
+  write_safetensors(dir.file("rank0.safetensors"), store_shard_tensors(s, &base));
+  std::ofstream(dir.file(kStoreLayoutFile)) << store_layout_json(s, &base);
+  Files files(dir);
+  SavedStore saved(dir.str(), std::ref(files));
+  ASSERT_TRUE(saved.base().has_value());
+  EXPECT_EQ(saved.base()->difference(base), "");
+  BaseSource changed = base;
+  changed.files[0].sample_sha256 = "5b";
+  EXPECT_EQ(base.difference(changed), "model.safetensors holds other values");
+  EXPECT_TRUE(saved.from_base("frozen.weight"));
+  expect_error<FileError>([&] { saved.read_whole("frozen.weight", "weight"); },
+                          {"store.json", "'frozen.weight'", "/models/base", "model_name_or_path"});
+  // Loading leaves the frozen parameter as the loading store built it; the rest are read.
+  std::map<std::string, at::Tensor> blank;
+  for (const auto& [name, w] : t.weight) blank[name] = name == "frozen.weight" ? w + 1 : at::zeros_like(w);
+  ParamStore loaded = make_store(0, 1, Layout{}, blank);
+  load_store(loaded, saved);
+  for (const auto& [name, w] : t.weight)
+    EXPECT_TRUE(at::equal(loaded.param(static_cast<int>(loaded.plan().find(name))), name == "frozen.weight" ? w + 1 : w)) << name;
+  saved.read_base_from(frozen_tensors_of(s));
+  EXPECT_TRUE(at::equal(saved.read_whole("frozen.weight", "weight"), t.weight.at("frozen.weight")));
+}

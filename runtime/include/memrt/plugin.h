@@ -107,6 +107,9 @@ struct RunInfo {
   std::string output_dir;
   at::Device device = at::kCPU;
   int zero_stage = 0;       // zero_optimization.stage (0: plain data parallel)
+  // ABI 2.10: the pretrained directory the model was read from, as the run names it ("" for random
+  // init; `launcher export`: the base a checkpoint left its frozen parameters in).
+  std::string model_name_or_path;
 };
 
 // ---- flow control: a small struct of flags, not a handle on the trainer ------------------------
@@ -443,13 +446,14 @@ class Plugin {
 // (CheckpointReader in memrt/model.h: a replaced parameter stored in a plugin's format). 2.8:
 // Plugin::export_model (ExportContext, SavedParameters), StorePlan::set_weights_category,
 // ConfigNode::real. 2.9: Plugin::write_checkpoint_files (CheckpointFilesContext), memrt/safetensors.h
-// in the SDK, model_parameter_shapes (memrt/model.h), ExportContext::merge. The host refuses a plugin whose ABI major
+// in the SDK, model_parameter_shapes (memrt/model.h), ExportContext::merge. 2.10:
+// RunInfo::model_name_or_path. The host refuses a plugin whose ABI major
 // differs, whose ABI minor is newer than the host's, or whose LibTorch version, C++ ABI flag or CUDA
 // flag differ from its own
 // — plugins pass at::Tensor and nn::Module across the boundary, the same contract as PyTorch C++
 // extensions.
 #define MEMRT_PLUGIN_ABI_MAJOR 2
-#define MEMRT_PLUGIN_ABI_MINOR 9
+#define MEMRT_PLUGIN_ABI_MINOR 10
 #define MEMRT_PLUGIN_ENTRY_SYMBOL "memrt_plugin_entry"
 
 extern "C" {

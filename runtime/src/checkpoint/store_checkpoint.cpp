@@ -61,7 +61,7 @@ std::vector<SavedBuffer> saved_buffers(const ParamStore& store, int g) {
 
 }  // namespace
 
-std::string store_layout_json(const ParamStore& store) {
+std::string store_layout_json(const ParamStore& store, const BaseSource* base) {
   const StorePlan& plan = store.plan();
   rapidjson::StringBuffer sb;
   rapidjson::PrettyWriter<rapidjson::StringBuffer> w(sb);
@@ -81,7 +81,7 @@ std::string store_layout_json(const ParamStore& store) {
   w.Key("format");
   w.String("memrt-store");
   w.Key("version");
-  w.Int(2);
+  w.Int(3);
   w.Key("world_size");
   w.Int(plan.world_size());
   w.Key("state");
@@ -146,7 +146,10 @@ std::string store_layout_json(const ParamStore& store) {
     w.Key("dtype");
     w.String(dtype_name(tensors.front().scalar_type()).c_str());
     w.Key("rank");
-    w.Int(frozen_owner(s.param.name, plan.world_size()));
+    if (base)
+      w.Null();
+    else
+      w.Int(frozen_owner(s.param.name, plan.world_size()));
     w.Key("format");
     w.String(plan.frozen_layout(static_cast<int>(i)).format.c_str());
     w.Key("buffers");  // the layout's other tensors, saved beside the parameter
@@ -167,11 +170,35 @@ std::string store_layout_json(const ParamStore& store) {
     w.EndObject();
   }
   w.EndArray();
+  w.Key("base");
+  if (!base) {
+    w.Null();
+  } else {
+    w.StartObject();
+    w.Key("dir");
+    w.String(base->dir.c_str());
+    w.Key("config_sha256");
+    w.String(base->config_sha256.c_str());
+    w.Key("files");
+    w.StartArray();
+    for (const BaseSource::File& f : base->files) {
+      w.StartObject();
+      w.Key("name");
+      w.String(f.name.c_str());
+      w.Key("bytes");
+      w.Uint64(f.bytes);
+      w.Key("sample_sha256");
+      w.String(f.sample_sha256.c_str());
+      w.EndObject();
+    }
+    w.EndArray();
+    w.EndObject();
+  }
   w.EndObject();
   return std::string(sb.GetString(), sb.GetSize()) + "\n";
 }
 
-std::vector<std::pair<std::string, at::Tensor>> store_shard_tensors(const ParamStore& store) {
+std::vector<std::pair<std::string, at::Tensor>> store_shard_tensors(const ParamStore& store, const BaseSource* base) {
   const StorePlan& plan = store.plan();
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (int g = 0; g < static_cast<int>(plan.groups().size()); ++g) {
@@ -185,7 +212,7 @@ std::vector<std::pair<std::string, at::Tensor>> store_shard_tensors(const ParamS
                        whole ? b.tensor.narrow(0, first / b.per_value, (last - first) / b.per_value) : b.tensor);
     }
   }
-  for (size_t i = 0; i < plan.slots().size(); ++i) {
+  for (size_t i = 0; i < plan.slots().size() && !base; ++i) {
     const ParamSlot& s = plan.slots()[i];
     if (s.group >= 0 || frozen_owner(s.param.name, plan.world_size()) != plan.rank()) continue;
     const FrozenLayout& layout = plan.frozen_layout(static_cast<int>(i));
@@ -208,8 +235,8 @@ SavedStore::SavedStore(const std::string& dir, std::function<const SafetensorsFi
   if (d.HasParseError() || !d.IsObject()) throw bad("not a JSON object");
   if (!d.HasMember("format") || !d["format"].IsString() || std::string(d["format"].GetString()) != "memrt-store")
     throw bad("\"format\" is not \"memrt-store\"");
-  if (!d.HasMember("version") || !d["version"].IsInt() || d["version"].GetInt() < 1 || d["version"].GetInt() > 2)
-    throw bad("\"version\" is not 1 or 2, the store layouts this memrt reads");
+  if (!d.HasMember("version") || !d["version"].IsInt() || d["version"].GetInt() < 1 || d["version"].GetInt() > 3)
+    throw bad("\"version\" is not 1, 2 or 3, the store layouts this memrt reads");
   const int version = d["version"].GetInt();
   if (!d.HasMember("world_size") || !d["world_size"].IsInt() || d["world_size"].GetInt() < 1)
     throw bad("no positive integer \"world_size\"");
@@ -300,6 +327,22 @@ SavedStore::SavedStore(const std::string& dir, std::function<const SafetensorsFi
     }
     groups_.push_back(std::move(group));
   }
+  if (version >= 3 && d.HasMember("base") && !d["base"].IsNull()) {
+    const auto& b = d["base"];
+    auto field = [&](const rapidjson::Value& v, const char* key) -> std::string {
+      if (!v.IsObject() || !v.HasMember(key) || !v[key].IsString()) throw bad(std::string("\"base\" has no \"") + key + "\"");
+      return v[key].GetString();
+    };
+    BaseSource source;
+    source.dir = field(b, "dir");
+    source.config_sha256 = field(b, "config_sha256");
+    if (!b.HasMember("files") || !b["files"].IsArray()) throw bad("\"base\" has no \"files\" array");
+    for (const auto& f : b["files"].GetArray()) {
+      if (!f.IsObject() || !f.HasMember("bytes") || !f["bytes"].IsUint64()) throw bad("a file of \"base\" has no \"bytes\"");
+      source.files.push_back({field(f, "name"), f["bytes"].GetUint64(), field(f, "sample_sha256")});
+    }
+    base_ = std::move(source);
+  }
   if (!d.HasMember("frozen") || !d["frozen"].IsArray()) throw bad("no \"frozen\" array");
   for (const auto& v : d["frozen"].GetArray()) {
     if (!v.IsObject() || !v.HasMember("name") || !v["name"].IsString() || !v.HasMember("dtype") ||
@@ -310,10 +353,11 @@ SavedStore::SavedStore(const std::string& dir, std::function<const SafetensorsFi
     p.shape = read_shape(v, name, p.numel);
     p.dtype = v["dtype"].GetString();
     if (version >= 2) {  // version 1: rank 0 saved every frozen parameter, alone
-      if (!v.HasMember("rank") || !v["rank"].IsInt() || v["rank"].GetInt() < 0 || v["rank"].GetInt() >= world_size_ ||
+      const bool in_base = base_ && v.HasMember("rank") && v["rank"].IsNull();
+      if (!v.HasMember("rank") || (!in_base && (!v["rank"].IsInt() || v["rank"].GetInt() < 0 || v["rank"].GetInt() >= world_size_)) ||
           !v.HasMember("format") || !v["format"].IsString() || !v.HasMember("buffers") || !v["buffers"].IsArray())
-        throw bad("frozen parameter '" + name + "' lacks a \"rank\" of the saving world, a \"format\" or \"buffers\"");
-      p.rank = v["rank"].GetInt();
+        throw bad("frozen parameter '" + name + "' lacks a \"rank\" of the saving world (null: left in \"base\"), a \"format\" or \"buffers\"");
+      p.rank = in_base ? -1 : v["rank"].GetInt();
       p.format = v["format"].GetString();
       for (const auto& b : v["buffers"].GetArray()) {
         if (!b.IsObject() || !b.HasMember("name") || !b["name"].IsString() || !b.HasMember("dtype") || !b["dtype"].IsString())
@@ -358,6 +402,16 @@ void SavedStore::read(const std::string& param, const std::string& buffer, int64
                                        std::to_string(numel) + " " + dtype + " elements");
     return t.view({-1});
   };
+  if (p.rank < 0) {  // left in the base
+    if (!base_tensors_)
+      throw FileError(path_, "does not hold frozen parameter '" + param + "': its run read it from the base model in " +
+                                 base_->dir + " (model_name_or_path), which the checkpoint leaves it in");
+    const at::Tensor t = base_tensors_(param, buffer).reshape({-1});
+    TORCH_CHECK(first + n <= t.numel() && (buffer == kWeight || (first == 0 && n == t.numel())),
+                "SavedStore::read: bad range of '", param, "' ", buffer);
+    out.copy_(t.narrow(0, first, n));
+    return;
+  }
   if (p.group < 0) {
     if (buffer == kWeight) {
       TORCH_CHECK(first + n <= p.numel, "SavedStore::read: bad range");
@@ -426,6 +480,19 @@ const StateFormat& SavedStore::state_format(const std::string& param) const {
   return p.group < 0 ? kNone : groups_[static_cast<size_t>(p.group)].format;
 }
 
+SavedStore::BaseTensors frozen_tensors_of(const ParamStore& store) {
+  return [&store](const std::string& param, const std::string& buffer) -> at::Tensor {
+    const StorePlan& plan = store.plan();
+    for (size_t i = 0; i < plan.slots().size(); ++i) {
+      if (plan.slots()[i].group >= 0 || plan.slots()[i].param.name != param) continue;
+      const FrozenLayout& layout = plan.frozen_layout(static_cast<int>(i));
+      for (size_t k = 0; k < layout.tensors.size(); ++k)
+        if (k == 0 ? buffer == kWeight : layout.tensors[k].name == buffer) return store.frozen_tensors(static_cast<int>(i))[k];
+    }
+    throw Error("parameter store: no frozen parameter '" + param + "' with a buffer '" + buffer + "'");
+  };
+}
+
 int64_t load_store(ParamStore& store, const SavedStore& saved, LoadShare share) {
   const StorePlan& plan = store.plan();
   auto fix = [](const std::string& what) {
@@ -469,6 +536,7 @@ int64_t load_store(ParamStore& store, const SavedStore& saved, LoadShare share) 
                                         (saved.trainable(s.param.name) ? std::string("trained") : "kept as " + as(saved.frozen_format(s.param.name))) +
                                         " in the checkpoint and kept frozen as " + as(layout.format) + " in this run"));
       }
+      if (saved.from_base(s.param.name)) continue;  // built from the base (the caller's to check)
       if (partition_only && frozen_owner(s.param.name, plan.world_size()) != plan.rank()) continue;
       const std::vector<at::Tensor>& tensors = store.frozen_tensors(slot);
       saved.read(s.param.name, kWeight, 0, tensors.front());
@@ -513,7 +581,7 @@ int64_t load_store(ParamStore& store, const SavedStore& saved, LoadShare share) 
   return static_cast<int64_t>(plan.slots().size());
 }
 
-void complete_loaded_store(ParamStore& store, Communicator& comm) {
+void complete_loaded_store(ParamStore& store, const SavedStore& saved, Communicator& comm) {
   if (comm.world_size() == 1) return;  // one rank's partition is everything
   const StorePlan& plan = store.plan();
   at::NoGradGuard no_grad;
@@ -532,7 +600,7 @@ void complete_loaded_store(ParamStore& store, Communicator& comm) {
     }
   }
   for (size_t i = 0; i < plan.slots().size(); ++i) {
-    if (plan.slots()[i].group >= 0) continue;
+    if (plan.slots()[i].group >= 0 || saved.from_base(plan.slots()[i].param.name)) continue;
     const int owner = frozen_owner(plan.slots()[i].param.name, plan.world_size());
     for (at::Tensor t : store.frozen_tensors(static_cast<int>(i))) comm.broadcast(t, owner);
   }

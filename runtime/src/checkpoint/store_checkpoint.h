@@ -9,10 +9,13 @@
 // elements: values [r * padded / N / v, ...)) as "store/<group>/<buffer>", so replicated buffers
 // are written once in all and every rank writes an equal share. Frozen parameters are written
 // whole, with the module buffers their layout names, as "store/frozen/<tensor name>", each by one
-// rank chosen by its name (spread, so no rank writes the whole frozen base). Rank 0 writes
-// store.json, the layout (abridged; the main job's):
+// rank chosen by its name (spread, so no rank writes the whole frozen base) — unless they came from
+// a base model's directory (BaseSource): then none is written, "base" records the directory and
+// its fingerprint, each frozen entry has "rank": null, and readers take them from that directory
+// (resume: the run's own model, built from it; export: rebuilt from it). Rank 0 writes store.json,
+// the layout (abridged; the main job's):
 //
-//   {"format": "memrt-store", "version": 2, "world_size": N, "state": ["exp_avg", "exp_avg_sq"],
+//   {"format": "memrt-store", "version": 3, "world_size": N, "state": ["exp_avg", "exp_avg_sq"],
 //    "groups": [{"name": "decay", "numel": 3257856, "padded": 3257856,
 //                "buffers": {"weight": "F32", "exp_avg": "F32", "exp_avg_sq": "F32"},
 //                "state_format": {"name": "fp32", "block": 1, "blocks_per_tensor": false,
@@ -20,9 +23,11 @@
 //                "params": [{"name": "transformer.wte.weight", "shape": [256, 256],
 //                            "offset": 0}, ...]}, ...],
 //    "frozen": [{"name": ..., "shape": [...], "dtype": "BF16", "rank": 1, "format": "",
-//                "buffers": [{"name": ..., "dtype": "F32", "shape": [...]}]}]}
+//                "buffers": [{"name": ..., "dtype": "F32", "shape": [...]}]}],
+//    "base": null | {"dir": ..., "config_sha256": ..., "files": [{"name": "model.safetensors",
+//                                                                 "bytes": ..., "sample_sha256": ...}]}}
 //
-// Version 1 (before state formats) has no "state_format" (one F32 or BF16 tensor per state name)
+// Version 2 has no "base" (every frozen parameter saved). Version 1 (before state formats) has no "state_format" (one F32 or BF16 tensor per state name)
 // and saved every frozen parameter, alone, in rank 0's file.
 //
 // Loading matches parameters by name, so another world size, alignment, group composition or
@@ -32,12 +37,14 @@
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
 
+#include "checkpoint/base_source.h"
 #include "memrt/safetensors.h"
 #include "memrt/comm.h"
 #include "memrt/param_store.h"
@@ -46,12 +53,14 @@ namespace memrt {
 
 inline constexpr char kStoreLayoutFile[] = "store.json";
 
-// store.json for the store (as rank 0 writes it; the same on every rank).
-std::string store_layout_json(const ParamStore& store);
+// store.json for the store (as rank 0 writes it; the same on every rank). `base`: the directory the
+// frozen parameters were read from, which the checkpoint then leaves them in (nullptr: saved).
+std::string store_layout_json(const ParamStore& store, const BaseSource* base = nullptr);
 
-// This rank's tensors of the checkpoint: its share of every saved buffer, and on rank 0 the
-// frozen parameters. Views of the store: write them before it changes.
-std::vector<std::pair<std::string, at::Tensor>> store_shard_tensors(const ParamStore& store);
+// This rank's tensors of the checkpoint: its share of every saved buffer, and the frozen parameters
+// spread to it (none with a `base`). Views of the store: write them before it changes.
+std::vector<std::pair<std::string, at::Tensor>> store_shard_tensors(const ParamStore& store,
+                                                                    const BaseSource* base = nullptr);
 
 // A saved store: its layout, and any parameter's elements read from the rank files' shards.
 class SavedStore {
@@ -83,6 +92,14 @@ class SavedStore {
   const std::string& frozen_format(const std::string& param) const;
   std::vector<std::string> frozen_buffers(const std::string& param) const;
 
+  // The base directory the frozen parameters were left in, if the checkpoint left them there.
+  const std::optional<BaseSource>& base() const { return base_; }
+  bool from_base(const std::string& param) const { return params_.at(param).rank < 0; }
+  // Where read() takes a frozen parameter left in the base from: its "weight" or module buffer,
+  // whole (rebuilt from the base as its run built it). Without one, reading it is a FileError.
+  using BaseTensors = std::function<at::Tensor(const std::string& param, const std::string& buffer)>;
+  void read_base_from(BaseTensors tensors) { base_tensors_ = std::move(tensors); }
+
  private:
   struct Buffer {  // a frozen parameter's module buffer
     std::string name, dtype;
@@ -95,7 +112,7 @@ class SavedStore {
     int group = -1;  // -1: frozen
     int64_t offset = 0;
     std::string dtype;  // frozen: the saved tensor's safetensors dtype
-    int rank = 0;       // frozen: the rank file holding its tensors
+    int rank = 0;       // frozen: the rank file holding its tensors; -1 left in the base
     std::string format;
     std::vector<Buffer> buffers;
   };
@@ -113,7 +130,13 @@ class SavedStore {
   std::vector<std::string> state_names_;
   std::vector<Group> groups_;
   std::map<std::string, Param> params_;
+  std::optional<BaseSource> base_;
+  BaseTensors base_tensors_;
 };
+
+// The store's own frozen tensors as SavedStore::read_base_from takes them (a checkpoint's plugins
+// reading it while the run that wrote it holds them).
+SavedStore::BaseTensors frozen_tensors_of(const ParamStore& store);
 
 // What load_store reads of each buffer.
 enum class LoadShare {
@@ -126,12 +149,14 @@ enum class LoadShare {
 
 // Fills `store` from `saved`, parameters matched by name. Another world size, alignment or group
 // layout loads; a parameter missing on either side, another shape or another optimizer state is a
-// FileError naming store.json and saying what to do. Returns the number of parameters loaded.
+// FileError naming store.json and saying what to do. Frozen parameters left in the base are not
+// read: the caller built `store` from that base (and compared saved.base()'s fingerprint). Returns
+// the number of parameters loaded.
 int64_t load_store(ParamStore& store, const SavedStore& saved, LoadShare share = LoadShare::kHeld);
 
 // After load_store(..., kPartition) on every rank: all-gathers each full-extent buffer's partitions
 // (compute copies; masters and state where they are replicated) and broadcasts each frozen
-// parameter's tensors from the rank that read them.
-void complete_loaded_store(ParamStore& store, Communicator& comm);
+// parameter's tensors from the rank that read them (none left in the base: every rank has those).
+void complete_loaded_store(ParamStore& store, const SavedStore& saved, Communicator& comm);
 
 }  // namespace memrt

@@ -201,6 +201,7 @@ RunInfo make_run_info(const TrainConfig& cfg, int rank, int world_size, int loca
   // A Hugging Face checkpoint directory brings its own shape (config.json).
   run.shape = cfg.model.name_or_path.empty() ? cfg.model.shape : read_hf_config(cfg.model.name_or_path);
   run.output_dir = cfg.output_dir;
+  run.model_name_or_path = cfg.model.name_or_path;
   run.zero_stage = cfg.zero_stage;
   return run;
 }
@@ -336,6 +337,8 @@ void Engine::setup() {
     store_ = std::make_shared<ParamStore>(std::move(plan), named, buffers, run_.device);
     for (size_t i = 0; i < store_->plan().slots().size(); ++i)
       if (store_->plan().slots()[i].group >= 0) trainable_.push_back(store_->param(static_cast<int>(i)));
+    const bool frozen = trainable_.size() < store_->plan().slots().size();
+    if (frozen && !cfg_.model.name_or_path.empty()) base_ = BaseSource::of(cfg_.model.name_or_path);
 
     memory::Scope optimizer_scope(Category::kOptimizerState);
     auto kernels = std::make_shared<StepKernelTable>();

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/base_source.h"
 #include "config/train_config.h"
 #include "memory/report.h"
 #include "memrt/comm.h"
@@ -62,9 +63,11 @@ int stop_signal_received();
 // With `merge`, plugins fold what they added into the model's weights (ExportContext::merge).
 // `dtype` (fp32, bf16 or fp16) is what the model's dense floating parameters are written in (each
 // rounded once from its fp32 value; a quantized weight and its companions stay as their plugin
-// wrote them), and config.json's torch_dtype says so. Returns a summary line.
+// wrote them), and config.json's torch_dtype says so. A checkpoint that left its frozen parameters
+// in its base model reads them from `base_dir` (default: the directory its run read), rebuilt as the
+// run built them (a plugin's on_block_ready quantizing on load). Returns a summary line.
 std::string export_checkpoint(const std::string& checkpoint, const std::string& out_dir, bool merge = false,
-                              const std::string& dtype = "fp32");
+                              const std::string& dtype = "fp32", const std::string& base_dir = "");
 
 // The facts plugins see (RunInfo) for a resolved config on a given rank.
 RunInfo make_run_info(const TrainConfig& cfg, int rank, int world_size, int local_rank);
@@ -154,6 +157,8 @@ class Engine {
 
   std::string metrics_path_;
   std::optional<std::string> resume_;
+  // model_name_or_path as the run read its frozen parameters from it: checkpoints leave them there.
+  std::optional<BaseSource> base_;
   bool eval_only_ = false;  // evaluate_only(): no training, metrics.jsonl untouched
   bool stop_signal_agreed_ = false;    // a rank saw a stop signal by this step's vote
   bool stop_training_agreed_ = false;  // a rank's plugin set Control::stop_training by this vote

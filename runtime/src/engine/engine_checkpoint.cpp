@@ -45,7 +45,7 @@ std::string Engine::save_checkpoint() {
 
   // This rank's state: its share of the store, the optimizer's own state, plugins, RNG; counters
   // and versions in the metadata.
-  std::vector<std::pair<std::string, at::Tensor>> tensors = store_shard_tensors(*store_);
+  std::vector<std::pair<std::string, at::Tensor>> tensors = store_shard_tensors(*store_, base_ ? &*base_ : nullptr);
   for (const auto& [key, t] : optimizer_->state_dict()) tensors.emplace_back("optimizer/" + key, t);
   std::ostringstream versions;
   versions << "{";
@@ -82,7 +82,7 @@ std::string Engine::save_checkpoint() {
 
   if (main) {
     write_file_atomic((tmp / "config.json").string(), hf_config_json(run_.shape));
-    write_file_atomic((tmp / kStoreLayoutFile).string(), store_layout_json(*store_));
+    write_file_atomic((tmp / kStoreLayoutFile).string(), store_layout_json(*store_, base_ ? &*base_ : nullptr));
     write_file_atomic((tmp / kPluginsFile).string(), plugins_json(plugins_));
     Manifest m;
     m.tag = tag;
@@ -101,11 +101,12 @@ std::string Engine::save_checkpoint() {
     // The plugins' own files, from the checkpoint as written (every rank's share is on disk).
     {
       std::map<int, SafetensorsFile> opened;
-      const SavedStore saved(tmp.string(), [&](int r) -> const SafetensorsFile& {
+      SavedStore saved(tmp.string(), [&](int r) -> const SafetensorsFile& {
         auto it = opened.find(r);
         if (it == opened.end()) it = opened.emplace(r, SafetensorsFile::open((tmp / rank_file_name(r)).string())).first;
         return it->second;
       });
+      saved.read_base_from(frozen_tensors_of(*store_));
       const SavedView view(saved);
       const std::string dir = tmp.string();
       std::vector<std::string> files;
@@ -153,8 +154,22 @@ void Engine::load_checkpoint(const std::string& dir) {
   // checkpoint), then the replicated buffers are all-gathered. So the checkpoint may come from any
   // number of ranks and any stage.
   RankFiles files(dir, m);
-  load_store(*store_, SavedStore(dir, std::ref(files)), LoadShare::kPartition);
-  complete_loaded_store(*store_, *dist_);
+  {
+    const SavedStore saved(dir, std::ref(files));
+    if (saved.base()) {  // the frozen parameters are the ones this run built from its model_name_or_path
+      const std::string trained = "the checkpoint leaves its frozen parameters in the base model it was trained on, " +
+                                  saved.base()->dir;
+      if (!base_)
+        throw FileError(saved.path(), trained + ", and this run reads no model_name_or_path: set model_name_or_path "
+                                                "to that directory (or a copy of it)");
+      const std::string diff = saved.base()->difference(*base_);
+      if (!diff.empty())
+        throw FileError(saved.path(), trained + "; this run's model_name_or_path, " + base_->dir + ", is another model (" +
+                                          diff + "): resume with the base the checkpoint was trained on");
+    }
+    load_store(*store_, saved, LoadShare::kPartition);
+    complete_loaded_store(*store_, saved, *dist_);
+  }
 
   // The rest of the state is this rank's own; on another world size, rank 0's (plugins, RNG,
   // counters and every parameter's update count: the same on every rank).

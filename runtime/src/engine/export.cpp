@@ -1,7 +1,9 @@
 // `launcher export`: a checkpoint's store consolidated into a Hugging Face directory, with the
 // parameters in plugins' formats written by those plugins (engine.h, docs/checkpoints.md "Export").
+#include <chrono>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <set>
 #include <utility>
 
@@ -10,6 +12,7 @@
 #include "checkpoint/checkpoint_files.h"
 #include "checkpoint/saved_view.h"
 #include "checkpoint/store_checkpoint.h"
+#include "dist/process_group.h"
 #include "engine/engine.h"
 #include "memory/estimate.h"
 #include "models/hf_checkpoint.h"
@@ -23,7 +26,7 @@ namespace {
 
 // The run's plugins as plugins.json lists them, loaded and configured as the run configured them,
 // with plan_params run on the model's shapes (what a plugin's export reads, e.g. a weight's shape).
-PluginHost load_run_plugins(const std::string& plugins_file, const RunInfo& run) {
+PluginHost load_run_plugins(const std::string& plugins_file, const RunInfo& run, std::vector<ParamInfo>& planned) {
   std::vector<PluginSpec> specs = read_plugins_json(plugins_file);
   for (const PluginSpec& spec : specs) {
     if (spec.library == "(linked in)")
@@ -33,15 +36,59 @@ PluginHost load_run_plugins(const std::string& plugins_file, const RunInfo& run)
   PluginHost plugins = PluginHost::load(specs);
   ConfigDiagnostics notes;  // printed when the run started
   plugins.configure(run, notes);
-  std::vector<ParamInfo> planned = shape_params(run.shape, /*decay_all=*/true);
+  planned = shape_params(run.shape, /*decay_all=*/true);
   plugins.plan_params(planned, run);
   return plugins;
+}
+
+// The frozen parameters a checkpoint left in its base model, as SavedStore::read_base_from takes
+// them: where a plugin keeps one in its own format (a 4-bit base), from the model rebuilt as the
+// run built it, its plugins' on_block_ready converting each block as it loads (held: the base in
+// those formats and what no plugin converts, e.g. the embeddings); else viewed in the base's
+// memory-mapped files, nothing held.
+SavedStore::BaseTensors base_tensors(const SavedStore& saved, const std::string& dir, const RunInfo& run,
+                                     PluginHost& plugins, const std::vector<ParamInfo>& planned) {
+  bool formatted = false;
+  for (const std::string& name : saved.param_names())
+    formatted |= !saved.trainable(name) && saved.from_base(name) && !saved.frozen_format(name).empty();
+  if (!formatted) {
+    auto weights = std::make_shared<HfWeights>(HfWeights::open(dir));
+    auto specs = std::make_shared<std::vector<ParamSpec>>(parameter_specs(run.shape));
+    weights->check(run.shape, *specs);
+    return [weights, specs](const std::string& param, const std::string&) -> at::Tensor {
+      for (const ParamSpec& spec : *specs)
+        if (spec.name == param) return weights->tensor(spec);
+      throw Error("export: the base model has no parameter '" + param + "'");
+    };
+  }
+  BuildOptions build;
+  build.weights_dir = dir;
+  for (const ParamInfo& p : planned)
+    if (!at::isFloatingType(p.dtype)) build.replaced.insert(p.name);
+  std::shared_ptr<DistContext> one = DistContext::create(DistEnvironment{}, std::chrono::seconds(60));
+  build.on_block_ready = [&](int64_t index, Block& block, const CheckpointReader* checkpoint) {
+    BlockReady ctx{index, block, run, *one, checkpoint};
+    plugins.each("on_block_ready", -1, [&](Plugin& p) { p.on_block_ready(ctx); });
+  };
+  auto tensors = std::make_shared<std::map<std::string, at::Tensor>>();
+  {
+    const std::shared_ptr<CausalLM> model = build_model(run.shape, build);
+    for (const auto& item : model->named_parameters(/*recurse=*/true))
+      if (saved.contains(item.key()) && !saved.trainable(item.key()) && saved.from_base(item.key()))
+        (*tensors)[item.key() + "/weight"] = item.value();
+    for (const auto& item : model->named_buffers(/*recurse=*/true)) (*tensors)[item.key()] = item.value();
+  }
+  return [tensors](const std::string& param, const std::string& buffer) -> at::Tensor {
+    const auto it = tensors->find(buffer == "weight" ? param + "/weight" : buffer);
+    if (it == tensors->end()) throw Error("export: the rebuilt base model has no tensor '" + param + "' " + buffer);
+    return it->second;
+  };
 }
 
 }  // namespace
 
 std::string export_checkpoint(const std::string& checkpoint, const std::string& out_dir, bool merge,
-                              const std::string& dtype) {
+                              const std::string& dtype, const std::string& base_dir) {
   // --dtype: Hugging Face's torch_dtype names for the three floating types memrt trains in.
   static const std::map<std::string, std::pair<at::ScalarType, const char*>> kDtypes = {
       {"fp32", {at::kFloat, "float32"}}, {"bf16", {at::kBFloat16, "bfloat16"}}, {"fp16", {at::kHalf, "float16"}}};
@@ -60,10 +107,25 @@ std::string export_checkpoint(const std::string& checkpoint, const std::string& 
   RunInfo run;
   run.shape = read_hf_config(dir);
   run.output_dir = out_dir;
-  PluginHost plugins = has_plugins ? load_run_plugins((fs::path(dir) / kPluginsFile).string(), run) : PluginHost();
+  std::vector<ParamInfo> planned;
+  PluginHost plugins = has_plugins ? load_run_plugins((fs::path(dir) / kPluginsFile).string(), run, planned) : PluginHost();
 
   RankFiles files(dir, m);
-  const SavedStore saved(dir, std::ref(files));
+  SavedStore saved(dir, std::ref(files));
+  if (saved.base()) {
+    const std::string base = base_dir.empty() ? saved.base()->dir : base_dir;
+    const std::string left = "leaves its frozen parameters in the base model it was trained on, " + saved.base()->dir;
+    if (!fs::is_directory(base))
+      throw FileError(saved.path(), left + (base_dir.empty() ? ", which is not a directory now: pass --model_name_or_path "
+                                                               "with where that model is"
+                                                             : "; --model_name_or_path " + base + " is not a directory"));
+    const std::string diff = saved.base()->difference(BaseSource::of(base));
+    if (!diff.empty())
+      throw FileError(saved.path(), left + "; " + base + " is another model (" + diff + ")" +
+                                        (base_dir.empty() ? ": pass --model_name_or_path with where that model is" : ""));
+    run.model_name_or_path = base;
+    saved.read_base_from(base_tensors(saved, base, run, plugins, planned));
+  }
   const SavedView view(saved);
 
   // Every parameter of the model in a plain format: its exact weight (the fp32 master where the run

@@ -7,7 +7,7 @@
 //   launcher ... --resume | --resume=TAG                                  continue from a checkpoint
 //   launcher eval --deepspeed ds_config.json train.yaml [--eval_file=F] [--resume[=TAG]]
 //                                                                         eval_file's loss, eval.json
-//   launcher export CHECKPOINT DIR [--merge] [--dtype D]                  Hugging Face directory
+//   launcher export CHECKPOINT DIR [--merge] [--dtype D] [--model_name_or_path BASE]  HF directory
 #include <cstdlib>
 #include <filesystem>
 #include <optional>
@@ -51,7 +51,7 @@ struct Args {
 
 const char* kUsage =
     "usage: launcher [eval] [options] --deepspeed DS_CONFIG.json TRAIN.yaml [--key=value | --key value ...]\n"
-    "       launcher export CHECKPOINT DIR [--merge] [--dtype fp32|bf16|fp16]\n"
+    "       launcher export CHECKPOINT DIR [--merge] [--dtype fp32|bf16|fp16] [--model_name_or_path BASE]\n"
     "\n"
     "Trains the model TRAIN.yaml describes with the strategy DS_CONFIG.json describes. Words after\n"
     "TRAIN.yaml override its keys (e.g. --max_steps=20). `launcher eval` trains nothing: it prints the\n"
@@ -210,7 +210,7 @@ int estimate(const Args& args) {
 int run(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "export") {
     bool merge = false, usage = argc < 4;
-    std::string dtype = "fp32";
+    std::string dtype = "fp32", base;
     for (int i = 4; i < argc && !usage; ++i) {
       const std::string a = argv[i];
       if (a == "--merge") {
@@ -219,17 +219,23 @@ int run(int argc, char** argv) {
         dtype = argv[++i];
       } else if (a.rfind("--dtype=", 0) == 0) {
         dtype = a.substr(8);
+      } else if (a == "--model_name_or_path" && i + 1 < argc) {
+        base = argv[++i];
+      } else if (a.rfind("--model_name_or_path=", 0) == 0) {
+        base = a.substr(21);
       } else {
         usage = true;
       }
     }
     if (usage) {
-      throw memrt::Error("usage: launcher export CHECKPOINT DIR [--merge] [--dtype fp32|bf16|fp16]\n  CHECKPOINT: a "
-                         "global_step* folder, or an output_dir (its newest checkpoint); DIR: the Hugging Face "
-                         "directory to write; --merge: LoRA adapters folded into their base weights (PEFT's "
-                         "merge_and_unload); --dtype: the dtype of the written weights (default fp32)");
+      throw memrt::Error("usage: launcher export CHECKPOINT DIR [--merge] [--dtype fp32|bf16|fp16] [--model_name_or_path "
+                         "BASE]\n  CHECKPOINT: a global_step* folder, or an output_dir (its newest checkpoint); DIR: "
+                         "the Hugging Face directory to write; --merge: LoRA adapters folded into their base weights "
+                         "(PEFT's merge_and_unload); --dtype: the dtype of the written weights (default fp32); "
+                         "--model_name_or_path: where the base model a checkpoint leaves its frozen parameters in "
+                         "is now (default: where its run read it)");
     }
-    std::cout << memrt::export_checkpoint(argv[2], argv[3], merge, dtype) << "\n";
+    std::cout << memrt::export_checkpoint(argv[2], argv[3], merge, dtype, base) << "\n";
     return 0;
   }
   // `launcher eval ...` is the training command line with one word in front: drop it here (ranks get
