@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -329,6 +330,41 @@ TEST(Eval, PeriodicEvalLauncherEvalAndPeftAgree) {
   const std::vector<double> peft = peft_losses(dir, model, (out / "adapter").string());
   ASSERT_EQ(peft.size(), 2u);
   EXPECT_LT(relative(evals.back(), peft[1]), 1e-5);
+}
+
+// Hugging Face's eval_strategy: epoch evaluates at each epoch's last step; axolotl's evals_per_epoch
+// every ceil(steps per epoch / n) steps (the eval_steps it derives); both once more at the end.
+TEST(Eval, EpochStrategiesEvaluateWhereHuggingFaceAndAxolotlDo) {
+  TempDir dir("eval_epochs");
+  const std::string text = eval_text(dir);  // trained on and evaluated: 24 steps an epoch
+  const std::string model =
+      "model: {arch: gpt2, n_layer: 1, n_head: 2, d_model: 32, d_ff: 64, vocab_size: 256, n_ctx: 32}\nblock_size: 32\n"
+      "train_file: " + text + "\neval_file: " + text + "\nnum_train_epochs: 2\nlogging_steps: 1\n";
+  auto eval_steps = [&](const std::string& name, const std::string& keys) {
+    const fs::path out = dir.path() / name;
+    const RunResult r = run(kLauncher + " --deepspeed " + dir.write("ds.json", kDs) + " " +
+                            dir.write(name + ".yaml", model + keys) + " --output_dir=" + out.string());
+    EXPECT_EQ(r.exit_code, 0) << r.out;
+    std::vector<int64_t> steps;
+    std::istringstream lines(slurp(out / "metrics.jsonl"));
+    for (std::string line; std::getline(lines, line);) {
+      rapidjson::Document d;
+      d.Parse(line.c_str());
+      if (d.IsObject() && d.HasMember("eval_loss")) steps.push_back(d["step"].GetInt64());
+    }
+    return std::make_pair(steps, static_cast<int64_t>(losses(out).size()) / 2);
+  };
+  const auto [per_epoch, epoch] = eval_steps("epoch", "eval_strategy: epoch\n");
+  ASSERT_GT(epoch, 3);
+  EXPECT_EQ(per_epoch, (std::vector<int64_t>{epoch, 2 * epoch}));
+  const auto [five, epoch5] = eval_steps("five", "evals_per_epoch: 5\n");
+  ASSERT_EQ(epoch5, epoch);
+  ASSERT_NE(epoch % 5, 0) << "rounding up and down differ";
+  const int64_t every = (epoch + 4) / 5;
+  std::vector<int64_t> want;
+  for (int64_t s = every; s <= 2 * epoch; s += every) want.push_back(s);
+  if (want.back() != 2 * epoch) want.push_back(2 * epoch);
+  EXPECT_EQ(five, want);
 }
 
 // Evaluation asked for without the file to evaluate is a note (the training is the same) or, from

@@ -819,9 +819,11 @@ TrainSummary Engine::train() {
     const auto t0 = Clock::now();
     const int64_t first_step = step_;
     // eval_file: evaluated every eval_every steps (0: never on the way) and once more at the end.
+    // Per epoch, every ceil(steps per epoch / evals per epoch): the eval_steps axolotl derives from
+    // evals_per_epoch (a fraction of the run's steps, which Hugging Face rounds up).
     const int64_t eval_every = cfg_.eval.steps > 0 ? cfg_.eval.steps
                                : cfg_.eval.per_epoch > 0
-                                   ? std::max<int64_t>(1, loader_->steps_per_epoch() / cfg_.eval.per_epoch)
+                                   ? (loader_->steps_per_epoch() + cfg_.eval.per_epoch - 1) / cfg_.eval.per_epoch
                                    : 0;
     double eval_seconds = 0.0;  // not training time: tokens/s leaves it out
     auto evaluate_now = [&] {
