@@ -332,6 +332,35 @@ TEST(Eval, PeriodicEvalLauncherEvalAndPeftAgree) {
   EXPECT_LT(relative(evals.back(), peft[1]), 1e-5);
 }
 
+// A model directory with a tokenizer.json (Llama-3 kind, trained by `tokenizers` at test time): the
+// train and eval files are tokenized with it, the run says so, and evaluation covers exactly the
+// windows of its tokens (as many as Hugging Face's run_clm tokenization of the eval file makes).
+TEST(Eval, TheModelsTokenizerTokenizesTrainAndEvalFiles) {
+  TempDir dir("eval_tokenizer");
+  const fs::path tok = dir.path() / "tok";
+  const RunResult made = run(std::string(MEMRT_PYTHON) + " " + MEMRT_SOURCE_DIR + "/tests/data/hf_tokenizers.py " +
+                             tok.string());
+  ASSERT_EQ(made.exit_code, 0) << made.out;
+  const std::string model =
+      "model: {arch: llama, n_layer: 1, n_head: 2, n_kv_head: 2, d_model: 32, d_ff: 64, vocab_size: 1300, n_ctx: 32}\n"
+      "block_size: 32\nmax_steps: 1\nsave_steps: 1\n";
+  ASSERT_EQ(run(kLauncher + " --deepspeed " + dir.write("ds.json", kDs) + " " + dir.write("init.yaml", model) +
+                " --output_dir=" + (dir.path() / "init").string()).exit_code, 0);
+  const fs::path base = dir.path() / "base";
+  ASSERT_EQ(run(kLauncher + " export " + (dir.path() / "init").string() + " " + base.string()).exit_code, 0);
+  fs::copy_file(tok / "llama3" / "tokenizer.json", base / "tokenizer.json");
+  const fs::path out = dir.path() / "run";
+  const RunResult r = run(kLauncher + " --deepspeed " + (dir.path() / "ds.json").string() + " " +
+                          dir.write("train.yaml", "model_name_or_path: " + base.string() + "\nblock_size: 32\n"
+                                                  "max_steps: 2\ntrain_file: " + (tok / "data.txt").string() +
+                                                  "\neval_file: " + (tok / "data.jsonl").string() + "\n") +
+                          " --output_dir=" + out.string());
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("tokens of " + (base / "tokenizer.json").string() + ": BPE"), std::string::npos) << r.out;
+  const int64_t eval_tokens = static_cast<int64_t>(read_json(tok / "llama3" / "expected.json")["jsonl_ids"].Size());
+  EXPECT_EQ(read_json(out / "eval.json")["windows"].GetInt64(), eval_tokens / 32);
+}
+
 // Hugging Face's eval_strategy: epoch evaluates at each epoch's last step; axolotl's evals_per_epoch
 // every ceil(steps per epoch / n) steps (the eval_steps it derives); both once more at the end.
 TEST(Eval, EpochStrategiesEvaluateWhereHuggingFaceAndAxolotlDo) {

@@ -217,9 +217,9 @@ const std::vector<std::pair<const char*, const char*>> kYamlIgnored = {
     {"log_level", "memrt logs at one level"},
     {"plot_loss", "metrics.jsonl holds the loss curve"},
     {"low_cpu_mem_usage", "memrt always materialises models one block at a time"},
-    {"special_tokens", "memrt's tokenizer is byte-level"},
-    {"eot_tokens", "memrt's tokenizer is byte-level"},
-    {"tokenizer_type", "memrt's tokenizer is byte-level"},
+    {"special_tokens", "memrt tokenizes with model_name_or_path's tokenizer.json as saved (bytes without one)"},
+    {"eot_tokens", "memrt tokenizes with model_name_or_path's tokenizer.json as saved (bytes without one)"},
+    {"tokenizer_type", "memrt tokenizes with model_name_or_path's tokenizer.json (bytes without one)"},
     {"template", "memrt trains on plain text"},
     {"chat_template", "memrt trains on plain text"},
     {"model_type", "the architecture comes from the model block or the checkpoint's config.json"},
@@ -1470,6 +1470,9 @@ void Loader::resolve_model_and_data() {
       }
       if (const ConfigNode* q = hf.find("quantization_config"); q && !q->is_null()) hf_quant_ = *q;
     }
+    // The model's own tokenizer tokenizes text data (docs/tokenizers.md).
+    const fs::path tj = fs::path(cfg.model.name_or_path) / "tokenizer.json";
+    if (fs::is_regular_file(tj, ec)) cfg.data.tokenizer = tj.string();
   } else if (block) {
     ConfigReader r(*block, diag);
     m.arch = r.get<std::string>("arch", "gpt2");
@@ -1680,6 +1683,7 @@ std::string resolved_config_json(const TrainConfig& cfg) {
   ConfigNode data = ConfigNode::object();
   data.set("train_file", str(cfg.data.train_file.empty() ? "(built-in corpus)" : cfg.data.train_file));
   data.set("block_size", num(static_cast<double>(cfg.data.block_size)));
+  data.set("tokenizer", str(cfg.data.tokenizer.empty() ? "(bytes)" : cfg.data.tokenizer));
   if (!cfg.data.eval_file.empty()) {
     data.set("eval_file", str(cfg.data.eval_file));
     ConfigNode eval = ConfigNode::object();

@@ -80,6 +80,9 @@ struct ModelConfig {
 
 struct DataConfig {
   std::string train_file;  // empty: the built-in corpus
+  // model_name_or_path's tokenizer.json, when it has one: text and JSONL (and the built-in corpus)
+  // are tokenized with it; empty: they are bytes (docs/tokenizers.md).
+  std::string tokenizer;
   int64_t block_size = 128;  // tokens per sample (context length)
   // Evaluated as `launcher eval` and eval_steps do (docs/data-and-optim.md, "Evaluation"); the
   // same formats as train_file. Empty: no evaluation.

@@ -2,12 +2,15 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <sstream>
+#include <string_view>
 
 #include <rapidjson/document.h>
 #include <rapidjson/error/en.h>
 
 #include "data/mapped_file.h"
+#include "data/tokenizer.h"
 #include "memrt/error.h"
 
 namespace memrt {
@@ -34,6 +37,53 @@ std::string kib(int64_t bytes) {
   return std::to_string((bytes + 512) / 1024) + " KiB";
 }
 
+// The lines of `text`, each with its newline (the last one may lack it), as Hugging Face datasets'
+// text loader gives them with keep_linebreaks (run_clm's default).
+void split_lines(std::string_view text, std::vector<std::string_view>& out) {
+  for (size_t at = 0; at < text.size();) {
+    const size_t nl = text.find('\n', at);
+    const size_t end = nl == std::string_view::npos ? text.size() : nl + 1;
+    out.push_back(text.substr(at, end - at));
+    at = end;
+  }
+}
+
+// fn(text, n) for the "text" field of each line of a JSONL file (blank lines skipped), valid during
+// the call only; a line that is not an object with a string "text" is a FileError naming it.
+template <typename Fn>
+void for_each_jsonl_text(const std::string& path, const MappedFile& file, Fn fn) {
+  const char* p = reinterpret_cast<const char*>(file.data());
+  const char* end = p + file.size();
+  int64_t line_no = 0;
+  while (p < end) {
+    const char* eol = static_cast<const char*>(std::memchr(p, '\n', static_cast<size_t>(end - p)));
+    if (!eol) eol = end;
+    ++line_no;
+    const char* first = p;
+    while (first < eol && (*first == ' ' || *first == '\t' || *first == '\r')) ++first;
+    if (first < eol) {  // blank lines separate nothing and are skipped
+      rapidjson::Document doc;
+      doc.Parse(first, static_cast<size_t>(eol - first));
+      std::string where = "line " + std::to_string(line_no) + ": ";
+      if (doc.HasParseError())
+        throw FileError(path, where + "invalid JSON (" +
+                                  rapidjson::GetParseError_En(doc.GetParseError()) + " at column " +
+                                  std::to_string(doc.GetErrorOffset() + 1 + (first - p)) +
+                                  "); expected one object per line such as {\"text\": \"...\"}");
+      if (!doc.IsObject())
+        throw FileError(path, where + "expected a JSON object with a \"text\" field, one per line");
+      auto it = doc.FindMember("text");
+      if (it == doc.MemberEnd())
+        throw FileError(path, where + "the object has no \"text\" field; every line needs "
+                                      "{\"text\": \"...\"} (other fields are ignored)");
+      if (!it->value.IsString())
+        throw FileError(path, where + "\"text\" must be a string");
+      fn(it->value.GetString(), static_cast<size_t>(it->value.GetStringLength()));
+    }
+    p = eol + 1;
+  }
+}
+
 int32_t read_i32(const uint8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);  // the files are little-endian, as is every host memrt builds for
@@ -46,9 +96,10 @@ TokenDataset::~TokenDataset() = default;
 
 std::shared_ptr<TokenDataset> TokenDataset::open(const DataConfig& cfg) {
   const std::string& path = cfg.train_file;
+  if (ends_with(path, ".bin")) return open_bin(path);
+  if (!cfg.tokenizer.empty()) return open_tokenized(path, cfg.tokenizer);
   if (path.empty()) return builtin_corpus();
   if (ends_with(path, ".jsonl")) return open_jsonl(path);
-  if (ends_with(path, ".bin")) return open_bin(path);
   return open_text(path);
 }
 
@@ -129,44 +180,71 @@ std::shared_ptr<TokenDataset> TokenDataset::open_bin(const std::string& path) {
 std::shared_ptr<TokenDataset> TokenDataset::open_jsonl(const std::string& path) {
   MappedFile file(path);
   std::shared_ptr<TokenDataset> d(new TokenDataset());
-  const char* p = reinterpret_cast<const char*>(file.data());
-  const char* end = p + file.size();
-  int64_t line_no = 0, documents = 0;
-  while (p < end) {
-    const char* eol = static_cast<const char*>(std::memchr(p, '\n', static_cast<size_t>(end - p)));
-    if (!eol) eol = end;
-    ++line_no;
-    const char* first = p;
-    while (first < eol && (*first == ' ' || *first == '\t' || *first == '\r')) ++first;
-    if (first < eol) {  // blank lines separate nothing and are skipped
-      rapidjson::Document doc;
-      doc.Parse(first, static_cast<size_t>(eol - first));
-      std::string where = "line " + std::to_string(line_no) + ": ";
-      if (doc.HasParseError())
-        throw FileError(path, where + "invalid JSON (" +
-                                  rapidjson::GetParseError_En(doc.GetParseError()) + " at column " +
-                                  std::to_string(doc.GetErrorOffset() + 1 + (first - p)) +
-                                  "); expected one object per line such as {\"text\": \"...\"}");
-      if (!doc.IsObject())
-        throw FileError(path, where + "expected a JSON object with a \"text\" field, one per line");
-      auto it = doc.FindMember("text");
-      if (it == doc.MemberEnd())
-        throw FileError(path, where + "the object has no \"text\" field; every line needs "
-                                      "{\"text\": \"...\"} (other fields are ignored)");
-      if (!it->value.IsString())
-        throw FileError(path, where + "\"text\" must be a string");
-      d->owned_.append(it->value.GetString(), it->value.GetStringLength());
-      d->owned_.push_back('\n');  // documents are separated by a newline
-      ++documents;
-    }
-    p = eol + 1;
-  }
+  int64_t documents = 0;
+  for_each_jsonl_text(path, file, [&](const char* text, size_t n) {
+    d->owned_.append(text, n);
+    d->owned_.push_back('\n');  // documents are separated by a newline
+    ++documents;
+  });
   if (d->owned_.size() < 2)
     throw FileError(path, "holds no text: expected lines such as {\"text\": \"...\"}");
   d->tokens_ = reinterpret_cast<const uint8_t*>(d->owned_.data());
   d->num_tokens_ = static_cast<int64_t>(d->owned_.size());
   d->description_ = path + " (JSONL, " + std::to_string(documents) + " documents, " +
                     kib(d->num_tokens_) + ", byte-level)";
+  return d;
+}
+
+std::shared_ptr<TokenDataset> TokenDataset::open_tokenized(const std::string& path, const std::string& tokenizer_json) {
+  const Tokenizer tok = Tokenizer::from_file(tokenizer_json);
+  std::optional<MappedFile> file;
+  std::string arena;  // JSONL documents, unescaped
+  std::vector<std::string_view> docs;
+  std::string kind;
+  if (path.empty()) {  // the built-in corpus, line by line
+    kind = "King James Bible, Genesis, Exodus and Ruth";
+    split_lines(std::string_view(reinterpret_cast<const char*>(detail::kBuiltinCorpus), detail::kBuiltinCorpusSize), docs);
+  } else {
+    file.emplace(path);
+    const std::string_view all(reinterpret_cast<const char*>(file->data()), file->size());
+    if (ends_with(path, ".jsonl")) {
+      kind = "JSONL";
+      std::vector<std::pair<size_t, size_t>> spans;
+      for_each_jsonl_text(path, *file, [&](const char* text, size_t n) {
+        spans.emplace_back(arena.size(), n);
+        arena.append(text, n);
+      });
+      for (const auto& [at, n] : spans) docs.emplace_back(arena.data() + at, n);
+    } else {
+      kind = "text";
+      split_lines(all, docs);
+    }
+  }
+  // Documents encode independently, on the run's threads, and are concatenated in order.
+  std::vector<std::vector<int32_t>> encoded;
+  try {
+    encoded = tok.encode_batch(docs, /*add_special_tokens=*/true, at::get_num_threads());
+  } catch (const std::exception& e) {
+    throw FileError(path.empty() ? std::string("the built-in corpus") : path, std::string("cannot be tokenized: ") + e.what());
+  }
+  std::shared_ptr<TokenDataset> d(new TokenDataset());
+  size_t count = 0;
+  for (const std::vector<int32_t>& ids : encoded) count += ids.size();
+  d->owned_ids_.reserve(count);
+  for (std::vector<int32_t>& ids : encoded) {
+    d->owned_ids_.insert(d->owned_ids_.end(), ids.begin(), ids.end());
+    std::vector<int32_t>().swap(ids);
+  }
+  if (d->owned_ids_.size() < 2)
+    throw FileError(path, "holds " + std::to_string(d->owned_ids_.size()) +
+                              " tokens once tokenized; at least 2 are needed (one input and its target)");
+  d->tokens_ = reinterpret_cast<const uint8_t*>(d->owned_ids_.data());
+  d->num_tokens_ = static_cast<int64_t>(d->owned_ids_.size());
+  d->bytes_per_token_ = 4;
+  d->vocab_size_ = tok.vocab_size();
+  d->description_ = (path.empty() ? std::string("built-in corpus") : path) + " (" + kind + ", " +
+                    std::to_string(docs.size()) + " documents, " + std::to_string(d->num_tokens_) +
+                    " tokens of " + tokenizer_json + ": " + tok.describe() + ")";
   return d;
 }
 

@@ -30,13 +30,18 @@ class TokenDataset {
  public:
   // cfg.train_file empty: the built-in corpus. Otherwise by name: "*.jsonl" is JSONL with a
   // "text" field per line, "*.bin" pre-tokenized tokens (llm.c header detected; headerless files
-  // are uint16, or uint32 when named "*.u32.bin"), anything else byte-level text.
+  // are uint16, or uint32 when named "*.u32.bin"), anything else text. Text, JSONL and the
+  // built-in corpus are bytes, or with cfg.tokenizer tokenized as run_clm tokenizes them.
   static std::shared_ptr<TokenDataset> open(const DataConfig& cfg);
 
   static std::shared_ptr<TokenDataset> builtin_corpus();
   static std::shared_ptr<TokenDataset> open_text(const std::string& path);
   static std::shared_ptr<TokenDataset> open_bin(const std::string& path);
   static std::shared_ptr<TokenDataset> open_jsonl(const std::string& path);
+  // The documents of a text file (each line with its newline), a JSONL file (each "text") or the
+  // built-in corpus (path ""), each encoded with add_special_tokens as Hugging Face's run_clm does,
+  // concatenated (uint32 tokens; vocab_size() the tokenizer's).
+  static std::shared_ptr<TokenDataset> open_tokenized(const std::string& path, const std::string& tokenizer_json);
 
   ~TokenDataset();
 
@@ -58,6 +63,7 @@ class TokenDataset {
 
   std::unique_ptr<MappedFile> file_;  // keeps `tokens_` valid for mapped files
   std::string owned_;                 // the decoded byte stream of a JSONL file
+  std::vector<uint32_t> owned_ids_;   // the tokens of a tokenized file
   const uint8_t* tokens_ = nullptr;   // num_tokens_ * bytes_per_token_ bytes, little-endian
   int64_t num_tokens_ = 0;
   int bytes_per_token_ = 1;

@@ -1,0 +1,877 @@
+#include "data/tokenizer.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+#include <utf8proc.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <queue>
+#include <sstream>
+#include <thread>
+#include <unordered_map>
+
+#include <rapidjson/document.h>
+
+#include "memrt/error.h"
+
+namespace memrt {
+namespace {
+
+using Json = rapidjson::Value;
+
+// ---- UTF-8 ------------------------------------------------------------------------------------
+
+// The length of the UTF-8 sequence starting at s[i] when it is well-formed (RFC 3629: no overlong
+// forms, no surrogates, nothing above U+10FFFF), else 0.
+size_t utf8_sequence(std::string_view s, size_t i) {
+  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[i + k]); };
+  const auto cont = [&](size_t k) { return i + k < s.size() && (b(k) & 0xC0) == 0x80; };
+  const unsigned char c = b(0);
+  if (c < 0x80) return 1;
+  if (c >= 0xC2 && c <= 0xDF) return cont(1) ? 2 : 0;
+  if (c >= 0xE0 && c <= 0xEF) {
+    if (!cont(1) || !cont(2)) return 0;
+    if ((c == 0xE0 && b(1) < 0xA0) || (c == 0xED && b(1) > 0x9F)) return 0;
+    return 3;
+  }
+  if (c >= 0xF0 && c <= 0xF4) {
+    if (!cont(1) || !cont(2) || !cont(3)) return 0;
+    if ((c == 0xF0 && b(1) < 0x90) || (c == 0xF4 && b(1) > 0x8F)) return 0;
+    return 4;
+  }
+  return 0;
+}
+
+uint32_t code_point(std::string_view s, size_t i, size_t n) {
+  const auto b = [&](size_t k) { return static_cast<uint32_t>(static_cast<unsigned char>(s[i + k])); };
+  switch (n) {
+    case 1: return b(0);
+    case 2: return ((b(0) & 0x1F) << 6) | (b(1) & 0x3F);
+    case 3: return ((b(0) & 0x0F) << 12) | ((b(1) & 0x3F) << 6) | (b(2) & 0x3F);
+    default: return ((b(0) & 0x07) << 18) | ((b(1) & 0x3F) << 12) | ((b(2) & 0x3F) << 6) | (b(3) & 0x3F);
+  }
+}
+
+void append_utf8(std::string& out, uint32_t cp) {
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    out += static_cast<char>(0xE0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | (cp >> 18));
+    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
+// Rust's char::is_whitespace (Unicode White_Space), which `tokenizers` strips added tokens with.
+bool is_whitespace(uint32_t c) {
+  return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+}
+
+// The length of the maximal prefix of a well-formed sequence at s[i] (at least 1): what
+// String::from_utf8_lossy replaces by one U+FFFD when the sequence is cut short or malformed.
+size_t maximal_subpart(std::string_view s, size_t i) {
+  const unsigned char c = static_cast<unsigned char>(s[i]);
+  const size_t n = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 1;
+  size_t k = 1;
+  for (; k < n && i + k < s.size(); ++k) {
+    const unsigned char b = static_cast<unsigned char>(s[i + k]);
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (k == 1 && c == 0xE0) lo = 0xA0;
+    if (k == 1 && c == 0xED) hi = 0x9F;
+    if (k == 1 && c == 0xF0) lo = 0x90;
+    if (k == 1 && c == 0xF4) hi = 0x8F;
+    if (b < lo || b > hi) break;
+  }
+  return k;
+}
+
+// String::from_utf8_lossy: each maximal invalid subpart becomes U+FFFD.
+std::string lossy_utf8(const std::string& bytes) {
+  std::string out;
+  out.reserve(bytes.size());
+  for (size_t i = 0; i < bytes.size();) {
+    const size_t n = utf8_sequence(bytes, i);
+    if (n > 0) {
+      out.append(bytes, i, n);
+      i += n;
+    } else {
+      out += "\xEF\xBF\xBD";
+      i += maximal_subpart(bytes, i);
+    }
+  }
+  return out;
+}
+
+// ---- GPT-2's byte alphabet --------------------------------------------------------------------
+
+// Each byte as one printable character: the bytes that are printable in Latin-1 stand for
+// themselves, the others for U+0100 upwards in byte order (GPT-2's bytes_to_unicode).
+struct ByteAlphabet {
+  std::array<std::string, 256> to_char;
+  std::unordered_map<uint32_t, uint8_t> to_byte;
+  ByteAlphabet() {
+    uint32_t next = 256;
+    for (uint32_t b = 0; b < 256; ++b) {
+      const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+      const uint32_t c = printable ? b : next++;
+      append_utf8(to_char[b], c);
+      to_byte[c] = static_cast<uint8_t>(b);
+    }
+  }
+};
+
+const ByteAlphabet& byte_alphabet() {
+  static const ByteAlphabet a;
+  return a;
+}
+
+// ---- regular expressions (PCRE2, Unicode properties as the Rust engines read them) -------------
+
+class Regex {
+ public:
+  Regex(const std::string& pattern, const std::function<FileError(const std::string&)>& fail) {
+    int code = 0;
+    PCRE2_SIZE offset = 0;
+    pcre2_code* re = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                                   PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK, &code, &offset, nullptr);
+    if (!re) {
+      PCRE2_UCHAR message[256];
+      pcre2_get_error_message(code, message, sizeof message);
+      throw fail("the regex " + pattern + " does not compile at offset " + std::to_string(offset) + ": " +
+                 reinterpret_cast<const char*>(message));
+    }
+    pcre2_jit_compile(re, PCRE2_JIT_COMPLETE);  // where JIT is unavailable, the interpreter runs
+    code_.reset(re, pcre2_code_free);
+  }
+
+  // fn(begin, end) for each non-empty match of valid UTF-8 `s`, left to right.
+  template <typename Fn>
+  void for_each_match(std::string_view s, Fn fn) const {
+    thread_local std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> data(
+        pcre2_match_data_create(1, nullptr), pcre2_match_data_free);
+    size_t at = 0;
+    while (at <= s.size()) {
+      const int rc = pcre2_match(code_.get(), reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), at,
+                                 PCRE2_NO_UTF_CHECK, data.get(), nullptr);
+      if (rc == PCRE2_ERROR_NOMATCH) return;
+      if (rc < 0) throw Error("tokenizer: regex match failed (PCRE2 error " + std::to_string(rc) + ")");
+      const PCRE2_SIZE* v = pcre2_get_ovector_pointer(data.get());
+      if (v[1] > v[0]) {
+        fn(v[0], v[1]);
+        at = v[1];
+      } else {  // an empty match: step over one character
+        if (v[0] >= s.size()) return;
+        at = v[0] + std::max<size_t>(1, utf8_sequence(s, v[0]));
+      }
+    }
+  }
+
+ private:
+  std::shared_ptr<pcre2_code> code_;
+};
+
+// GPT-2's pre-tokenization regex (tokenizers' ByteLevel with use_regex).
+constexpr char kGpt2Pattern[] = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+// ---- JSON access with the path in every message -------------------------------------------------
+
+struct Reader {
+  std::string file;
+  FileError fail(const std::string& path, const std::string& what) const { return FileError(file, path + ": " + what); }
+  const Json& member(const Json& v, const std::string& path, const char* key) const {
+    if (!v.IsObject() || !v.HasMember(key)) throw fail(path, std::string("has no \"") + key + "\"");
+    return v[key];
+  }
+  std::string string(const Json& v, const std::string& path, const char* key) const {
+    const Json& m = member(v, path, key);
+    if (!m.IsString()) throw fail(path + "." + key, "is not a string");
+    return std::string(m.GetString(), m.GetStringLength());
+  }
+  bool boolean(const Json& v, const std::string& path, const char* key, bool fallback) const {
+    if (!v.IsObject() || !v.HasMember(key) || v[key].IsNull()) return fallback;
+    if (!v[key].IsBool()) throw fail(path + "." + key, "is not true or false");
+    return v[key].GetBool();
+  }
+  // fn(item, its path) for each item of the list v[key] (a Sequence's steps).
+  template <typename Fn>
+  void each(const Json& v, const std::string& path, const char* key, Fn fn) const {
+    const Json& list = member(v, path, key);
+    if (!list.IsArray()) throw fail(path + "." + key, "is not a list");
+    for (rapidjson::SizeType i = 0; i < list.Size(); ++i) fn(list[i], path + "." + key + "[" + std::to_string(i) + "]");
+  }
+  [[noreturn]] void unsupported(const std::string& path, const std::string& type, const std::string& supported) const {
+    throw fail(path + ".type", "is \"" + type + "\", which memrt's tokenizer does not implement (it implements " +
+                                   supported + "); docs/tokenizers.md lists what is supported");
+  }
+};
+
+std::string pattern_of(const Reader& r, const Json& v, const std::string& path, bool* is_regex) {
+  const Json& p = r.member(v, path, "pattern");
+  if (p.IsObject() && p.HasMember("Regex") && p["Regex"].IsString()) {
+    *is_regex = true;
+    return p["Regex"].GetString();
+  }
+  if (p.IsObject() && p.HasMember("String") && p["String"].IsString()) {
+    *is_regex = false;
+    return p["String"].GetString();
+  }
+  throw r.fail(path + ".pattern", "is neither {\"Regex\": ...} nor {\"String\": ...}");
+}
+
+// A literal string as a PCRE2 pattern.
+std::string quote(const std::string& s) { return "\\Q" + s + "\\E"; }
+
+}  // namespace
+
+// ---- the tokenizer ------------------------------------------------------------------------------
+
+struct Tokenizer::Impl {
+  // Normalizer steps, in order.
+  struct Normalize {
+    enum Kind { kNfc, kNfkc, kNfd, kNfkd, kPrepend, kReplace } kind;
+    std::string text;              // Prepend: the prefix; Replace: the content
+    std::shared_ptr<Regex> regex;  // Replace
+  };
+  // Pre-tokenizer steps, in order; ByteLevel, which maps the bytes, last.
+  enum class Behavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
+  struct Split {
+    std::shared_ptr<Regex> regex;
+    Behavior behavior;
+  };
+  struct AddedToken {
+    int32_t id;
+    std::string content;
+    bool special, normalized, lstrip, rstrip;
+  };
+  struct Merge {
+    int32_t rank, id;
+  };
+
+  std::string file;
+  // Tells this tokenizer's cached words from another's (which may reuse a freed one's address).
+  const uint64_t serial = next_serial();
+  static uint64_t next_serial() {
+    static std::atomic<uint64_t> n{0};
+    return ++n;
+  }
+  std::vector<Normalize> normalizers;
+  std::vector<Split> splits;  // the steps before ByteLevel
+  bool byte_level = false, add_prefix_space = false;
+  std::shared_ptr<Regex> byte_level_regex;  // ByteLevel's use_regex: GPT-2's, isolating
+  std::vector<std::string> pre_names;
+  // The BPE model.
+  std::unordered_map<std::string, int32_t> vocab;
+  std::vector<std::string> tokens;  // by id (added tokens too); "" where no token has the id
+  std::unordered_map<uint64_t, Merge> merges;
+  std::array<int32_t, 256> byte_ids{};  // each byte's character's id, -1 if none
+  std::optional<int32_t> unk;
+  bool fuse_unk = false, ignore_merges = false;
+  // Added tokens: matched on the raw text (special or normalized: false) or on normalized text.
+  std::vector<AddedToken> added;
+  std::array<std::vector<int>, 256> raw_by_first, normalized_by_first;  // longest first
+  std::vector<bool> is_special;  // by id
+  // Post-processing (add_special_tokens): the single-sequence template, -1 standing for the text.
+  std::vector<int32_t> single_template;
+  bool has_template = false;
+  std::string post_name = "none", decoder_name = "none";
+  bool decoder_byte_level = false;
+
+  static uint64_t pair(int32_t a, int32_t b) { return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b); }
+
+  void read(const std::string& text);
+  void read_normalizer(const Reader& r, const Json& v, const std::string& path);
+  void read_pre_tokenizer(const Reader& r, const Json& v, const std::string& path);
+  void read_model(const Reader& r, const Json& v);
+  void read_added(const Reader& r, const Json& v);
+  void read_post_processor(const Reader& r, const Json& v, const std::string& path);
+  void read_decoder(const Reader& r, const Json& v, const std::string& path);
+
+  std::string normalize(std::string s) const;
+  void encode_text(std::string_view s, std::vector<int32_t>& out) const;  // no added tokens in s
+  void bpe(std::string_view word, std::vector<int32_t>& out) const;
+  // Splits s on the added tokens of `by_first`: fn(piece) for text between them, token(id) for each.
+  template <typename Text, typename Token>
+  void split_added(std::string_view s, const std::array<std::vector<int>, 256>& by_first, Text text, Token token) const;
+};
+
+void Tokenizer::Impl::read(const std::string& text) {
+  const Reader r{file};
+  rapidjson::Document d;
+  d.Parse(text.c_str(), text.size());
+  if (d.HasParseError() || !d.IsObject()) throw FileError(file, "is not a JSON object (a Hugging Face tokenizer.json)");
+  read_model(r, r.member(d, "tokenizer.json", "model"));
+  if (d.HasMember("added_tokens")) read_added(r, d["added_tokens"]);
+  if (d.HasMember("normalizer") && !d["normalizer"].IsNull()) read_normalizer(r, d["normalizer"], "normalizer");
+  if (d.HasMember("pre_tokenizer") && !d["pre_tokenizer"].IsNull()) read_pre_tokenizer(r, d["pre_tokenizer"], "pre_tokenizer");
+  if (!byte_level)
+    throw r.fail("pre_tokenizer", "has no ByteLevel step: memrt's tokenizer implements byte-level BPE (GPT-2, Llama-3, "
+                                  "Qwen2); sentencepiece-style BPE (Metaspace, byte_fallback) is not built yet");
+  if (d.HasMember("post_processor") && !d["post_processor"].IsNull()) read_post_processor(r, d["post_processor"], "post_processor");
+  if (d.HasMember("decoder") && !d["decoder"].IsNull()) read_decoder(r, d["decoder"], "decoder");
+  if (d.HasMember("truncation") && !d["truncation"].IsNull())
+    throw r.fail("truncation", "is set; memrt cuts samples itself (sequence_len): save the tokenizer without truncation");
+}
+
+void Tokenizer::Impl::read_normalizer(const Reader& r, const Json& v, const std::string& path) {
+  const std::string type = r.string(v, path, "type");
+  if (type == "Sequence") {
+    r.each(v, path, "normalizers", [&](const Json& step, const std::string& at) { read_normalizer(r, step, at); });
+  } else if (type == "NFC" || type == "NFKC" || type == "NFD" || type == "NFKD") {
+    normalizers.push_back({type == "NFC" ? Normalize::kNfc : type == "NFKC" ? Normalize::kNfkc
+                           : type == "NFD" ? Normalize::kNfd : Normalize::kNfkd, "", nullptr});
+  } else if (type == "Prepend") {
+    normalizers.push_back({Normalize::kPrepend, r.string(v, path, "prepend"), nullptr});
+  } else if (type == "Replace") {
+    bool is_regex = false;
+    const std::string p = pattern_of(r, v, path, &is_regex);
+    auto fail = [&](const std::string& what) { return r.fail(path + ".pattern", what); };
+    normalizers.push_back({Normalize::kReplace, r.string(v, path, "content"),
+                           std::make_shared<Regex>(is_regex ? p : quote(p), fail)});
+  } else {
+    r.unsupported(path, type, "Sequence, NFC, NFKC, NFD, NFKD, Prepend, Replace");
+  }
+}
+
+void Tokenizer::Impl::read_pre_tokenizer(const Reader& r, const Json& v, const std::string& path) {
+  const std::string type = r.string(v, path, "type");
+  if (byte_level) throw r.fail(path, "follows the ByteLevel step; memrt implements ByteLevel as the last pre-tokenizer");
+  if (type == "Sequence") {
+    r.each(v, path, "pretokenizers", [&](const Json& step, const std::string& at) { read_pre_tokenizer(r, step, at); });
+    return;
+  }
+  pre_names.push_back(type);
+  auto fail = [&](const std::string& what) { return r.fail(path + ".pattern", what); };
+  if (type == "Split") {
+    bool is_regex = false;
+    const std::string p = pattern_of(r, v, path, &is_regex);
+    if (r.boolean(v, path, "invert", false)) throw r.fail(path + ".invert", "is true, which memrt does not implement");
+    static const std::map<std::string, Behavior> kBehaviors = {
+        {"Removed", Behavior::kRemoved}, {"Isolated", Behavior::kIsolated},
+        {"MergedWithPrevious", Behavior::kMergedWithPrevious}, {"MergedWithNext", Behavior::kMergedWithNext},
+        {"Contiguous", Behavior::kContiguous}};
+    const std::string b = r.string(v, path, "behavior");
+    const auto it = kBehaviors.find(b);
+    if (it == kBehaviors.end()) throw r.fail(path + ".behavior", "is \"" + b + "\", not one of tokenizers' behaviors");
+    splits.push_back({std::make_shared<Regex>(is_regex ? p : quote(p), fail), it->second});
+  } else if (type == "ByteLevel") {
+    byte_level = true;
+    add_prefix_space = r.boolean(v, path, "add_prefix_space", true);
+    if (r.boolean(v, path, "use_regex", true)) byte_level_regex = std::make_shared<Regex>(kGpt2Pattern, fail);
+  } else {
+    r.unsupported(path, type, "Sequence, Split, ByteLevel");
+  }
+}
+
+void Tokenizer::Impl::read_model(const Reader& r, const Json& m) {
+  const std::string type = r.string(m, "model", "type");
+  if (type != "BPE") r.unsupported("model", type, "BPE");
+  if (m.HasMember("dropout") && !m["dropout"].IsNull() && !(m["dropout"].IsNumber() && m["dropout"].GetDouble() == 0.0))
+    throw r.fail("model.dropout", "is set; BPE dropout is for training a tokenizer, not for encoding data");
+  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
+    if (m.HasMember(key) && !m[key].IsNull() && !(m[key].IsString() && m[key].GetStringLength() == 0))
+      throw r.fail(std::string("model.") + key, "is set, which memrt's byte-level BPE does not implement");
+  if (r.boolean(m, "model", "byte_fallback", false))
+    throw r.fail("model.byte_fallback", "is true: sentencepiece-style BPE (Llama-2, Mistral) is not built yet");
+  fuse_unk = r.boolean(m, "model", "fuse_unk", false);
+  ignore_merges = r.boolean(m, "model", "ignore_merges", false);
+  const Json& vocab_json = r.member(m, "model", "vocab");
+  if (!vocab_json.IsObject()) throw r.fail("model.vocab", "is not an object of token -> id");
+  for (auto it = vocab_json.MemberBegin(); it != vocab_json.MemberEnd(); ++it) {
+    if (!it->value.IsInt() || it->value.GetInt() < 0) throw r.fail("model.vocab", "gives a token a non-integer id");
+    const int32_t id = it->value.GetInt();
+    std::string token(it->name.GetString(), it->name.GetStringLength());
+    if (static_cast<size_t>(id) >= tokens.size()) tokens.resize(static_cast<size_t>(id) + 1);
+    tokens[static_cast<size_t>(id)] = token;
+    vocab.emplace(std::move(token), id);
+  }
+  if (m.HasMember("unk_token") && m["unk_token"].IsString()) {
+    const auto it = vocab.find(m["unk_token"].GetString());
+    if (it == vocab.end()) throw r.fail("model.unk_token", "is not in the vocabulary");
+    unk = it->second;
+  }
+  const Json& list = r.member(m, "model", "merges");
+  if (!list.IsArray()) throw r.fail("model.merges", "is not a list");
+  for (rapidjson::SizeType i = 0; i < list.Size(); ++i) {
+    std::string a, b;
+    const Json& e = list[i];
+    if (e.IsString()) {  // "a b" (tokenizers before 0.20)
+      const std::string s(e.GetString(), e.GetStringLength());
+      const size_t space = s.find(' ', 1);
+      if (space == std::string::npos) throw r.fail("model.merges[" + std::to_string(i) + "]", "is not \"a b\"");
+      a = s.substr(0, space);
+      b = s.substr(space + 1);
+    } else if (e.IsArray() && e.Size() == 2 && e[0].IsString() && e[1].IsString()) {  // ["a", "b"]
+      a = e[0].GetString();
+      b = e[1].GetString();
+    } else {
+      throw r.fail("model.merges[" + std::to_string(i) + "]", "is neither \"a b\" nor [\"a\", \"b\"]");
+    }
+    const auto ia = vocab.find(a), ib = vocab.find(b), ic = vocab.find(a + b);
+    if (ia == vocab.end() || ib == vocab.end() || ic == vocab.end())
+      throw r.fail("model.merges[" + std::to_string(i) + "]", "merges \"" + a + "\" and \"" + b +
+                                                            "\", which (or whose result) the vocabulary lacks");
+    merges.emplace(pair(ia->second, ib->second), Merge{static_cast<int32_t>(i), ic->second});
+  }
+  const ByteAlphabet& alphabet = byte_alphabet();
+  for (int b = 0; b < 256; ++b) {
+    const auto it = vocab.find(alphabet.to_char[static_cast<size_t>(b)]);
+    byte_ids[static_cast<size_t>(b)] = it == vocab.end() ? -1 : it->second;
+  }
+}
+
+void Tokenizer::Impl::read_added(const Reader& r, const Json& list) {
+  if (!list.IsArray()) throw r.fail("added_tokens", "is not a list");
+  for (rapidjson::SizeType i = 0; i < list.Size(); ++i) {
+    const std::string path = "added_tokens[" + std::to_string(i) + "]";
+    const Json& t = list[i];
+    const Json& id = r.member(t, path, "id");
+    if (!id.IsInt() || id.GetInt() < 0) throw r.fail(path + ".id", "is not a non-negative integer");
+    const bool special = r.boolean(t, path, "special", false);
+    // Matched in the raw text unless "normalized" (tokenizers' AddedToken::from: !special).
+    AddedToken a{id.GetInt(), r.string(t, path, "content"), special, r.boolean(t, path, "normalized", !special),
+                 r.boolean(t, path, "lstrip", false), r.boolean(t, path, "rstrip", false)};
+    if (r.boolean(t, path, "single_word", false))
+      throw r.fail(path + ".single_word", "is true, which memrt's tokenizer does not implement");
+    if (a.content.empty()) throw r.fail(path + ".content", "is empty");
+    if (static_cast<size_t>(a.id) >= tokens.size()) tokens.resize(static_cast<size_t>(a.id) + 1);
+    tokens[static_cast<size_t>(a.id)] = a.content;
+    added.push_back(std::move(a));
+  }
+  is_special.assign(tokens.size(), false);
+  for (int k = 0; k < static_cast<int>(added.size()); ++k) {
+    const AddedToken& a = added[static_cast<size_t>(k)];
+    is_special[static_cast<size_t>(a.id)] = a.special;
+    auto& index = a.normalized ? normalized_by_first : raw_by_first;
+    index[static_cast<unsigned char>(a.content[0])].push_back(k);
+  }
+  for (auto* index : {&raw_by_first, &normalized_by_first})
+    for (std::vector<int>& v : *index)
+      std::stable_sort(v.begin(), v.end(), [&](int x, int y) {
+        return added[static_cast<size_t>(x)].content.size() > added[static_cast<size_t>(y)].content.size();
+      });
+}
+
+void Tokenizer::Impl::read_post_processor(const Reader& r, const Json& v, const std::string& path) {
+  const std::string type = r.string(v, path, "type");
+  if (type == "Sequence") {
+    r.each(v, path, "processors", [&](const Json& step, const std::string& at) { read_post_processor(r, step, at); });
+    return;
+  }
+  if (type == "ByteLevel") return;  // offsets only
+  if (type != "TemplateProcessing") r.unsupported(path, type, "Sequence, ByteLevel, TemplateProcessing");
+  if (has_template) throw r.fail(path, "is a second TemplateProcessing");
+  has_template = true;
+  post_name = "TemplateProcessing";
+  const Json& single = r.member(v, path, "single");
+  const Json& specials = r.member(v, path, "special_tokens");
+  if (!single.IsArray()) throw r.fail(path + ".single", "is not a list");
+  for (rapidjson::SizeType i = 0; i < single.Size(); ++i) {
+    const std::string at = path + ".single[" + std::to_string(i) + "]";
+    const Json& piece = single[i];
+    if (piece.IsObject() && piece.HasMember("Sequence")) {
+      if (r.string(piece["Sequence"], at + ".Sequence", "id") != "A") throw r.fail(at, "is not the sequence $A");
+      single_template.push_back(-1);
+    } else if (piece.IsObject() && piece.HasMember("SpecialToken")) {
+      const std::string name = r.string(piece["SpecialToken"], at + ".SpecialToken", "id");
+      const Json& s = r.member(specials, path + ".special_tokens", name.c_str());
+      const Json& ids = r.member(s, path + ".special_tokens." + name, "ids");
+      if (!ids.IsArray()) throw r.fail(path + ".special_tokens." + name + ".ids", "is not a list");
+      for (const Json& id : ids.GetArray()) {
+        if (!id.IsInt()) throw r.fail(path + ".special_tokens." + name + ".ids", "holds a non-integer");
+        single_template.push_back(id.GetInt());
+      }
+    } else {
+      throw r.fail(at, "is neither {\"Sequence\": ...} nor {\"SpecialToken\": ...}");
+    }
+  }
+}
+
+void Tokenizer::Impl::read_decoder(const Reader& r, const Json& v, const std::string& path) {
+  const std::string type = r.string(v, path, "type");
+  if (type != "ByteLevel") r.unsupported(path, type, "ByteLevel");
+  decoder_byte_level = true;
+  decoder_name = type;
+}
+
+std::string Tokenizer::Impl::normalize(std::string s) const {
+  for (const Normalize& n : normalizers) {
+    switch (n.kind) {
+      case Normalize::kPrepend:
+        if (!s.empty()) s = n.text + s;
+        break;
+      case Normalize::kReplace: {
+        std::string out;
+        size_t last = 0;
+        n.regex->for_each_match(s, [&](size_t b, size_t e) {
+          out.append(s, last, b - last);
+          out += n.text;
+          last = e;
+        });
+        out.append(s, last, std::string::npos);
+        s = std::move(out);
+        break;
+      }
+      default: {
+        const int options = n.kind == Normalize::kNfc    ? UTF8PROC_STABLE | UTF8PROC_COMPOSE
+                            : n.kind == Normalize::kNfkc ? UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT
+                            : n.kind == Normalize::kNfd  ? UTF8PROC_STABLE | UTF8PROC_DECOMPOSE
+                                                         : UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
+        utf8proc_uint8_t* out = nullptr;
+        const utf8proc_ssize_t n_out = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
+                                                    static_cast<utf8proc_ssize_t>(s.size()), &out,
+                                                    static_cast<utf8proc_option_t>(options));
+        if (n_out < 0) throw Error(std::string("tokenizer: Unicode normalization failed: ") + utf8proc_errmsg(n_out));
+        s.assign(reinterpret_cast<const char*>(out), static_cast<size_t>(n_out));
+        std::free(out);
+      }
+    }
+  }
+  return s;
+}
+
+template <typename Text, typename Token>
+void Tokenizer::Impl::split_added(std::string_view s, const std::array<std::vector<int>, 256>& by_first, Text text,
+                                  Token token) const {
+  size_t from = 0;  // start of the text not yet handed out
+  for (size_t i = 0; i < s.size();) {
+    const AddedToken* hit = nullptr;
+    for (int k : by_first[static_cast<unsigned char>(s[i])]) {  // longest first
+      const AddedToken& a = added[static_cast<size_t>(k)];
+      if (s.compare(i, a.content.size(), a.content) == 0) {
+        hit = &a;
+        break;
+      }
+    }
+    if (!hit) {
+      ++i;
+      continue;
+    }
+    size_t begin = i, end = i + hit->content.size();
+    if (hit->lstrip) {  // the whitespace before it is the token's
+      while (begin > from) {
+        size_t c = begin - 1;
+        while (c > from && (static_cast<unsigned char>(s[c]) & 0xC0) == 0x80) --c;
+        if (!is_whitespace(code_point(s, c, begin - c))) break;
+        begin = c;
+      }
+    }
+    if (hit->rstrip) {
+      while (end < s.size()) {
+        const size_t n = utf8_sequence(s, end);
+        if (n == 0 || !is_whitespace(code_point(s, end, n))) break;
+        end += n;
+      }
+    }
+    if (begin > from) text(s.substr(from, begin - from));
+    token(hit->id);
+    from = i = end;
+  }
+  if (from < s.size()) text(s.substr(from));
+}
+
+void Tokenizer::Impl::encode_text(std::string_view s, std::vector<int32_t>& out) const {
+  // Pre-tokenize: each Split step cuts every piece, as tokenizers' behaviors define.
+  std::vector<std::string> pieces{std::string(s)};
+  for (const Split& split : splits) {
+    std::vector<std::string> next;
+    for (const std::string& p : pieces) {
+      size_t last = 0;
+      std::string pending;  // MergedWithNext: a match waiting for what follows; Contiguous: a run
+      bool in_run = false;
+      split.regex->for_each_match(p, [&](size_t b, size_t e) {
+        const std::string gap = p.substr(last, b - last), match = p.substr(b, e - b);
+        switch (split.behavior) {
+          case Behavior::kRemoved:
+            if (!gap.empty()) next.push_back(gap);
+            break;
+          case Behavior::kIsolated:
+            if (!gap.empty()) next.push_back(gap);
+            next.push_back(match);
+            break;
+          case Behavior::kMergedWithPrevious:
+            next.push_back(gap + match);
+            break;
+          case Behavior::kMergedWithNext:
+            if (!pending.empty() || !gap.empty()) next.push_back(pending + gap);
+            pending = match;
+            break;
+          case Behavior::kContiguous:
+            if (!gap.empty()) {
+              if (in_run) next.push_back(pending);
+              next.push_back(gap);
+              pending.clear();
+            }
+            pending += match;
+            in_run = true;
+            break;
+        }
+        last = e;
+      });
+      const std::string tail = p.substr(last);
+      if (split.behavior == Behavior::kMergedWithNext) {
+        if (!pending.empty() || !tail.empty()) next.push_back(pending + tail);
+      } else if (split.behavior == Behavior::kContiguous) {
+        if (in_run) next.push_back(pending);
+        if (!tail.empty()) next.push_back(tail);
+      } else if (!tail.empty()) {
+        next.push_back(tail);
+      }
+    }
+    pieces = std::move(next);
+  }
+  // ByteLevel, on each piece: a space in front (add_prefix_space), GPT-2's regex (use_regex), then
+  // the bytes of each word to BPE.
+  for (std::string& p : pieces) {
+    if (p.empty()) continue;
+    if (add_prefix_space && p[0] != ' ') p.insert(p.begin(), ' ');
+    if (!byte_level_regex) {
+      bpe(p, out);
+      continue;
+    }
+    size_t last = 0;
+    byte_level_regex->for_each_match(p, [&](size_t b, size_t e) {
+      if (b > last) bpe(std::string_view(p).substr(last, b - last), out);
+      bpe(std::string_view(p).substr(b, e - b), out);
+      last = e;
+    });
+    if (last < p.size()) bpe(std::string_view(p).substr(last), out);
+  }
+}
+
+void Tokenizer::Impl::bpe(std::string_view word, std::vector<int32_t>& out) const {
+  // Natural text repeats its words: each thread keeps the last ones it encoded.
+  struct Cache {
+    uint64_t owner = 0;
+    std::unordered_map<std::string, std::vector<int32_t>> words;
+  };
+  thread_local Cache cache;
+  if (cache.owner != serial || cache.words.size() > 10000) {
+    cache.words.clear();
+    cache.owner = serial;
+  }
+  std::string key(word);
+  if (const auto hit = cache.words.find(key); hit != cache.words.end()) {
+    out.insert(out.end(), hit->second.begin(), hit->second.end());
+    return;
+  }
+  std::vector<int32_t> ids;
+  const ByteAlphabet& alphabet = byte_alphabet();
+  if (ignore_merges) {
+    std::string mapped;
+    for (unsigned char c : word) mapped += alphabet.to_char[c];
+    if (const auto it = vocab.find(mapped); it != vocab.end()) ids.push_back(it->second);
+  }
+  if (ids.empty()) {
+    // One symbol per byte; then tokenizers' merge loop: the pair of lowest rank (leftmost among
+    // equals) merges, until no pair of the word is a merge.
+    struct Symbol {
+      int32_t id;
+      int prev, next;
+    };
+    std::vector<Symbol> sym;
+    sym.reserve(word.size());
+    for (size_t i = 0; i < word.size(); ++i) {
+      const int32_t id = byte_ids[static_cast<unsigned char>(word[i])];
+      if (id < 0 && !unk) {
+        char hex[8];
+        std::snprintf(hex, sizeof hex, "0x%02X", static_cast<unsigned>(static_cast<unsigned char>(word[i])));
+        throw Error("tokenizer " + file + ": the byte " + hex + " has no token and the model has no unk_token");
+      }
+      sym.push_back({id < 0 ? *unk : id, static_cast<int>(i) - 1, i + 1 < word.size() ? static_cast<int>(i) + 1 : -1});
+    }
+    struct Candidate {
+      int32_t rank;
+      int pos;
+      int32_t id;
+      bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+    };
+    std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> queue;
+    auto consider = [&](int pos) {
+      if (pos < 0 || sym[static_cast<size_t>(pos)].next < 0) return;
+      const auto it = merges.find(pair(sym[static_cast<size_t>(pos)].id, sym[static_cast<size_t>(sym[static_cast<size_t>(pos)].next)].id));
+      if (it != merges.end()) queue.push({it->second.rank, pos, it->second.id});
+    };
+    for (int i = 0; i + 1 < static_cast<int>(sym.size()); ++i) consider(i);
+    std::vector<bool> gone(sym.size(), false);
+    while (!queue.empty()) {
+      const Candidate c = queue.top();
+      queue.pop();
+      Symbol& left = sym[static_cast<size_t>(c.pos)];
+      if (gone[static_cast<size_t>(c.pos)] || left.next < 0) continue;
+      const auto it = merges.find(pair(left.id, sym[static_cast<size_t>(left.next)].id));
+      if (it == merges.end() || it->second.id != c.id) continue;  // stale: a neighbour merged first
+      const int right = left.next;
+      gone[static_cast<size_t>(right)] = true;
+      left.id = c.id;
+      left.next = sym[static_cast<size_t>(right)].next;
+      if (left.next >= 0) sym[static_cast<size_t>(left.next)].prev = c.pos;
+      consider(left.prev);
+      consider(c.pos);
+    }
+    for (int i = 0; i >= 0; i = sym[static_cast<size_t>(i)].next) {
+      const int32_t id = sym[static_cast<size_t>(i)].id;
+      if (fuse_unk && unk && id == *unk && !ids.empty() && ids.back() == *unk) continue;
+      ids.push_back(id);
+    }
+  }
+  out.insert(out.end(), ids.begin(), ids.end());
+  cache.words.emplace(std::move(key), std::move(ids));
+}
+
+// ---- public ---------------------------------------------------------------------------------------
+
+Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
+Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
+Tokenizer::~Tokenizer() = default;
+
+Tokenizer Tokenizer::from_json(const std::string& text, const std::string& where) {
+  auto impl = std::make_unique<Impl>();
+  impl->file = where;
+  impl->read(text);
+  return Tokenizer(std::move(impl));
+}
+
+Tokenizer Tokenizer::from_file(const std::string& tokenizer_json) {
+  std::ifstream in(tokenizer_json, std::ios::binary);
+  if (!in) throw FileError(tokenizer_json, "cannot be read (a Hugging Face tokenizer.json)");
+  std::stringstream text;
+  text << in.rdbuf();
+  return from_json(text.str(), tokenizer_json);
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
+  for (size_t i = 0; i < text.size();) {
+    const size_t n = utf8_sequence(text, i);
+    if (n == 0) throw Error("tokenizer: the text is not valid UTF-8 at byte " + std::to_string(i));
+    i += n;
+  }
+  const Impl& t = *impl_;
+  std::vector<int32_t> ids;
+  // Added tokens matched on the raw text first, then, in the normalized text between them, those
+  // matched after normalization; what remains is normalized, pre-tokenized and encoded.
+  t.split_added(
+      text, t.raw_by_first,
+      [&](std::string_view piece) {
+        const std::string normalized = t.normalize(std::string(piece));
+        t.split_added(normalized, t.normalized_by_first, [&](std::string_view rest) { t.encode_text(rest, ids); },
+                      [&](int32_t id) { ids.push_back(id); });
+      },
+      [&](int32_t id) { ids.push_back(id); });
+  if (!add_special_tokens || !t.has_template) return ids;
+  std::vector<int32_t> out;
+  out.reserve(ids.size() + t.single_template.size());
+  for (int32_t x : t.single_template) {
+    if (x < 0)
+      out.insert(out.end(), ids.begin(), ids.end());
+    else
+      out.push_back(x);
+  }
+  return out;
+}
+
+std::vector<std::vector<int32_t>> Tokenizer::encode_batch(const std::vector<std::string_view>& docs,
+                                                          bool add_special_tokens, int threads) const {
+  std::vector<std::vector<int32_t>> out(docs.size());
+  size_t total = 0;
+  for (std::string_view d : docs) total += d.size() + 1;
+  const size_t n = std::max<size_t>(1, std::min<size_t>(static_cast<size_t>(std::max(threads, 1)), docs.size()));
+  std::vector<size_t> first(n + 1, docs.size());  // thread t: docs [first[t], first[t + 1])
+  first[0] = 0;
+  size_t bytes = 0, t = 1;
+  for (size_t i = 0; i < docs.size() && t < n; ++i) {
+    while (t < n && bytes >= total * t / n) first[t++] = i;
+    bytes += docs[i].size() + 1;
+  }
+  std::vector<std::exception_ptr> errors(n);
+  std::vector<std::thread> pool;
+  for (size_t k = 0; k < n; ++k) {
+    pool.emplace_back([&, k] {
+      try {
+        for (size_t i = first[k]; i < first[k + 1]; ++i) out[i] = encode(docs[i], add_special_tokens);
+      } catch (...) {
+        errors[k] = std::current_exception();
+      }
+    });
+  }
+  for (std::thread& th : pool) th.join();
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+  return out;
+}
+
+std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const {
+  const Impl& t = *impl_;
+  const ByteAlphabet& alphabet = byte_alphabet();
+  std::string bytes;
+  bool first = true;
+  for (int32_t id : ids) {
+    if (id < 0 || static_cast<size_t>(id) >= t.tokens.size() || t.tokens[static_cast<size_t>(id)].empty())
+      throw Error("tokenizer " + t.file + ": no token has id " + std::to_string(id));
+    if (skip_special_tokens && static_cast<size_t>(id) < t.is_special.size() && t.is_special[static_cast<size_t>(id)])
+      continue;
+    const std::string& token = t.tokens[static_cast<size_t>(id)];
+    if (!t.decoder_byte_level) {  // no decoder: tokens joined by spaces
+      if (!first) bytes += ' ';
+      bytes += token;
+      first = false;
+      continue;
+    }
+    // Each character back to its byte; a token with a character outside the alphabet (an added
+    // token's text) as it is.
+    std::string mapped;
+    bool all = true;
+    for (size_t i = 0; i < token.size() && all;) {
+      const size_t n = std::max<size_t>(1, utf8_sequence(token, i));
+      const auto it = alphabet.to_byte.find(code_point(token, i, n));
+      all = it != alphabet.to_byte.end();
+      if (all) mapped += static_cast<char>(it->second);
+      i += n;
+    }
+    bytes += all ? mapped : token;
+  }
+  return lossy_utf8(bytes);
+}
+
+int64_t Tokenizer::vocab_size() const { return static_cast<int64_t>(impl_->tokens.size()); }
+
+std::optional<int32_t> Tokenizer::token_to_id(const std::string& token) const {
+  for (const Impl::AddedToken& a : impl_->added)
+    if (a.content == token) return a.id;
+  const auto it = impl_->vocab.find(token);
+  if (it == impl_->vocab.end()) return std::nullopt;
+  return it->second;
+}
+
+std::string Tokenizer::id_to_token(int32_t id) const {
+  if (id < 0 || static_cast<size_t>(id) >= impl_->tokens.size()) throw Error("tokenizer: no token has id " + std::to_string(id));
+  return impl_->tokens[static_cast<size_t>(id)];
+}
+
+std::string Tokenizer::describe() const {
+  const Impl& t = *impl_;
+  std::string pre;
+  for (const std::string& n : t.pre_names) pre += (pre.empty() ? "" : " + ") + n;
+  return "BPE, " + std::to_string(vocab_size()) + " tokens (" + std::to_string(t.added.size()) + " added), " +
+         (t.byte_level ? "byte-level, " : "") + (t.normalizers.empty() ? "" : "normalized, ") + pre + ", " +
+         t.post_name;
+}
+
+}  // namespace memrt

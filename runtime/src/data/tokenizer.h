@@ -1,0 +1,55 @@
+// A Hugging Face tokenizer.json, encoding text to exactly the ids the `tokenizers` library gives
+// (docs/tokenizers.md): added tokens, normalizer, pre-tokenizer, BPE model, post-processor and
+// decoder, of the kinds the GPT-2, Llama-3 and Qwen2 families use. A stage of another kind is an
+// error naming its place in the file, never a different encoding.
+//
+//   const Tokenizer tok = Tokenizer::from_file(dir + "/tokenizer.json");
+//   std::vector<int32_t> ids = tok.encode("Hello world", /*add_special_tokens=*/true);
+//   std::string text = tok.decode(ids);
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace memrt {
+
+class Tokenizer {
+ public:
+  // memrt::FileError naming the file and the JSON path of what is malformed or not supported.
+  static Tokenizer from_file(const std::string& tokenizer_json);
+  static Tokenizer from_json(const std::string& text, const std::string& where);
+
+  Tokenizer(Tokenizer&&) noexcept;
+  Tokenizer& operator=(Tokenizer&&) noexcept;
+  ~Tokenizer();
+
+  // `tokenizers`' Tokenizer.encode(text, add_special_tokens).ids. Thread-safe. memrt::Error when
+  // `text` is not valid UTF-8 (naming the byte offset).
+  std::vector<int32_t> encode(std::string_view text, bool add_special_tokens = true) const;
+  // encode() of each document, on `threads` threads, each taking a contiguous run of documents of
+  // about the same number of bytes (`tokenizers`' encode_batch). The first error is rethrown.
+  std::vector<std::vector<int32_t>> encode_batch(const std::vector<std::string_view>& docs, bool add_special_tokens,
+                                                 int threads) const;
+  // `tokenizers`' decode(ids, skip_special_tokens).
+  std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens = false) const;
+
+  // The largest id of the vocabulary and the added tokens, plus one.
+  int64_t vocab_size() const;
+  std::optional<int32_t> token_to_id(const std::string& token) const;
+  // The token's string as the vocabulary spells it (byte-level: GPT-2's byte alphabet).
+  std::string id_to_token(int32_t id) const;
+  // e.g. "BPE, 128256 tokens (256 added), byte-level, Split + ByteLevel, TemplateProcessing".
+  std::string describe() const;
+
+  struct Impl;
+
+ private:
+  explicit Tokenizer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace memrt

@@ -1,0 +1,133 @@
+// The tokenizer (data/tokenizer.h) against Hugging Face `tokenizers`, run at test time
+// (hf_tokenizers.py): tokenizer.json files of the GPT-2, Llama-3 and Qwen2 kinds trained there, and
+// a multilingual set of texts — CJK, emoji with modifiers and joiners, combining marks, whitespace
+// runs, digits, contractions, special and added tokens inside the text — encoded, with and without
+// special tokens, and decoded. A stage memrt does not implement is an error naming it.
+#include <gtest/gtest.h>
+
+#include <rapidjson/document.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "data/dataset.h"
+#include "data/tokenizer.h"
+#include "memrt/error.h"
+#include "test_util.h"
+
+using namespace memrt;
+using memrt::test::expect_error;
+
+namespace {
+
+rapidjson::Document read_json(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  rapidjson::Document d;
+  d.Parse(text.str().c_str());
+  EXPECT_FALSE(d.HasParseError()) << path;
+  return d;
+}
+
+std::vector<int32_t> ids_of(const rapidjson::Value& v) {
+  std::vector<int32_t> out;
+  for (const auto& x : v.GetArray()) out.push_back(x.GetInt());
+  return out;
+}
+
+std::string str(const rapidjson::Value& v) { return std::string(v.GetString(), v.GetStringLength()); }
+
+// A GPT-2-kind tokenizer.json of four byte tokens and one merge, with `pre_tokenizer` and `model`
+// extras spliced in.
+std::string tiny(const std::string& pre_tokenizer, const std::string& model_extra = "") {
+  return R"({"added_tokens": [], "normalizer": null, "pre_tokenizer": )" + pre_tokenizer +
+         R"(, "post_processor": null, "decoder": null, "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, )"
+         R"("merges": ["a b"])" + model_extra + "}}";
+}
+
+}  // namespace
+
+TEST(Tokenizer, EncodesAndDecodesAsHuggingFaceTokenizers) {
+  memrt::test::TempDir dir;
+  ASSERT_TRUE(memrt::test::run_reference("hf_tokenizers.py", dir.str()));
+  // The three families' kinds; GPT-2's model behind a Split on "-" of each of tokenizers' behaviors,
+  // and behind a Split on digits before ByteLevel's add_prefix_space (which spaces every piece).
+  for (const char* kind : {"gpt2", "llama3", "qwen2", "prefix_space", "removed", "isolated", "merged_with_previous",
+                           "merged_with_next", "contiguous"}) {
+    SCOPED_TRACE(kind);
+    const Tokenizer tok = Tokenizer::from_file(dir.file(std::string(kind) + "/tokenizer.json"));
+    const rapidjson::Document want = read_json(dir.file(std::string(kind) + "/expected.json"));
+    EXPECT_EQ(tok.vocab_size(), want["vocab_size"].GetInt64());
+    const auto& texts = want["texts"];
+    ASSERT_GT(texts.Size(), 200u);
+    size_t tokens = 0;
+    for (rapidjson::SizeType i = 0; i < texts.Size(); ++i) {
+      const std::string text = str(texts[i]);
+      const std::vector<int32_t> ids = tok.encode(text, /*add_special_tokens=*/false);
+      EXPECT_EQ(ids, ids_of(want["ids"][i])) << "text " << i << ": " << text;
+      const std::vector<int32_t> with = tok.encode(text, /*add_special_tokens=*/true);
+      EXPECT_EQ(with, ids_of(want["ids_special"][i])) << "text " << i << ": " << text;
+      EXPECT_EQ(tok.decode(with), str(want["decoded"][i])) << "text " << i;
+      EXPECT_EQ(tok.decode(with, /*skip_special_tokens=*/true), str(want["decoded_skip"][i])) << "text " << i;
+      tokens += ids.size();
+    }
+    EXPECT_GT(tokens, 3000u);
+    // Byte-level BPE loses nothing: decode(encode(x)) is x (NFC text for Qwen2's NFC normalizer;
+    // add_prefix_space adds its space).
+    if (std::string(kind) != "prefix_space") {
+      EXPECT_EQ(tok.decode(tok.encode("你好 👨‍👩‍👧‍👦  tabs\t\tend\n", false)), "你好 👨‍👩‍👧‍👦  tabs\t\tend\n");
+    }
+  }
+}
+
+// A text or JSONL train_file with the model's tokenizer: each line (with its newline) or each "text"
+// encoded with the special tokens, concatenated — run_clm's tokenization, tokens for tokens.
+TEST(Tokenizer, TextAndJsonlFilesAreTokenizedAsRunClmTokenizesThem) {
+  memrt::test::TempDir dir;
+  ASSERT_TRUE(memrt::test::run_reference("hf_tokenizers.py", dir.str()));
+  for (const char* kind : {"gpt2", "llama3", "qwen2"}) {
+    SCOPED_TRACE(kind);
+    const std::string tokenizer = dir.file(std::string(kind) + "/tokenizer.json");
+    const rapidjson::Document want = read_json(dir.file(std::string(kind) + "/expected.json"));
+    for (const char* file : {"data.jsonl", "data.txt"}) {
+      DataConfig cfg;
+      cfg.train_file = dir.file(file);
+      cfg.tokenizer = tokenizer;
+      const std::shared_ptr<TokenDataset> d = TokenDataset::open(cfg);
+      const std::vector<int32_t> expected = ids_of(want[std::string(file) == "data.jsonl" ? "jsonl_ids" : "txt_ids"]);
+      ASSERT_EQ(d->num_tokens(), static_cast<int64_t>(expected.size())) << file;
+      std::vector<int64_t> got(expected.size());
+      d->copy_tokens(0, d->num_tokens(), got.data());
+      EXPECT_EQ(std::vector<int32_t>(got.begin(), got.end()), expected) << file;
+      EXPECT_EQ(d->vocab_size(), want["vocab_size"].GetInt64());
+      EXPECT_NE(d->description().find("tokens of " + tokenizer), std::string::npos) << d->description();
+    }
+  }
+}
+
+TEST(Tokenizer, AStageMemrtDoesNotImplementIsAnErrorNamingIt) {
+  const std::string byte_level = R"({"type": "ByteLevel", "add_prefix_space": false, "use_regex": true})";
+  EXPECT_EQ(Tokenizer::from_json(tiny(byte_level), "t.json").encode("abab", false), (std::vector<int32_t>{2, 2}));
+  expect_error<FileError>([&] { Tokenizer::from_json(tiny(R"({"type": "Whitespace"})"), "t.json"); },
+                          {"t.json", "pre_tokenizer.type", "\"Whitespace\"", "Split, ByteLevel"});
+  expect_error<FileError>(
+      [&] {
+        Tokenizer::from_json(tiny(R"({"type": "Sequence", "pretokenizers": [)" + byte_level + R"(, {"type": "Digits"}]})"),
+                             "t.json");
+      },
+      {"pre_tokenizer.pretokenizers[1]", "follows the ByteLevel step"});
+  expect_error<FileError>([&] { Tokenizer::from_json(tiny(byte_level, R"(, "byte_fallback": true)"), "t.json"); },
+                          {"model.byte_fallback", "not built yet"});
+  expect_error<FileError>([&] { Tokenizer::from_json(tiny(R"({"type": "Metaspace"})"), "t.json"); },
+                          {"pre_tokenizer.type", "\"Metaspace\""});
+  const std::string bad_merge = R"({"added_tokens": [], "pre_tokenizer": )" + byte_level +
+                                R"(, "model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": [["a", "b"]]}})";
+  expect_error<FileError>([&] { Tokenizer::from_json(bad_merge, "t.json"); },
+                          {"model.merges[0]", "\"a\" and \"b\"", "the vocabulary lacks"});
+  const Tokenizer tok = Tokenizer::from_json(tiny(byte_level), "t.json");
+  expect_error<Error>([&] { tok.encode("ab\xC3(", false); }, {"not valid UTF-8 at byte 2"});
+  expect_error<Error>([&] { tok.encode("c", false); }, {"t.json", "the byte 0x63 has no token"});
+}
