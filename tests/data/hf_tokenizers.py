@@ -40,7 +40,7 @@ SAMPLES = [
     "<|endoftext|>after a special token<|endoftext|>", "before <mask> after", "two  <mask>  spaces",
     "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>",
     "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|>",
-    "Qwen is a model; qwen is not Qwen.",
+    "Qwen is a model; qwen is not Qwen.", "one</s> two <s>three </s>", "<s>at the start",
 ]
 
 
@@ -57,7 +57,35 @@ def corpus(rng):
     return lines
 
 
+def build_sentencepiece(kind, lines):
+    """Llama-2's tokenizer.json as transformers converts it (legacy: Prepend + Replace normalizers,
+    no pre-tokenizer), or Mistral's newer form (a Metaspace pre-tokenizer, prepend_scheme first);
+    BPE with byte_fallback over an alphabet cut to the 150 commonest characters, so rarer ones fall
+    back to their <0xNN> byte tokens."""
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    if kind == "llama2":
+        tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+        tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                         decoders.Strip(content=" ", left=1, right=0)])
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
+        tok.decoder = decoders.Sequence([decoders.Metaspace(replacement="\u2581", prepend_scheme="first", split=False),
+                                         decoders.ByteFallback(), decoders.Fuse()])
+    trainer = trainers.BpeTrainer(vocab_size=1200, special_tokens=["<unk>", "<s>", "</s>"], limit_alphabet=150,
+                                  show_progress=False)
+    tok.train_from_iterator(lines, trainer)
+    spec = json.loads(tok.to_str())
+    vocab = spec["model"]["vocab"]
+    for b in range(256):  # sentencepiece's byte pieces, as Llama-2's vocabulary has them
+        vocab.setdefault(f"<0x{b:02X}>", max(vocab.values()) + 1)
+    tok = Tokenizer.from_str(json.dumps(spec))
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", tok.token_to_id("<s>"))])
+    return tok
+
+
 def build(kind, lines):
+    if kind in ("llama2", "mistral"):
+        return build_sentencepiece(kind, lines)
     tok = Tokenizer(models.BPE())
     if kind == "gpt2":
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -134,8 +162,8 @@ def main():
     with open(os.path.join(out, "data.txt"), "w", encoding="utf-8", newline="") as f:
         f.write("".join(txt_lines))
     gpt2 = build("gpt2", lines)
-    for kind in ("gpt2", "llama3", "qwen2", "prefix_space") + BEHAVIORS:
-        tok = gpt2 if kind == "gpt2" else build(kind, lines) if kind in ("llama3", "qwen2") else variant(gpt2, kind)
+    for kind in ("gpt2", "llama3", "qwen2", "llama2", "mistral", "prefix_space") + BEHAVIORS:
+        tok = gpt2 if kind == "gpt2" else variant(gpt2, kind) if kind in BEHAVIORS + ("prefix_space",) else build(kind, lines)
         d = os.path.join(out, kind)
         os.makedirs(d, exist_ok=True)
         tok.save(os.path.join(d, "tokenizer.json"))
@@ -147,6 +175,10 @@ def main():
             "decoded": [tok.decode(i, skip_special_tokens=False) for i in ids_special],
             "decoded_skip": [tok.decode(i, skip_special_tokens=True) for i in ids_special],
         }
+        if kind in ("llama2", "mistral"):  # a cut UTF-8 sequence in byte-fallback tokens, then text
+            partial = [tok.token_to_id("<0xE4>"), tok.token_to_id("<0xBD>")] + ids[0][:4]
+            expected["partial_ids"] = partial
+            expected["partial_decoded"] = tok.decode(partial)
         # Files as Hugging Face's run_clm tokenizes them: each JSONL "text", each line of a text file
         # with its newline, encoded with add_special_tokens and concatenated.
         expected["jsonl_ids"] = [i for r in records for i in tok.encode(r, add_special_tokens=True).ids]

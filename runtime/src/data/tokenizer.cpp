@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -275,6 +276,11 @@ struct Tokenizer::Impl {
   std::vector<Split> splits;  // the steps before ByteLevel
   bool byte_level = false, add_prefix_space = false;
   std::shared_ptr<Regex> byte_level_regex;  // ByteLevel's use_regex: GPT-2's, isolating
+  // Metaspace (sentencepiece-style): spaces become `replacement`, prepended as prepend_scheme says.
+  enum class Prepend { kAlways, kFirst, kNever };
+  bool metaspace = false, metaspace_split = false;
+  std::string replacement;
+  Prepend prepend = Prepend::kAlways;
   std::vector<std::string> pre_names;
   // The BPE model.
   std::unordered_map<std::string, int32_t> vocab;
@@ -282,7 +288,8 @@ struct Tokenizer::Impl {
   std::unordered_map<uint64_t, Merge> merges;
   std::array<int32_t, 256> byte_ids{};  // each byte's character's id, -1 if none
   std::optional<int32_t> unk;
-  bool fuse_unk = false, ignore_merges = false;
+  bool fuse_unk = false, ignore_merges = false, byte_fallback = false;
+  std::array<int32_t, 256> fallback_ids{};  // "<0xNN>" tokens (byte_fallback), -1 if none
   // Added tokens: matched on the raw text (special or normalized: false) or on normalized text.
   std::vector<AddedToken> added;
   std::array<std::vector<int>, 256> raw_by_first, normalized_by_first;  // longest first
@@ -291,7 +298,15 @@ struct Tokenizer::Impl {
   std::vector<int32_t> single_template;
   bool has_template = false;
   std::string post_name = "none", decoder_name = "none";
-  bool decoder_byte_level = false;
+  // The decoder: steps over the tokens' strings, in order (tokenizers' decode_chain).
+  struct Decode {
+    enum Kind { kByteLevel, kReplace, kByteFallback, kFuse, kStrip, kMetaspace } kind;
+    std::string from, to;  // Replace: literal pattern -> content; Strip: the character; Metaspace: replacement
+    int64_t start = 0, stop = 0;  // Strip
+    bool prepend_first = false;   // Metaspace: the first token loses its replacements
+  };
+  std::vector<Decode> decoders;
+  bool has_decoder = false;
 
   static uint64_t pair(int32_t a, int32_t b) { return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b); }
 
@@ -304,7 +319,8 @@ struct Tokenizer::Impl {
   void read_decoder(const Reader& r, const Json& v, const std::string& path);
 
   std::string normalize(std::string s) const;
-  void encode_text(std::string_view s, std::vector<int32_t>& out) const;  // no added tokens in s
+  // `s` holds no added token; `at_start`: it begins the encoded text (Metaspace's "first").
+  void encode_text(std::string_view s, bool at_start, std::vector<int32_t>& out) const;
   void bpe(std::string_view word, std::vector<int32_t>& out) const;
   // Splits s on the added tokens of `by_first`: fn(piece) for text between them, token(id) for each.
   template <typename Text, typename Token>
@@ -320,9 +336,6 @@ void Tokenizer::Impl::read(const std::string& text) {
   if (d.HasMember("added_tokens")) read_added(r, d["added_tokens"]);
   if (d.HasMember("normalizer") && !d["normalizer"].IsNull()) read_normalizer(r, d["normalizer"], "normalizer");
   if (d.HasMember("pre_tokenizer") && !d["pre_tokenizer"].IsNull()) read_pre_tokenizer(r, d["pre_tokenizer"], "pre_tokenizer");
-  if (!byte_level)
-    throw r.fail("pre_tokenizer", "has no ByteLevel step: memrt's tokenizer implements byte-level BPE (GPT-2, Llama-3, "
-                                  "Qwen2); sentencepiece-style BPE (Metaspace, byte_fallback) is not built yet");
   if (d.HasMember("post_processor") && !d["post_processor"].IsNull()) read_post_processor(r, d["post_processor"], "post_processor");
   if (d.HasMember("decoder") && !d["decoder"].IsNull()) read_decoder(r, d["decoder"], "decoder");
   if (d.HasMember("truncation") && !d["truncation"].IsNull())
@@ -351,7 +364,9 @@ void Tokenizer::Impl::read_normalizer(const Reader& r, const Json& v, const std:
 
 void Tokenizer::Impl::read_pre_tokenizer(const Reader& r, const Json& v, const std::string& path) {
   const std::string type = r.string(v, path, "type");
-  if (byte_level) throw r.fail(path, "follows the ByteLevel step; memrt implements ByteLevel as the last pre-tokenizer");
+  if (byte_level || metaspace)
+    throw r.fail(path, std::string("follows the ") + (byte_level ? "ByteLevel" : "Metaspace") +
+                           " step; memrt implements it as the last pre-tokenizer");
   if (type == "Sequence") {
     r.each(v, path, "pretokenizers", [&](const Json& step, const std::string& at) { read_pre_tokenizer(r, step, at); });
     return;
@@ -374,8 +389,20 @@ void Tokenizer::Impl::read_pre_tokenizer(const Reader& r, const Json& v, const s
     byte_level = true;
     add_prefix_space = r.boolean(v, path, "add_prefix_space", true);
     if (r.boolean(v, path, "use_regex", true)) byte_level_regex = std::make_shared<Regex>(kGpt2Pattern, fail);
+  } else if (type == "Metaspace") {
+    metaspace = true;
+    replacement = r.string(v, path, "replacement");
+    metaspace_split = r.boolean(v, path, "split", true);
+    if (v.HasMember("prepend_scheme") && v["prepend_scheme"].IsString()) {
+      const std::string scheme = v["prepend_scheme"].GetString();
+      if (scheme != "always" && scheme != "first" && scheme != "never")
+        throw r.fail(path + ".prepend_scheme", "is \"" + scheme + "\", not always, first or never");
+      prepend = scheme == "always" ? Prepend::kAlways : scheme == "first" ? Prepend::kFirst : Prepend::kNever;
+    } else {  // files before tokenizers 0.15: add_prefix_space
+      prepend = r.boolean(v, path, "add_prefix_space", true) ? Prepend::kAlways : Prepend::kNever;
+    }
   } else {
-    r.unsupported(path, type, "Sequence, Split, ByteLevel");
+    r.unsupported(path, type, "Sequence, Split, ByteLevel, Metaspace");
   }
 }
 
@@ -387,8 +414,7 @@ void Tokenizer::Impl::read_model(const Reader& r, const Json& m) {
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (m.HasMember(key) && !m[key].IsNull() && !(m[key].IsString() && m[key].GetStringLength() == 0))
       throw r.fail(std::string("model.") + key, "is set, which memrt's byte-level BPE does not implement");
-  if (r.boolean(m, "model", "byte_fallback", false))
-    throw r.fail("model.byte_fallback", "is true: sentencepiece-style BPE (Llama-2, Mistral) is not built yet");
+  byte_fallback = r.boolean(m, "model", "byte_fallback", false);
   fuse_unk = r.boolean(m, "model", "fuse_unk", false);
   ignore_merges = r.boolean(m, "model", "ignore_merges", false);
   const Json& vocab_json = r.member(m, "model", "vocab");
@@ -433,6 +459,10 @@ void Tokenizer::Impl::read_model(const Reader& r, const Json& m) {
   for (int b = 0; b < 256; ++b) {
     const auto it = vocab.find(alphabet.to_char[static_cast<size_t>(b)]);
     byte_ids[static_cast<size_t>(b)] = it == vocab.end() ? -1 : it->second;
+    char name[8];
+    std::snprintf(name, sizeof name, "<0x%02X>", static_cast<unsigned>(b));
+    const auto f = vocab.find(name);
+    fallback_ids[static_cast<size_t>(b)] = f == vocab.end() ? -1 : f->second;
   }
 }
 
@@ -505,9 +535,43 @@ void Tokenizer::Impl::read_post_processor(const Reader& r, const Json& v, const 
 
 void Tokenizer::Impl::read_decoder(const Reader& r, const Json& v, const std::string& path) {
   const std::string type = r.string(v, path, "type");
-  if (type != "ByteLevel") r.unsupported(path, type, "ByteLevel");
-  decoder_byte_level = true;
-  decoder_name = type;
+  has_decoder = true;
+  if (type == "Sequence") {
+    r.each(v, path, "decoders", [&](const Json& step, const std::string& at) { read_decoder(r, step, at); });
+    return;
+  }
+  decoder_name = decoder_name == "none" ? type : decoder_name + " + " + type;
+  Decode d{Decode::kFuse, "", "", 0, 0, false};
+  if (type == "ByteLevel") {
+    d.kind = Decode::kByteLevel;
+  } else if (type == "Replace") {
+    bool is_regex = false;
+    d.kind = Decode::kReplace;
+    d.from = pattern_of(r, v, path, &is_regex);
+    if (is_regex) throw r.fail(path + ".pattern", "is a regex; memrt's Replace decoder takes a string");
+    d.to = r.string(v, path, "content");
+  } else if (type == "ByteFallback") {
+    d.kind = Decode::kByteFallback;
+  } else if (type == "Fuse") {
+    d.kind = Decode::kFuse;
+  } else if (type == "Strip") {
+    d.kind = Decode::kStrip;
+    d.from = r.string(v, path, "content");
+    for (const char* key : {"start", "stop"})
+      if (!r.member(v, path, key).IsInt64() || r.member(v, path, key).GetInt64() < 0)
+        throw r.fail(path + "." + key, "is not a non-negative integer");
+    d.start = v["start"].GetInt64();
+    d.stop = v["stop"].GetInt64();
+  } else if (type == "Metaspace") {
+    d.kind = Decode::kMetaspace;
+    d.from = r.string(v, path, "replacement");
+    const std::string scheme = v.HasMember("prepend_scheme") && v["prepend_scheme"].IsString() ? v["prepend_scheme"].GetString()
+                               : r.boolean(v, path, "add_prefix_space", true) ? "always" : "never";
+    d.prepend_first = scheme != "never";
+  } else {
+    r.unsupported(path, type, "Sequence, ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace");
+  }
+  decoders.push_back(std::move(d));
 }
 
 std::string Tokenizer::Impl::normalize(std::string s) const {
@@ -586,7 +650,7 @@ void Tokenizer::Impl::split_added(std::string_view s, const std::array<std::vect
   if (from < s.size()) text(s.substr(from));
 }
 
-void Tokenizer::Impl::encode_text(std::string_view s, std::vector<int32_t>& out) const {
+void Tokenizer::Impl::encode_text(std::string_view s, bool at_start, std::vector<int32_t>& out) const {
   // Pre-tokenize: each Split step cuts every piece, as tokenizers' behaviors define.
   std::vector<std::string> pieces{std::string(s)};
   for (const Split& split : splits) {
@@ -636,6 +700,33 @@ void Tokenizer::Impl::encode_text(std::string_view s, std::vector<int32_t>& out)
     }
     pieces = std::move(next);
   }
+  if (metaspace) {  // each piece: spaces to the replacement, which is prepended; split before each one
+    for (size_t k = 0; k < pieces.size(); ++k) {
+      std::string& p = pieces[k];
+      if (p.empty()) continue;
+      std::string m;
+      for (char c : p) {
+        if (c == ' ')
+          m += replacement;
+        else
+          m += c;
+      }
+      const bool first = k == 0 && at_start;
+      if ((prepend == Prepend::kAlways || (prepend == Prepend::kFirst && first)) && m.compare(0, replacement.size(), replacement) != 0)
+        m.insert(0, replacement);
+      if (!metaspace_split) {
+        bpe(m, out);
+        continue;
+      }
+      size_t from = 0;  // MergedWithNext: each replacement begins a word
+      for (size_t at = m.find(replacement, 1); at != std::string::npos; at = m.find(replacement, at + replacement.size())) {
+        if (at > from) bpe(std::string_view(m).substr(from, at - from), out);
+        from = at;
+      }
+      bpe(std::string_view(m).substr(from), out);
+    }
+    return;
+  }
   // ByteLevel, on each piece: a space in front (add_prefix_space), GPT-2's regex (use_regex), then
   // the bytes of each word to BPE.
   for (std::string& p : pieces) {
@@ -675,7 +766,11 @@ void Tokenizer::Impl::bpe(std::string_view word, std::vector<int32_t>& out) cons
   const ByteAlphabet& alphabet = byte_alphabet();
   if (ignore_merges) {
     std::string mapped;
-    for (unsigned char c : word) mapped += alphabet.to_char[c];
+    if (byte_level) {
+      for (unsigned char c : word) mapped += alphabet.to_char[c];
+    } else {
+      mapped = std::string(word);
+    }
     if (const auto it = vocab.find(mapped); it != vocab.end()) ids.push_back(it->second);
   }
   if (ids.empty()) {
@@ -687,14 +782,42 @@ void Tokenizer::Impl::bpe(std::string_view word, std::vector<int32_t>& out) cons
     };
     std::vector<Symbol> sym;
     sym.reserve(word.size());
-    for (size_t i = 0; i < word.size(); ++i) {
-      const int32_t id = byte_ids[static_cast<unsigned char>(word[i])];
-      if (id < 0 && !unk) {
+    auto add = [&](int32_t id) {
+      if (!sym.empty()) sym.back().next = static_cast<int>(sym.size());
+      sym.push_back({id, static_cast<int>(sym.size()) - 1, -1});
+    };
+    auto unknown = [&](std::string_view what) {
+      if (!unk) throw Error("tokenizer " + file + ": " + std::string(what) + " has no token and the model has no unk_token");
+      if (!(fuse_unk && !sym.empty() && sym.back().id == *unk)) add(*unk);
+    };
+    if (byte_level) {  // one symbol per byte, as GPT-2's alphabet spells it
+      for (unsigned char c : word) {
+        const int32_t id = byte_ids[c];
+        if (id >= 0) {
+          add(id);
+          continue;
+        }
         char hex[8];
-        std::snprintf(hex, sizeof hex, "0x%02X", static_cast<unsigned>(static_cast<unsigned char>(word[i])));
-        throw Error("tokenizer " + file + ": the byte " + hex + " has no token and the model has no unk_token");
+        std::snprintf(hex, sizeof hex, "0x%02X", static_cast<unsigned>(c));
+        unknown(std::string("the byte ") + hex);
       }
-      sym.push_back({id < 0 ? *unk : id, static_cast<int>(i) - 1, i + 1 < word.size() ? static_cast<int>(i) + 1 : -1});
+    } else {  // one symbol per character; one not in the vocabulary as its bytes' <0xNN> tokens
+      for (size_t i = 0; i < word.size();) {
+        const size_t n = std::max<size_t>(1, utf8_sequence(word, i));
+        const std::string_view c = word.substr(i, n);
+        i += n;
+        if (const auto it = vocab.find(std::string(c)); it != vocab.end()) {
+          add(it->second);
+          continue;
+        }
+        bool all = byte_fallback;
+        for (size_t k = 0; k < c.size() && all; ++k) all = fallback_ids[static_cast<unsigned char>(c[k])] >= 0;
+        if (all) {
+          for (unsigned char b : c) add(fallback_ids[b]);
+        } else {
+          unknown("the character '" + std::string(c) + "'");
+        }
+      }
     }
     struct Candidate {
       int32_t rank;
@@ -725,11 +848,7 @@ void Tokenizer::Impl::bpe(std::string_view word, std::vector<int32_t>& out) cons
       consider(left.prev);
       consider(c.pos);
     }
-    for (int i = 0; i >= 0; i = sym[static_cast<size_t>(i)].next) {
-      const int32_t id = sym[static_cast<size_t>(i)].id;
-      if (fuse_unk && unk && id == *unk && !ids.empty() && ids.back() == *unk) continue;
-      ids.push_back(id);
-    }
+    for (int i = sym.empty() ? -1 : 0; i >= 0; i = sym[static_cast<size_t>(i)].next) ids.push_back(sym[static_cast<size_t>(i)].id);
   }
   out.insert(out.end(), ids.begin(), ids.end());
   cache.words.emplace(std::move(key), std::move(ids));
@@ -770,9 +889,12 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
   t.split_added(
       text, t.raw_by_first,
       [&](std::string_view piece) {
+        const bool piece_first = piece.data() == text.data();
         const std::string normalized = t.normalize(std::string(piece));
-        t.split_added(normalized, t.normalized_by_first, [&](std::string_view rest) { t.encode_text(rest, ids); },
-                      [&](int32_t id) { ids.push_back(id); });
+        t.split_added(
+            normalized, t.normalized_by_first,
+            [&](std::string_view rest) { t.encode_text(rest, piece_first && rest.data() == normalized.data(), ids); },
+            [&](int32_t id) { ids.push_back(id); });
       },
       [&](int32_t id) { ids.push_back(id); });
   if (!add_special_tokens || !t.has_template) return ids;
@@ -819,35 +941,127 @@ std::vector<std::vector<int32_t>> Tokenizer::encode_batch(const std::vector<std:
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const {
   const Impl& t = *impl_;
-  const ByteAlphabet& alphabet = byte_alphabet();
-  std::string bytes;
-  bool first = true;
+  std::vector<std::string> tokens;
   for (int32_t id : ids) {
     if (id < 0 || static_cast<size_t>(id) >= t.tokens.size() || t.tokens[static_cast<size_t>(id)].empty())
       throw Error("tokenizer " + t.file + ": no token has id " + std::to_string(id));
     if (skip_special_tokens && static_cast<size_t>(id) < t.is_special.size() && t.is_special[static_cast<size_t>(id)])
       continue;
-    const std::string& token = t.tokens[static_cast<size_t>(id)];
-    if (!t.decoder_byte_level) {  // no decoder: tokens joined by spaces
-      if (!first) bytes += ' ';
-      bytes += token;
-      first = false;
-      continue;
-    }
-    // Each character back to its byte; a token with a character outside the alphabet (an added
-    // token's text) as it is.
-    std::string mapped;
-    bool all = true;
-    for (size_t i = 0; i < token.size() && all;) {
-      const size_t n = std::max<size_t>(1, utf8_sequence(token, i));
-      const auto it = alphabet.to_byte.find(code_point(token, i, n));
-      all = it != alphabet.to_byte.end();
-      if (all) mapped += static_cast<char>(it->second);
-      i += n;
-    }
-    bytes += all ? mapped : token;
+    tokens.push_back(t.tokens[static_cast<size_t>(id)]);
   }
-  return lossy_utf8(bytes);
+  if (!t.has_decoder) {  // tokenizers without a decoder: the tokens joined by spaces
+    std::string out;
+    for (size_t i = 0; i < tokens.size(); ++i) out += (i ? " " : "") + tokens[i];
+    return out;
+  }
+  const ByteAlphabet& alphabet = byte_alphabet();
+  for (const Impl::Decode& d : t.decoders) {
+    std::vector<std::string> next;
+    switch (d.kind) {
+      case Impl::Decode::kByteLevel: {
+        // Each character back to its byte (a token with a character outside the alphabet, an added
+        // token's text, as it is); all of it one string, invalid UTF-8 replaced.
+        std::string bytes;
+        for (const std::string& token : tokens) {
+          std::string mapped;
+          bool all = true;
+          for (size_t i = 0; i < token.size() && all;) {
+            const size_t n = std::max<size_t>(1, utf8_sequence(token, i));
+            const auto it = alphabet.to_byte.find(code_point(token, i, n));
+            all = it != alphabet.to_byte.end();
+            if (all) mapped += static_cast<char>(it->second);
+            i += n;
+          }
+          bytes += all ? mapped : token;
+        }
+        next.push_back(lossy_utf8(bytes));
+        break;
+      }
+      case Impl::Decode::kReplace:
+        for (const std::string& token : tokens) {
+          std::string r;
+          for (size_t at = 0; at < token.size();) {
+            if (!d.from.empty() && token.compare(at, d.from.size(), d.from) == 0) {
+              r += d.to;
+              at += d.from.size();
+            } else {
+              r += token[at++];
+            }
+          }
+          next.push_back(std::move(r));
+        }
+        break;
+      case Impl::Decode::kByteFallback: {
+        // Runs of <0xNN> tokens become their bytes when those are UTF-8, else one U+FFFD each.
+        std::string bytes;
+        size_t run = 0;
+        auto flush = [&] {
+          if (run == 0) return;
+          bool valid = true;
+          for (size_t i = 0; i < bytes.size() && valid;) {
+            const size_t n = utf8_sequence(bytes, i);
+            valid = n > 0;
+            i += n;
+          }
+          if (valid) {
+            next.push_back(bytes);
+          } else {
+            for (size_t k = 0; k < run; ++k) next.push_back("\xEF\xBF\xBD");
+          }
+          bytes.clear();
+          run = 0;
+        };
+        for (const std::string& token : tokens) {
+          unsigned value = 0;
+          if (token.size() == 6 && token.compare(0, 3, "<0x") == 0 && token[5] == '>' &&
+              std::sscanf(token.c_str() + 3, "%2x", &value) == 1 && std::isxdigit(static_cast<unsigned char>(token[3])) &&
+              std::isxdigit(static_cast<unsigned char>(token[4]))) {
+            bytes += static_cast<char>(value);
+            ++run;
+          } else {
+            flush();
+            next.push_back(token);
+          }
+        }
+        flush();
+        break;
+      }
+      case Impl::Decode::kFuse: {
+        std::string all;
+        for (const std::string& token : tokens) all += token;
+        next.push_back(std::move(all));
+        break;
+      }
+      case Impl::Decode::kStrip:
+        for (std::string token : tokens) {
+          for (int64_t k = 0; k < d.start && token.compare(0, d.from.size(), d.from) == 0; ++k) token.erase(0, d.from.size());
+          for (int64_t k = 0; k < d.stop && token.size() >= d.from.size() &&
+                              token.compare(token.size() - d.from.size(), d.from.size(), d.from) == 0;
+               ++k)
+            token.erase(token.size() - d.from.size());
+          next.push_back(std::move(token));
+        }
+        break;
+      case Impl::Decode::kMetaspace:  // the replacement is a space, except in the first token (dropped)
+        for (size_t i = 0; i < tokens.size(); ++i) {
+          std::string r;
+          for (size_t at = 0; at < tokens[i].size();) {
+            if (tokens[i].compare(at, d.from.size(), d.from) == 0) {
+              if (!(i == 0 && d.prepend_first)) r += ' ';
+              at += d.from.size();
+            } else {
+              r += tokens[i][at++];
+            }
+          }
+          next.push_back(std::move(r));
+        }
+        break;
+    }
+    tokens = std::move(next);
+  }
+  std::string out;
+  for (const std::string& token : tokens) out += token;
+  return out;
 }
 
 int64_t Tokenizer::vocab_size() const { return static_cast<int64_t>(impl_->tokens.size()); }
@@ -870,8 +1084,8 @@ std::string Tokenizer::describe() const {
   std::string pre;
   for (const std::string& n : t.pre_names) pre += (pre.empty() ? "" : " + ") + n;
   return "BPE, " + std::to_string(vocab_size()) + " tokens (" + std::to_string(t.added.size()) + " added), " +
-         (t.byte_level ? "byte-level, " : "") + (t.normalizers.empty() ? "" : "normalized, ") + pre + ", " +
-         t.post_name;
+         (t.byte_level ? "byte-level, " : t.byte_fallback ? "byte fallback, " : "") +
+         (t.normalizers.empty() ? "" : "normalized, ") + (pre.empty() ? "no pre-tokenizer" : pre) + ", " + t.post_name;
 }
 
 }  // namespace memrt

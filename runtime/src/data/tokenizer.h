@@ -1,7 +1,8 @@
 // A Hugging Face tokenizer.json, encoding text to exactly the ids the `tokenizers` library gives
 // (docs/tokenizers.md): added tokens, normalizer, pre-tokenizer, BPE model, post-processor and
-// decoder, of the kinds the GPT-2, Llama-3 and Qwen2 families use. A stage of another kind is an
-// error naming its place in the file, never a different encoding.
+// decoder, of the kinds the GPT-2, Llama-3, Qwen2 (byte-level BPE), Llama-2 and Mistral (BPE with
+// byte fallback, Metaspace) families use. A stage of another kind is an error naming its place in
+// the file, never a different encoding.
 //
 //   const Tokenizer tok = Tokenizer::from_file(dir + "/tokenizer.json");
 //   std::vector<int32_t> ids = tok.encode("Hello world", /*add_special_tokens=*/true);
