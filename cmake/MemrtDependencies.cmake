@@ -125,14 +125,19 @@ if(NOT TARGET memrt_rapidjson)
   target_include_directories(memrt_rapidjson SYSTEM INTERFACE ${RapidJSON_INCLUDE_DIRS} ${RAPIDJSON_INCLUDE_DIRS})
 endif()
 # Tokenizers (runtime/src/data/tokenizer.cpp): PCRE2 runs the pre-tokenizers' Unicode regexes,
-# utf8proc the NFC/NFKC normalizers (Debian's libpcre2-dev and libutf8proc-dev).
+# utf8proc the NFC/NFKC normalizers, libsentencepiece reads tokenizer.model files (Debian's
+# libpcre2-dev, libutf8proc-dev and libsentencepiece-dev).
 find_path(MEMRT_PCRE2_INCLUDE pcre2.h REQUIRED)
 find_library(MEMRT_PCRE2_LIBRARY pcre2-8 REQUIRED)
 find_path(MEMRT_UTF8PROC_INCLUDE utf8proc.h REQUIRED)
 find_library(MEMRT_UTF8PROC_LIBRARY utf8proc REQUIRED)
+find_path(MEMRT_SENTENCEPIECE_INCLUDE sentencepiece_processor.h REQUIRED)
+find_library(MEMRT_SENTENCEPIECE_LIBRARY sentencepiece REQUIRED)
 add_library(memrt_text INTERFACE)
-target_include_directories(memrt_text SYSTEM INTERFACE ${MEMRT_PCRE2_INCLUDE} ${MEMRT_UTF8PROC_INCLUDE})
-target_link_libraries(memrt_text INTERFACE ${MEMRT_PCRE2_LIBRARY} ${MEMRT_UTF8PROC_LIBRARY})
+target_include_directories(memrt_text SYSTEM INTERFACE ${MEMRT_PCRE2_INCLUDE} ${MEMRT_UTF8PROC_INCLUDE}
+                                                     ${MEMRT_SENTENCEPIECE_INCLUDE})
+target_link_libraries(memrt_text INTERFACE ${MEMRT_PCRE2_LIBRARY} ${MEMRT_UTF8PROC_LIBRARY}
+                                           ${MEMRT_SENTENCEPIECE_LIBRARY})
 if(TARGET yaml-cpp::yaml-cpp)
   set(MEMRT_YAML_TARGET yaml-cpp::yaml-cpp)
 else()

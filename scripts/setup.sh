@@ -27,7 +27,8 @@ done
 
 debs=(g++ cmake ninja-build ccache git python3 python3-venv
       rapidjson-dev libyaml-cpp-dev libboost-dev libboost-filesystem-dev
-      libboost-program-options-dev libgtest-dev libgmock-dev libgloo-dev libpcre2-dev libutf8proc-dev)
+      libboost-program-options-dev libgtest-dev libgmock-dev libgloo-dev libpcre2-dev libutf8proc-dev
+      libsentencepiece-dev)
 # The memory report test renders memory_report.html in headless Chromium. Without recommends
 # Chromium pulls in no font, so text would draw as boxes: DejaVu is the one font it needs.
 if [ "$with_test" -eq 1 ]; then
@@ -75,15 +76,17 @@ MEMRT_ACCELERATE_VERSION=1.15.0
 MEMRT_PSUTIL_VERSION=7.2.2
 MEMRT_PEFT_VERSION=0.21.2
 MEMRT_TOKENIZERS_VERSION=0.23.3
-test_stamp="$venv/.memrt-test-deps-bnb$MEMRT_BNB_VERSION-ao$MEMRT_TORCHAO_VERSION-acc$MEMRT_ACCELERATE_VERSION-peft$MEMRT_PEFT_VERSION-tok$MEMRT_TOKENIZERS_VERSION"
+MEMRT_SENTENCEPIECE_VERSION=0.2.0
+test_stamp="$venv/.memrt-test-deps-bnb$MEMRT_BNB_VERSION-ao$MEMRT_TORCHAO_VERSION-acc$MEMRT_ACCELERATE_VERSION-peft$MEMRT_PEFT_VERSION-tok$MEMRT_TOKENIZERS_VERSION-sp$MEMRT_SENTENCEPIECE_VERSION"
 if [ "$with_test" -eq 1 ] && [ ! -f "$test_stamp" ]; then
-  log "installing bitsandbytes==$MEMRT_BNB_VERSION, torchao==$MEMRT_TORCHAO_VERSION, accelerate==$MEMRT_ACCELERATE_VERSION, peft==$MEMRT_PEFT_VERSION and tokenizers==$MEMRT_TOKENIZERS_VERSION into $venv (test oracles)"
+  log "installing bitsandbytes==$MEMRT_BNB_VERSION, torchao==$MEMRT_TORCHAO_VERSION, accelerate==$MEMRT_ACCELERATE_VERSION, peft==$MEMRT_PEFT_VERSION, tokenizers==$MEMRT_TOKENIZERS_VERSION and sentencepiece==$MEMRT_SENTENCEPIECE_VERSION into $venv (test oracles)"
   "$venv/bin/pip" install -q --disable-pip-version-check --no-deps \
       "bitsandbytes==${MEMRT_BNB_VERSION}" "torchao==${MEMRT_TORCHAO_VERSION}" \
       "accelerate==${MEMRT_ACCELERATE_VERSION}" "psutil==${MEMRT_PSUTIL_VERSION}" \
-      "peft==${MEMRT_PEFT_VERSION}" "tokenizers==${MEMRT_TOKENIZERS_VERSION}" >&2
-  "$venv/bin/python" -c "import bitsandbytes, torchao, accelerate, peft, tokenizers" >/dev/null 2>&1 ||
-    { log "bitsandbytes, torchao, accelerate, peft or tokenizers did not import from $venv"; exit 1; }
+      "peft==${MEMRT_PEFT_VERSION}" "tokenizers==${MEMRT_TOKENIZERS_VERSION}" \
+      "sentencepiece==${MEMRT_SENTENCEPIECE_VERSION}" >&2
+  "$venv/bin/python" -c "import bitsandbytes, torchao, accelerate, peft, tokenizers, sentencepiece" >/dev/null 2>&1 ||
+    { log "bitsandbytes, torchao, accelerate, peft, tokenizers or sentencepiece did not import from $venv"; exit 1; }
   touch "$test_stamp"
 fi
 echo "$venv/bin/python"

@@ -8,6 +8,7 @@
 #include <rapidjson/document.h>
 
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -110,6 +111,36 @@ TEST(Tokenizer, TextAndJsonlFilesAreTokenizedAsRunClmTokenizesThem) {
       EXPECT_NE(d->description().find("tokens of " + tokenizer), std::string::npos) << d->description();
     }
   }
+}
+
+// A sentencepiece tokenizer.model (BPE and unigram, byte fallback, trained by sentencepiece at test
+// time): ids and decodes equal sentencepiece's own processor; BOS, and EOS where tokenizer_config.json
+// asks for it, with the special tokens.
+TEST(Tokenizer, ASentencepieceModelEncodesAsSentencepiece) {
+  memrt::test::TempDir dir;
+  ASSERT_TRUE(memrt::test::run_reference("sp_tokenize.py", dir.str()));
+  for (const char* kind : {"bpe", "unigram"}) {
+    SCOPED_TRACE(kind);
+    const Tokenizer tok = Tokenizer::from_file(dir.file(std::string(kind) + "/tokenizer.model"));
+    const rapidjson::Document want = read_json(dir.file(std::string(kind) + "/expected.json"));
+    EXPECT_EQ(tok.vocab_size(), want["vocab_size"].GetInt64());
+    const int32_t bos = want["bos"].GetInt(), eos = want["eos"].GetInt();
+    const bool with_eos = std::string(kind) == "unigram";  // its tokenizer_config.json says add_eos_token
+    EXPECT_EQ(tok.token_to_id("</s>"), std::optional<int32_t>(eos));
+    for (rapidjson::SizeType i = 0; i < want["texts"].Size(); ++i) {
+      const std::string text = str(want["texts"][i]);
+      const std::vector<int32_t> ids = ids_of(want["ids"][i]);
+      EXPECT_EQ(tok.encode(text, false), ids) << "text " << i << ": " << text;
+      std::vector<int32_t> special = ids;
+      special.insert(special.begin(), bos);
+      if (with_eos) special.push_back(eos);
+      EXPECT_EQ(tok.encode(text, true), special) << "text " << i;
+      EXPECT_EQ(tok.decode(ids), str(want["decoded"][i])) << "text " << i;
+      EXPECT_EQ(tok.decode(special, /*skip_special_tokens=*/true), str(want["decoded"][i])) << "text " << i;
+    }
+  }
+  expect_error<FileError>([&] { Tokenizer::from_file(dir.file("none.model")); },
+                          {"none.model", "is not a sentencepiece model"});
 }
 
 TEST(Tokenizer, AStageMemrtDoesNotImplementIsAnErrorNamingIt) {

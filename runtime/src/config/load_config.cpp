@@ -1470,9 +1470,15 @@ void Loader::resolve_model_and_data() {
       }
       if (const ConfigNode* q = hf.find("quantization_config"); q && !q->is_null()) hf_quant_ = *q;
     }
-    // The model's own tokenizer tokenizes text data (docs/tokenizers.md).
-    const fs::path tj = fs::path(cfg.model.name_or_path) / "tokenizer.json";
-    if (fs::is_regular_file(tj, ec)) cfg.data.tokenizer = tj.string();
+    // The model's own tokenizer tokenizes text data (docs/tokenizers.md): its tokenizer.json, else
+    // a sentencepiece tokenizer.model.
+    for (const char* name : {"tokenizer.json", "tokenizer.model"}) {
+      const fs::path file = fs::path(cfg.model.name_or_path) / name;
+      if (fs::is_regular_file(file, ec)) {
+        cfg.data.tokenizer = file.string();
+        break;
+      }
+    }
   } else if (block) {
     ConfigReader r(*block, diag);
     m.arch = r.get<std::string>("arch", "gpt2");

@@ -21,6 +21,7 @@
 
 #include <rapidjson/document.h>
 
+#include "data/sentencepiece_model.h"
 #include "memrt/error.h"
 
 namespace memrt {
@@ -857,6 +858,7 @@ void Tokenizer::Impl::bpe(std::string_view word, std::vector<int32_t>& out) cons
 // ---- public ---------------------------------------------------------------------------------------
 
 Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Tokenizer::Tokenizer(std::unique_ptr<SentencePiece> sp) : sp_(std::move(sp)) {}
 Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
@@ -869,6 +871,8 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& where
 }
 
 Tokenizer Tokenizer::from_file(const std::string& tokenizer_json) {
+  if (tokenizer_json.size() > 6 && tokenizer_json.compare(tokenizer_json.size() - 6, 6, ".model") == 0)
+    return Tokenizer(open_sentencepiece(tokenizer_json));
   std::ifstream in(tokenizer_json, std::ios::binary);
   if (!in) throw FileError(tokenizer_json, "cannot be read (a Hugging Face tokenizer.json)");
   std::stringstream text;
@@ -882,6 +886,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
     if (n == 0) throw Error("tokenizer: the text is not valid UTF-8 at byte " + std::to_string(i));
     i += n;
   }
+  if (sp_) return sentencepiece_encode(*sp_, text, add_special_tokens);
   const Impl& t = *impl_;
   std::vector<int32_t> ids;
   // Added tokens matched on the raw text first, then, in the normalized text between them, those
@@ -940,6 +945,7 @@ std::vector<std::vector<int32_t>> Tokenizer::encode_batch(const std::vector<std:
 }
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const {
+  if (sp_) return sentencepiece_decode(*sp_, ids, skip_special_tokens);
   const Impl& t = *impl_;
   std::vector<std::string> tokens;
   for (int32_t id : ids) {
@@ -1064,9 +1070,12 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special
   return out;
 }
 
-int64_t Tokenizer::vocab_size() const { return static_cast<int64_t>(impl_->tokens.size()); }
+int64_t Tokenizer::vocab_size() const {
+  return sp_ ? sentencepiece_size(*sp_) : static_cast<int64_t>(impl_->tokens.size());
+}
 
 std::optional<int32_t> Tokenizer::token_to_id(const std::string& token) const {
+  if (sp_) return sentencepiece_piece_id(*sp_, token);
   for (const Impl::AddedToken& a : impl_->added)
     if (a.content == token) return a.id;
   const auto it = impl_->vocab.find(token);
@@ -1075,11 +1084,13 @@ std::optional<int32_t> Tokenizer::token_to_id(const std::string& token) const {
 }
 
 std::string Tokenizer::id_to_token(int32_t id) const {
+  if (sp_) return sentencepiece_piece(*sp_, id);
   if (id < 0 || static_cast<size_t>(id) >= impl_->tokens.size()) throw Error("tokenizer: no token has id " + std::to_string(id));
   return impl_->tokens[static_cast<size_t>(id)];
 }
 
 std::string Tokenizer::describe() const {
+  if (sp_) return sentencepiece_describe(*sp_);
   const Impl& t = *impl_;
   std::string pre;
   for (const std::string& n : t.pre_names) pre += (pre.empty() ? "" : " + ") + n;

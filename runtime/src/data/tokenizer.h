@@ -2,7 +2,8 @@
 // (docs/tokenizers.md): added tokens, normalizer, pre-tokenizer, BPE model, post-processor and
 // decoder, of the kinds the GPT-2, Llama-3, Qwen2 (byte-level BPE), Llama-2 and Mistral (BPE with
 // byte fallback, Metaspace) families use. A stage of another kind is an error naming its place in
-// the file, never a different encoding.
+// the file, never a different encoding. A sentencepiece `tokenizer.model` (a directory without a
+// tokenizer.json) encodes through libsentencepiece, with BOS/EOS as tokenizer_config.json says.
 //
 //   const Tokenizer tok = Tokenizer::from_file(dir + "/tokenizer.json");
 //   std::vector<int32_t> ids = tok.encode("Hello world", /*add_special_tokens=*/true);
@@ -21,6 +22,9 @@ namespace memrt {
 class Tokenizer {
  public:
   // memrt::FileError naming the file and the JSON path of what is malformed or not supported.
+  // A path ending in ".model" is a sentencepiece model: encode() as SentencePieceProcessor's
+  // EncodeAsIds, with add_special_tokens the BOS and EOS tokenizer_config.json beside it asks for
+  // (add_bos_token, default true; add_eos_token, default false: transformers' LlamaTokenizer).
   static Tokenizer from_file(const std::string& tokenizer_json);
   static Tokenizer from_json(const std::string& text, const std::string& where);
 
@@ -47,10 +51,13 @@ class Tokenizer {
   std::string describe() const;
 
   struct Impl;
+  struct SentencePiece;
 
  private:
   explicit Tokenizer(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  explicit Tokenizer(std::unique_ptr<SentencePiece> sp);
+  std::unique_ptr<Impl> impl_;        // tokenizer.json
+  std::unique_ptr<SentencePiece> sp_;  // or a sentencepiece model
 };
 
 }  // namespace memrt
