@@ -111,6 +111,15 @@ TEST(Tokenizer, TextAndJsonlFilesAreTokenizedAsRunClmTokenizesThem) {
       EXPECT_NE(d->description().find("tokens of " + tokenizer), std::string::npos) << d->description();
     }
   }
+  // Text that is not UTF-8: an error naming the file and line, before anything is encoded.
+  DataConfig cfg;
+  cfg.tokenizer = dir.file("gpt2/tokenizer.json");
+  std::ofstream(dir.file("latin1.txt"), std::ios::binary) << "one\ntwo\ncaf\xE9 three\n";
+  cfg.train_file = dir.file("latin1.txt");
+  expect_error<FileError>([&] { TokenDataset::open(cfg); }, {"latin1.txt", "line 3", "not valid UTF-8 (byte 3 of the line)"});
+  std::ofstream(dir.file("latin1.jsonl"), std::ios::binary) << "{\"text\": \"ok\"}\n\n{\"text\": \"caf\xE9\"}\n";
+  cfg.train_file = dir.file("latin1.jsonl");
+  expect_error<FileError>([&] { TokenDataset::open(cfg); }, {"latin1.jsonl", "line 3", "byte 3 of its \"text\""});
 }
 
 // A sentencepiece tokenizer.model (BPE and unigram, byte fallback, trained by sentencepiece at test

@@ -48,8 +48,9 @@ void split_lines(std::string_view text, std::vector<std::string_view>& out) {
   }
 }
 
-// fn(text, n) for the "text" field of each line of a JSONL file (blank lines skipped), valid during
-// the call only; a line that is not an object with a string "text" is a FileError naming it.
+// fn(text, n, line number) for the "text" field of each line of a JSONL file (blank lines skipped),
+// valid during the call only; a line that is not an object with a string "text" is a FileError
+// naming it.
 template <typename Fn>
 void for_each_jsonl_text(const std::string& path, const MappedFile& file, Fn fn) {
   const char* p = reinterpret_cast<const char*>(file.data());
@@ -78,7 +79,7 @@ void for_each_jsonl_text(const std::string& path, const MappedFile& file, Fn fn)
                                       "{\"text\": \"...\"} (other fields are ignored)");
       if (!it->value.IsString())
         throw FileError(path, where + "\"text\" must be a string");
-      fn(it->value.GetString(), static_cast<size_t>(it->value.GetStringLength()));
+      fn(it->value.GetString(), static_cast<size_t>(it->value.GetStringLength()), line_no);
     }
     p = eol + 1;
   }
@@ -181,7 +182,7 @@ std::shared_ptr<TokenDataset> TokenDataset::open_jsonl(const std::string& path) 
   MappedFile file(path);
   std::shared_ptr<TokenDataset> d(new TokenDataset());
   int64_t documents = 0;
-  for_each_jsonl_text(path, file, [&](const char* text, size_t n) {
+  for_each_jsonl_text(path, file, [&](const char* text, size_t n, int64_t) {
     d->owned_.append(text, n);
     d->owned_.push_back('\n');  // documents are separated by a newline
     ++documents;
@@ -200,6 +201,7 @@ std::shared_ptr<TokenDataset> TokenDataset::open_tokenized(const std::string& pa
   std::optional<MappedFile> file;
   std::string arena;  // JSONL documents, unescaped
   std::vector<std::string_view> docs;
+  std::vector<int64_t> line_of;  // each document's line in the file
   std::string kind;
   if (path.empty()) {  // the built-in corpus, line by line
     kind = "King James Bible, Genesis, Exodus and Ruth";
@@ -210,15 +212,23 @@ std::shared_ptr<TokenDataset> TokenDataset::open_tokenized(const std::string& pa
     if (ends_with(path, ".jsonl")) {
       kind = "JSONL";
       std::vector<std::pair<size_t, size_t>> spans;
-      for_each_jsonl_text(path, *file, [&](const char* text, size_t n) {
+      for_each_jsonl_text(path, *file, [&](const char* text, size_t n, int64_t line) {
         spans.emplace_back(arena.size(), n);
         arena.append(text, n);
+        line_of.push_back(line);
       });
       for (const auto& [at, n] : spans) docs.emplace_back(arena.data() + at, n);
     } else {
       kind = "text";
       split_lines(all, docs);
     }
+  }
+  for (size_t i = 0; i < docs.size(); ++i) {
+    if (const std::optional<size_t> bad = first_invalid_utf8(docs[i]))
+      throw FileError(path, "line " + std::to_string(line_of.empty() ? static_cast<int64_t>(i) + 1 : line_of[i]) +
+                                ": the text is not valid UTF-8 (byte " + std::to_string(*bad) + " of " +
+                                (line_of.empty() ? "the line" : "its \"text\"") +
+                                "); the tokenizer takes UTF-8 text: convert the file (e.g. iconv -t UTF-8)");
   }
   // Documents encode independently, on the run's threads, and are concatenated in order.
   std::vector<std::vector<int32_t>> encoded;

@@ -880,12 +880,18 @@ Tokenizer Tokenizer::from_file(const std::string& tokenizer_json) {
   return from_json(text.str(), tokenizer_json);
 }
 
-std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
+std::optional<size_t> first_invalid_utf8(std::string_view text) {
   for (size_t i = 0; i < text.size();) {
     const size_t n = utf8_sequence(text, i);
-    if (n == 0) throw Error("tokenizer: the text is not valid UTF-8 at byte " + std::to_string(i));
+    if (n == 0) return i;
     i += n;
   }
+  return std::nullopt;
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
+  if (const std::optional<size_t> bad = first_invalid_utf8(text))
+    throw Error("tokenizer: the text is not valid UTF-8 at byte " + std::to_string(*bad));
   if (sp_) return sentencepiece_encode(*sp_, text, add_special_tokens);
   const Impl& t = *impl_;
   std::vector<int32_t> ids;

@@ -19,6 +19,10 @@
 
 namespace memrt {
 
+// The offset of the first byte of `text` that does not begin a well-formed UTF-8 sequence, if any
+// (what encode() refuses).
+std::optional<size_t> first_invalid_utf8(std::string_view text);
+
 class Tokenizer {
  public:
   // memrt::FileError naming the file and the JSON path of what is malformed or not supported.
