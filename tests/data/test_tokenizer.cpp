@@ -41,6 +41,10 @@ std::vector<int32_t> ids_of(const rapidjson::Value& v) {
 
 std::string str(const rapidjson::Value& v) { return std::string(v.GetString(), v.GetStringLength()); }
 
+size_t want_gpt2_txt_tokens(const memrt::test::TempDir& dir) {
+  return read_json(dir.file("gpt2/expected.json"))["txt_ids"].Size();
+}
+
 // A GPT-2-kind tokenizer.json of four byte tokens and one merge, with `pre_tokenizer` and `model`
 // extras spliced in.
 std::string tiny(const std::string& pre_tokenizer, const std::string& model_extra = "") {
@@ -101,19 +105,37 @@ TEST(Tokenizer, TextAndJsonlFilesAreTokenizedAsRunClmTokenizesThem) {
       DataConfig cfg;
       cfg.train_file = dir.file(file);
       cfg.tokenizer = tokenizer;
-      const std::shared_ptr<TokenDataset> d = TokenDataset::open(cfg);
+      cfg.cache_dir = dir.file("cache");
       const std::vector<int32_t> expected = ids_of(want[std::string(file) == "data.jsonl" ? "jsonl_ids" : "txt_ids"]);
-      ASSERT_EQ(d->num_tokens(), static_cast<int64_t>(expected.size())) << file;
-      std::vector<int64_t> got(expected.size());
-      d->copy_tokens(0, d->num_tokens(), got.data());
-      EXPECT_EQ(std::vector<int32_t>(got.begin(), got.end()), expected) << file;
-      EXPECT_EQ(d->vocab_size(), want["vocab_size"].GetInt64());
-      EXPECT_NE(d->description().find("tokens of " + tokenizer), std::string::npos) << d->description();
+      // Tokenized (and cached), then mapped from the cache: the same tokens and vocabulary.
+      for (const char* from : {"; cached in ", ", from the cache "}) {
+        const std::shared_ptr<TokenDataset> d = TokenDataset::open(cfg);
+        ASSERT_EQ(d->num_tokens(), static_cast<int64_t>(expected.size())) << file;
+        std::vector<int64_t> got(expected.size());
+        d->copy_tokens(0, d->num_tokens(), got.data());
+        EXPECT_EQ(std::vector<int32_t>(got.begin(), got.end()), expected) << file;
+        EXPECT_EQ(d->vocab_size(), want["vocab_size"].GetInt64());
+        EXPECT_NE(d->description().find("tokens of " + tokenizer), std::string::npos) << d->description();
+        EXPECT_NE(d->description().find(from + cfg.cache_dir), std::string::npos) << d->description();
+      }
     }
   }
-  // Text that is not UTF-8: an error naming the file and line, before anything is encoded.
+  // Another tokenizer, or the file changed, is another cache entry: tokenized again.
   DataConfig cfg;
   cfg.tokenizer = dir.file("gpt2/tokenizer.json");
+  cfg.cache_dir = dir.file("cache");
+  cfg.train_file = dir.file("data.txt");
+  EXPECT_NE(TokenDataset::open(cfg)->description().find(", from the cache "), std::string::npos);
+  std::ofstream(dir.file("data.txt"), std::ios::app) << "one line more\n";
+  const std::shared_ptr<TokenDataset> longer = TokenDataset::open(cfg);
+  EXPECT_NE(longer->description().find("; cached in "), std::string::npos) << longer->description();
+  EXPECT_GT(longer->num_tokens(), static_cast<int64_t>(want_gpt2_txt_tokens(dir)));
+  // A cache folder that cannot be made: the data still opens, and says so.
+  std::ofstream(dir.file("not_a_dir")) << "x";
+  cfg.cache_dir = dir.file("not_a_dir") + "/cache";
+  EXPECT_NE(TokenDataset::open(cfg)->description().find("; not cached: "), std::string::npos);
+  cfg.cache_dir = dir.file("cache");
+  // Text that is not UTF-8: an error naming the file and line, before anything is encoded.
   std::ofstream(dir.file("latin1.txt"), std::ios::binary) << "one\ntwo\ncaf\xE9 three\n";
   cfg.train_file = dir.file("latin1.txt");
   expect_error<FileError>([&] { TokenDataset::open(cfg); }, {"latin1.txt", "line 3", "not valid UTF-8 (byte 3 of the line)"});

@@ -333,8 +333,9 @@ TEST(Eval, PeriodicEvalLauncherEvalAndPeftAgree) {
 }
 
 // A model directory with a tokenizer.json (Llama-3 kind, trained by `tokenizers` at test time): the
-// train and eval files are tokenized with it, the run says so, and evaluation covers exactly the
-// windows of its tokens (as many as Hugging Face's run_clm tokenization of the eval file makes).
+// train and eval files are tokenized with it, the run says so, evaluation covers exactly the
+// windows of its tokens (as many as Hugging Face's run_clm tokenization of the eval file makes), and
+// the tokens are cached in dataset_prepared_path.
 TEST(Eval, TheModelsTokenizerTokenizesTrainAndEvalFiles) {
   TempDir dir("eval_tokenizer");
   const fs::path tok = dir.path() / "tok";
@@ -352,6 +353,7 @@ TEST(Eval, TheModelsTokenizerTokenizesTrainAndEvalFiles) {
   const fs::path out = dir.path() / "run";
   const RunResult r = run(kLauncher + " --deepspeed " + (dir.path() / "ds.json").string() + " " +
                           dir.write("train.yaml", "model_name_or_path: " + base.string() + "\nblock_size: 32\n"
+                                                  "dataset_prepared_path: " + (dir.path() / "prepared").string() + "\n"
                                                   "max_steps: 2\ntrain_file: " + (tok / "data.txt").string() +
                                                   "\neval_file: " + (tok / "data.jsonl").string() + "\n") +
                           " --output_dir=" + out.string());
@@ -359,6 +361,10 @@ TEST(Eval, TheModelsTokenizerTokenizesTrainAndEvalFiles) {
   EXPECT_NE(r.out.find("tokens of " + (base / "tokenizer.json").string() + ": BPE"), std::string::npos) << r.out;
   const int64_t eval_tokens = static_cast<int64_t>(read_json(tok / "llama3" / "expected.json")["jsonl_ids"].Size());
   EXPECT_EQ(read_json(out / "eval.json")["windows"].GetInt64(), eval_tokens / 32);
+  // Both files tokenized once, into axolotl's dataset_prepared_path: llm.c token files and their notes.
+  int entries = 0;
+  for (const auto& e : fs::directory_iterator(dir.path() / "prepared")) entries += e.path().extension() == ".bin";
+  EXPECT_EQ(entries, 2);
 }
 
 // Hugging Face's eval_strategy: epoch evaluates at each epoch's last step; axolotl's evals_per_epoch

@@ -107,6 +107,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>> kYamlKeys = 
     {"model_name_or_path", {"model_name_or_path", "base_model"}},
     {"model", {"model"}},
     {"train_file", {"train_file"}},
+    {"dataset_prepared_path", {"dataset_prepared_path", "tokenized_path"}},
     {"eval_file", {"eval_file", "validation_file"}},
     {"eval_steps", {"eval_steps"}},
     {"eval_strategy", {"eval_strategy", "evaluation_strategy"}},
@@ -223,7 +224,6 @@ const std::vector<std::pair<const char*, const char*>> kYamlIgnored = {
     {"template", "memrt trains on plain text"},
     {"chat_template", "memrt trains on plain text"},
     {"model_type", "the architecture comes from the model block or the checkpoint's config.json"},
-    {"dataset_prepared_path", "memrt reads train_file directly"},
     {"torchdistx_path", "not needed"},
     {"loss_watchdog_threshold", "not implemented; see the loss-spike guard example plugin"},
     {"loss_watchdog_patience", "not implemented; see the loss-spike guard example plugin"},
@@ -1543,6 +1543,9 @@ void Loader::resolve_model_and_data() {
 // defaults to logging_steps; epoch: once an epoch; no: only after the last step), axolotl's
 // eval_steps and evals_per_epoch alone.
 void Loader::resolve_eval() {
+  // Where tokenized data is cached; null (axolotl's examples leave it empty): the default.
+  if (const ConfigNode* prepared = yv("dataset_prepared_path"); prepared && !prepared->is_null())
+    cfg.data.cache_dir = prepared->as_string();
   const ConfigNode* file = yv("eval_file");
   if (file) {
     cfg.data.eval_file = file->as_string();
@@ -1690,6 +1693,7 @@ std::string resolved_config_json(const TrainConfig& cfg) {
   data.set("train_file", str(cfg.data.train_file.empty() ? "(built-in corpus)" : cfg.data.train_file));
   data.set("block_size", num(static_cast<double>(cfg.data.block_size)));
   data.set("tokenizer", str(cfg.data.tokenizer.empty() ? "(bytes)" : cfg.data.tokenizer));
+  if (!cfg.data.cache_dir.empty()) data.set("dataset_prepared_path", str(cfg.data.cache_dir));
   if (!cfg.data.eval_file.empty()) {
     data.set("eval_file", str(cfg.data.eval_file));
     ConfigNode eval = ConfigNode::object();

@@ -83,6 +83,9 @@ struct DataConfig {
   // model_name_or_path's tokenizer.json, when it has one: text and JSONL (and the built-in corpus)
   // are tokenized with it; empty: they are bytes (docs/tokenizers.md).
   std::string tokenizer;
+  // Where tokenized data is cached (axolotl's dataset_prepared_path, LLaMA-Factory's tokenized_path);
+  // empty: $XDG_CACHE_HOME/memrt/tokenized, else ~/.cache/memrt/tokenized.
+  std::string cache_dir;
   int64_t block_size = 128;  // tokens per sample (context length)
   // Evaluated as `launcher eval` and eval_steps do (docs/data-and-optim.md, "Evaluation"); the
   // same formats as train_file. Empty: no evaluation.

@@ -1,13 +1,20 @@
 #include "data/dataset.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <optional>
 #include <sstream>
 #include <string_view>
 
 #include <rapidjson/document.h>
 #include <rapidjson/error/en.h>
+#include <rapidjson/stringbuffer.h>
+#include <rapidjson/writer.h>
+#include <unistd.h>
 
 #include "data/mapped_file.h"
 #include "data/tokenizer.h"
@@ -85,6 +92,120 @@ void for_each_jsonl_text(const std::string& path, const MappedFile& file, Fn fn)
   }
 }
 
+// ---- the tokenized cache (docs/tokenizers.md) --------------------------------------------------
+
+namespace fs = std::filesystem;
+
+constexpr char kCacheFormat[] = "memrt-tokenized-1";
+
+uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+uint64_t fnv1a(uint64_t h, const std::string& s) { return fnv1a(h, s.data(), s.size() + 1); }  // with its NUL
+
+// Bytes [at, at + n) of an open file into the hash.
+uint64_t fnv1a_file(uint64_t h, std::ifstream& in, uint64_t at, uint64_t n) {
+  std::string buf(static_cast<size_t>(n), '\0');
+  in.seekg(static_cast<std::streamoff>(at));
+  in.read(buf.data(), static_cast<std::streamsize>(n));
+  return fnv1a(h, buf.data(), static_cast<size_t>(in.gcount()));
+}
+
+std::string default_cache_dir() {
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) return (fs::path(xdg) / "memrt" / "tokenized").string();
+  if (const char* home = std::getenv("HOME"); home && *home) return (fs::path(home) / ".cache" / "memrt" / "tokenized").string();
+  return "";
+}
+
+// The cache entry's name: a hash of the format, the tokenizer (its file and tokenizer_config.json
+// beside it, whole) and the data file (absolute path, size, modification time and its first and
+// last MiB): another tokenizer or an edited, touched or copied file is another entry.
+std::string cache_key(const std::string& path, const std::string& tokenizer) {
+  uint64_t h = fnv1a(1469598103934665603ull, kCacheFormat);
+  for (const fs::path& f : {fs::path(tokenizer), fs::path(tokenizer).parent_path() / "tokenizer_config.json"}) {
+    std::ifstream in(f, std::ios::binary);
+    if (!in) continue;
+    h = fnv1a(h, f.filename().string());
+    h = fnv1a_file(h, in, 0, static_cast<uint64_t>(fs::file_size(f)));
+  }
+  if (path.empty()) {
+    h = fnv1a(h, "built-in corpus " + std::to_string(detail::kBuiltinCorpusSize));
+  } else {
+    const uint64_t size = fs::file_size(path);
+    const auto mtime = fs::last_write_time(path).time_since_epoch().count();
+    h = fnv1a(h, fs::absolute(path).lexically_normal().string() + " " + std::to_string(size) + " " + std::to_string(mtime));
+    std::ifstream in(path, std::ios::binary);
+    constexpr uint64_t kMiB = uint64_t{1} << 20;
+    h = fnv1a_file(h, in, 0, std::min(size, kMiB));
+    if (size > kMiB) h = fnv1a_file(h, in, size - std::min(size - kMiB, kMiB), std::min(size - kMiB, kMiB));
+  }
+  char name[32];
+  std::snprintf(name, sizeof name, "%016llx", static_cast<unsigned long long>(h));
+  return name;
+}
+
+rapidjson::Document read_cache_info(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  rapidjson::Document d;
+  d.Parse(text.str().c_str());
+  if (d.HasParseError() || !d.IsObject() || !d.HasMember("format") || !d["format"].IsString() ||
+      std::string(d["format"].GetString()) != kCacheFormat || !d.HasMember("vocab_size") || !d["vocab_size"].IsInt64() ||
+      !d.HasMember("documents") || !d["documents"].IsInt64() || !d.HasMember("kind") || !d["kind"].IsString())
+    throw FileError(path, "is not a memrt tokenized-cache entry (" + std::string(kCacheFormat) +
+                              "): remove it and its .bin, and the data is tokenized again");
+  return d;
+}
+
+// <entry>.bin (llm.c's uint32 token file) and then <entry>.json, each written to a temporary name
+// and renamed into place: an entry is whole or absent.
+void write_cache(const std::string& entry, const std::vector<uint32_t>& ids, const std::string& kind, int64_t documents,
+                 int64_t vocab_size, const std::string& what, const std::string& tokenizer) {
+  fs::create_directories(fs::path(entry).parent_path());
+  const std::string tmp = "." + std::to_string(::getpid()) + ".tmp";
+  {
+    std::ofstream out(entry + ".bin" + tmp, std::ios::binary);
+    std::vector<int32_t> header(256, 0);
+    header[0] = 20240520;  // llm.c's magic; version 2: uint32 tokens
+    header[1] = 2;
+    header[2] = static_cast<int32_t>(ids.size());
+    out.write(reinterpret_cast<const char*>(header.data()), static_cast<std::streamsize>(header.size() * 4));
+    out.write(reinterpret_cast<const char*>(ids.data()), static_cast<std::streamsize>(ids.size() * 4));
+    out.close();
+    if (!out) throw FileError(entry + ".bin", "cannot be written");
+  }
+  fs::rename(entry + ".bin" + tmp, entry + ".bin");
+  {
+    rapidjson::StringBuffer sb;
+    rapidjson::Writer<rapidjson::StringBuffer> w(sb);
+    w.StartObject();
+    w.Key("format");
+    w.String(kCacheFormat);
+    w.Key("data");
+    w.String(what.c_str());
+    w.Key("tokenizer");
+    w.String(tokenizer.c_str());
+    w.Key("kind");
+    w.String(kind.c_str());
+    w.Key("documents");
+    w.Int64(documents);
+    w.Key("tokens");
+    w.Int64(static_cast<int64_t>(ids.size()));
+    w.Key("vocab_size");
+    w.Int64(vocab_size);
+    w.EndObject();
+    std::ofstream out(entry + ".json" + tmp, std::ios::binary);
+    out << sb.GetString() << "\n";
+    out.close();
+    if (!out) throw FileError(entry + ".json", "cannot be written");
+  }
+  fs::rename(entry + ".json" + tmp, entry + ".json");
+}
+
 int32_t read_i32(const uint8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);  // the files are little-endian, as is every host memrt builds for
@@ -98,7 +219,7 @@ TokenDataset::~TokenDataset() = default;
 std::shared_ptr<TokenDataset> TokenDataset::open(const DataConfig& cfg) {
   const std::string& path = cfg.train_file;
   if (ends_with(path, ".bin")) return open_bin(path);
-  if (!cfg.tokenizer.empty()) return open_tokenized(path, cfg.tokenizer);
+  if (!cfg.tokenizer.empty()) return open_tokenized(path, cfg.tokenizer, cfg.cache_dir);
   if (path.empty()) return builtin_corpus();
   if (ends_with(path, ".jsonl")) return open_jsonl(path);
   return open_text(path);
@@ -196,7 +317,20 @@ std::shared_ptr<TokenDataset> TokenDataset::open_jsonl(const std::string& path) 
   return d;
 }
 
-std::shared_ptr<TokenDataset> TokenDataset::open_tokenized(const std::string& path, const std::string& tokenizer_json) {
+std::shared_ptr<TokenDataset> TokenDataset::open_tokenized(const std::string& path, const std::string& tokenizer_json,
+                                                           const std::string& cache_dir) {
+  const std::string what = path.empty() ? std::string("built-in corpus") : path;
+  const std::string dir = cache_dir.empty() ? default_cache_dir() : cache_dir;
+  const std::string entry = dir.empty() ? std::string() : (fs::path(dir) / cache_key(path, tokenizer_json)).string();
+  if (!entry.empty() && fs::exists(entry + ".json") && fs::exists(entry + ".bin")) {  // tokenized before
+    const rapidjson::Document info = read_cache_info(entry + ".json");
+    std::shared_ptr<TokenDataset> d = open_bin(entry + ".bin");
+    d->vocab_size_ = info["vocab_size"].GetInt64();
+    d->description_ = what + " (" + info["kind"].GetString() + ", " + std::to_string(info["documents"].GetInt64()) +
+                      " documents, " + std::to_string(d->num_tokens_) + " tokens of " + tokenizer_json +
+                      ", from the cache " + entry + ".bin)";
+    return d;
+  }
   const Tokenizer tok = Tokenizer::from_file(tokenizer_json);
   std::optional<MappedFile> file;
   std::string arena;  // JSONL documents, unescaped
@@ -252,9 +386,18 @@ std::shared_ptr<TokenDataset> TokenDataset::open_tokenized(const std::string& pa
   d->num_tokens_ = static_cast<int64_t>(d->owned_ids_.size());
   d->bytes_per_token_ = 4;
   d->vocab_size_ = tok.vocab_size();
-  d->description_ = (path.empty() ? std::string("built-in corpus") : path) + " (" + kind + ", " +
-                    std::to_string(docs.size()) + " documents, " + std::to_string(d->num_tokens_) +
-                    " tokens of " + tokenizer_json + ": " + tok.describe() + ")";
+  d->description_ = what + " (" + kind + ", " + std::to_string(docs.size()) + " documents, " +
+                    std::to_string(d->num_tokens_) + " tokens of " + tokenizer_json + ": " + tok.describe();
+  if (entry.empty()) {
+    d->description_ += "; not cached: neither XDG_CACHE_HOME nor HOME is set)";
+    return d;
+  }
+  try {
+    write_cache(entry, d->owned_ids_, kind, static_cast<int64_t>(docs.size()), d->vocab_size_, what, tokenizer_json);
+    d->description_ += "; cached in " + entry + ".bin)";
+  } catch (const std::exception& e) {
+    d->description_ += std::string("; not cached: ") + e.what() + ")";
+  }
   return d;
 }
 

@@ -40,8 +40,11 @@ class TokenDataset {
   static std::shared_ptr<TokenDataset> open_jsonl(const std::string& path);
   // The documents of a text file (each line with its newline), a JSONL file (each "text") or the
   // built-in corpus (path ""), each encoded with add_special_tokens as Hugging Face's run_clm does,
-  // concatenated (uint32 tokens; vocab_size() the tokenizer's).
-  static std::shared_ptr<TokenDataset> open_tokenized(const std::string& path, const std::string& tokenizer_json);
+  // concatenated (uint32 tokens; vocab_size() the tokenizer's). Cached in `cache_dir` ("" the
+  // default, docs/tokenizers.md "The tokenized cache"): a later open of the same file with the same
+  // tokenizer maps the cached tokens; a cache that cannot be written is said in description().
+  static std::shared_ptr<TokenDataset> open_tokenized(const std::string& path, const std::string& tokenizer_json,
+                                                      const std::string& cache_dir = "");
 
   ~TokenDataset();
 

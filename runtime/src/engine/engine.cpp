@@ -236,7 +236,17 @@ void Engine::setup() {
   std::shared_ptr<TokenDataset> data;
   {
     memory::Scope data_scope(Category::kOther);
-    data = TokenDataset::open(cfg_.data);
+    // With a tokenizer, rank 0 tokenizes first and caches the tokens; the other ranks then map them.
+    DataConfig eval = cfg_.data;
+    eval.train_file = eval.eval_file;
+    std::shared_ptr<TokenDataset> opened;
+    auto open = [&] {
+      data = TokenDataset::open(cfg_.data);
+      if (!cfg_.data.eval_file.empty()) opened = TokenDataset::open(eval);
+    };
+    if (main) open();
+    if (!cfg_.data.tokenizer.empty() && run_.world_size > 1) dist_->barrier();
+    if (!main) open();
     if (data->vocab_size() > run_.shape.vocab_size) {
       throw ConfigError(cfg_.train_yaml_path, "model.vocab_size",
                         "the data has token ids up to " + std::to_string(data->vocab_size() - 1) +
@@ -248,10 +258,7 @@ void Engine::setup() {
     loader_ = std::make_unique<DataLoader>(data, cfg_.data.block_size, cfg_.micro_batch_size,
                                            cfg_.grad_accum_steps, run_.rank, run_.world_size,
                                            cfg_.seed);
-    if (!cfg_.data.eval_file.empty()) {
-      DataConfig eval = cfg_.data;
-      eval.train_file = eval.eval_file;
-      std::shared_ptr<TokenDataset> opened = TokenDataset::open(eval);
+    if (opened) {
       if (opened->vocab_size() > run_.shape.vocab_size) {
         throw FileError(eval.eval_file, "has token ids up to " + std::to_string(opened->vocab_size() - 1) +
                                             " but the model's vocab_size is " + std::to_string(run_.shape.vocab_size));
