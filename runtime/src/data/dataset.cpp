@@ -321,7 +321,12 @@ std::shared_ptr<TokenDataset> TokenDataset::open_tokenized(const std::string& pa
                                                            const std::string& cache_dir) {
   const std::string what = path.empty() ? std::string("built-in corpus") : path;
   const std::string dir = cache_dir.empty() ? default_cache_dir() : cache_dir;
-  const std::string entry = dir.empty() ? std::string() : (fs::path(dir) / cache_key(path, tokenizer_json)).string();
+  std::string entry;  // the cache entry, without its extension; "" for none
+  try {
+    if (!dir.empty()) entry = (fs::path(dir) / cache_key(path, tokenizer_json)).string();
+  } catch (const std::exception&) {
+    // An unreadable data or tokenizer file: reading it below says what is wrong.
+  }
   if (!entry.empty() && fs::exists(entry + ".json") && fs::exists(entry + ".bin")) {  // tokenized before
     const rapidjson::Document info = read_cache_info(entry + ".json");
     std::shared_ptr<TokenDataset> d = open_bin(entry + ".bin");
@@ -389,7 +394,7 @@ std::shared_ptr<TokenDataset> TokenDataset::open_tokenized(const std::string& pa
   d->description_ = what + " (" + kind + ", " + std::to_string(docs.size()) + " documents, " +
                     std::to_string(d->num_tokens_) + " tokens of " + tokenizer_json + ": " + tok.describe();
   if (entry.empty()) {
-    d->description_ += "; not cached: neither XDG_CACHE_HOME nor HOME is set)";
+    d->description_ += "; not cached: neither dataset_prepared_path, XDG_CACHE_HOME nor HOME is set)";
     return d;
   }
   try {
