@@ -1102,7 +1102,8 @@ std::string Tokenizer::describe() const {
   for (const std::string& n : t.pre_names) pre += (pre.empty() ? "" : " + ") + n;
   return "BPE, " + std::to_string(vocab_size()) + " tokens (" + std::to_string(t.added.size()) + " added), " +
          (t.byte_level ? "byte-level, " : t.byte_fallback ? "byte fallback, " : "") +
-         (t.normalizers.empty() ? "" : "normalized, ") + (pre.empty() ? "no pre-tokenizer" : pre) + ", " + t.post_name;
+         (t.normalizers.empty() ? "" : "normalized, ") + (pre.empty() ? "no pre-tokenizer" : pre) + ", " + t.post_name +
+         ", decoder " + t.decoder_name;
 }
 
 }  // namespace memrt

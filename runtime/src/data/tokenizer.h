@@ -51,7 +51,8 @@ class Tokenizer {
   std::optional<int32_t> token_to_id(const std::string& token) const;
   // The token's string as the vocabulary spells it (byte-level: GPT-2's byte alphabet).
   std::string id_to_token(int32_t id) const;
-  // e.g. "BPE, 128256 tokens (256 added), byte-level, Split + ByteLevel, TemplateProcessing".
+  // e.g. "BPE, 128256 tokens (256 added), byte-level, Split + ByteLevel, TemplateProcessing,
+  // decoder ByteLevel".
   std::string describe() const;
 
   struct Impl;
