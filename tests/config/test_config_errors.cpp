@@ -19,6 +19,7 @@ struct BadConfig {
 };
 
 const std::string kMbs = R"("train_micro_batch_size_per_gpu": 4)";
+const std::string kReadme = std::string(MEMRT_SOURCE_DIR) + "/README.md";  // a file that exists
 
 std::vector<BadConfig> bad_configs() {
   return {
@@ -110,8 +111,16 @@ std::vector<BadConfig> bad_configs() {
        {"YAML", "'lr_scheduler_type'", "linear (the default), cosine, constant, constant_with_warmup"}},
       {"unknown_optim", "", "optim: adafactor\n", {}, 1,
        {"YAML", "'optim'", "adamw_torch", "sgd"}},
-      {"hub_dataset", "", "datasets:\n  - path: tatsu-lab/alpaca\n", {}, 1,
-       {"YAML", "'datasets'", "train_file"}},
+      {"hub_dataset", "", "datasets:\n  - path: tatsu-lab/alpaca\n    type: alpaca\n", {}, 1,
+       {"YAML", "'datasets[0].path'", "tatsu-lab/alpaca", "does not download Hub datasets", ".jsonl"}},
+      {"dataset_type_not_supported", "", "datasets:\n  - path: " + kReadme + "\n    type: chat_template\n", {}, 1,
+       {"YAML", "'datasets[0].type'", "\"chat_template\"", "type: alpaca"}},
+      {"dataset_and_train_file", "", "train_file: " + kReadme + "\ndatasets:\n  - path: " + kReadme + "\n    type: alpaca\n", {}, 1,
+       {"YAML", "'datasets'", "train_file", "keep one"}},
+      {"dataset_entry_key", "", "datasets:\n  - path: " + kReadme + "\n    type: alpaca\n    shards: 4\n", {}, 1,
+       {"YAML", "'datasets[0].shards'", "{path, type}"}},
+      {"train_on_inputs_against_completion_only", "", "train_on_inputs: true\ncompletion_only_loss: true\n", {}, 1,
+       {"YAML", "'train_on_inputs'", "completion_only_loss", "opposite"}},
       {"gradient_allreduce_sum", "{" + kMbs + R"(, "gradient_allreduce_op": "sum"})", "", {}, 1,
        {"DS", "'gradient_allreduce_op'", "\"mean\""}},
       {"stochastic_round_with_masters", "{" + kMbs + R"(, "bf16": {"enabled": true}, "optimizer": {"type": "AdamW", "params": {"bf16_stochastic_round": true}}})", "", {}, 1,

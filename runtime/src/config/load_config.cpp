@@ -107,6 +107,10 @@ const std::vector<std::pair<std::string, std::vector<std::string>>> kYamlKeys = 
     {"model_name_or_path", {"model_name_or_path", "base_model"}},
     {"model", {"model"}},
     {"train_file", {"train_file"}},
+    {"datasets", {"datasets"}},
+    {"train_on_inputs", {"train_on_inputs"}},
+    {"completion_only_loss", {"completion_only_loss"}},
+    {"pad_to_sequence_len", {"pad_to_sequence_len"}},
     {"dataset_prepared_path", {"dataset_prepared_path", "tokenized_path"}},
     {"eval_file", {"eval_file", "validation_file"}},
     {"eval_steps", {"eval_steps"}},
@@ -208,8 +212,8 @@ const std::vector<std::pair<const char*, const char*>> kYamlIgnored = {
     {"eval_sample_packing", "memrt always packs the eval text into contiguous block_size windows"},
     {"eval_accumulation_steps", "memrt sums the eval loss as it goes; nothing is accumulated"},
     {"prediction_loss_only", "memrt's evaluation computes the loss alone"},
-    {"sample_packing", "memrt always packs text into contiguous block_size samples"},
-    {"pad_to_sequence_len", "memrt always packs text into contiguous block_size samples"},
+    {"sample_packing", "text files are cut into contiguous block_size samples; records are padded, not packed, "
+                       "which trains the same"},
     {"dataloader_num_workers", "memrt's data loader has no worker processes"},
     {"preprocessing_num_workers", "memrt's data loader has no worker processes"},
     {"dataset_num_proc", "memrt's data loader has no worker processes"},
@@ -232,7 +236,6 @@ const std::vector<std::pair<const char*, const char*>> kYamlIgnored = {
 
 // Keys of other tools whose meaning memrt cannot honour: ignoring them would change the training.
 const std::vector<std::pair<const char*, const char*>> kYamlRejected = {
-    {"datasets", "memrt reads a local train_file (text, .bin tokens or JSONL with a \"text\" field); set train_file"},
     {"dataset", "memrt reads a local train_file (text, .bin tokens or JSONL with a \"text\" field); set train_file"},
     {"dataset_name", "memrt reads a local train_file (text, .bin tokens or JSONL with a \"text\" field); set train_file"},
     {"dataset_mixer", "memrt reads a local train_file (text, .bin tokens or JSONL with a \"text\" field); set train_file"},
@@ -374,6 +377,7 @@ struct Loader {
   void resolve_plugins(const ConfigNode* plugins);
   void resolve_model_and_data();
   void resolve_eval();
+  void resolve_records();
   int64_t model_width() const;
   void add_plugin(const std::string& name, std::string first_key, std::vector<std::string> keys,
                   ConfigNode options);
@@ -1536,7 +1540,57 @@ void Loader::resolve_model_and_data() {
                      "current directory); leave train_file out to use the built-in corpus");
     }
   }
+  resolve_records();
   resolve_eval();
+}
+
+// Fine-tuning records: axolotl's datasets: [{path, type}] of local files (docs/tokenizers.md), and
+// which of their tokens the loss counts.
+void Loader::resolve_records() {
+  if (const ConfigNode* list = yv("datasets")) {
+    if (yv("train_file"))
+      throw list->error("and " + where(*yv("train_file")) + " both name the training data; keep one");
+    if (!list->is_array() || list->as_array().empty())
+      throw list->error("expected a list of datasets such as [{path: data.jsonl, type: alpaca}]");
+    for (const ConfigNode& item : list->as_array()) {
+      if (!item.is_object()) throw item.error("expected {path: FILE, type: alpaca}, found " + item.describe());
+      DatasetSource src;
+      for (const auto& [key, value] : item.members()) {
+        if (key == "path") {
+          src.path = value.as_string();
+        } else if (key == "type") {
+          src.type = value.as_string();
+        } else if (key == "ds_type" || key == "split") {
+          const std::string v = value.as_string();
+          if ((key == "ds_type" && v != "json") || (key == "split" && v != "train"))
+            throw value.error("is \"" + v + "\"; memrt reads local JSON/JSONL files whole (ds_type: json, split: train)");
+        } else {
+          throw value.error("is not supported in a dataset entry; memrt reads {path, type} (ds_type: json and "
+                            "split: train allowed)");
+        }
+      }
+      const ConfigNode* type = item.find("type");
+      if (!type) throw item.error("has no type; memrt reads type: alpaca records (prompt/completion JSONL as train_file)");
+      if (src.type != "alpaca")
+        throw type->error("is \"" + src.type + "\"; memrt reads type: alpaca here (chat_template and sharegpt "
+                          "types are not supported yet; prompt/completion JSONL goes in train_file)");
+      const ConfigNode* path = item.find("path");
+      if (!path) throw item.error("has no path; expected {path: FILE, type: alpaca}");
+      std::error_code ec;
+      if (!fs::is_regular_file(src.path, ec))
+        throw path->error("is \"" + src.path + "\", which is not a local file: memrt does not download Hub datasets; "
+                          "download it (e.g. huggingface-cli download --repo-type dataset NAME) and set path to its "
+                          ".jsonl or .json file");
+      cfg.data.datasets.push_back(src);
+    }
+  }
+  const ConfigNode* inputs = yv("train_on_inputs");
+  const ConfigNode* completion_only = yv("completion_only_loss");
+  if (inputs && completion_only && inputs->as_bool() == completion_only->as_bool())
+    throw inputs->error("is " + inputs->to_json(0) + " but " + where(*completion_only) + " is " +
+                        completion_only->to_json(0) + ": they say opposite things about the prompt's tokens; keep one");
+  cfg.data.train_on_prompt = inputs ? inputs->as_bool() : completion_only ? !completion_only->as_bool() : false;
+  if (const ConfigNode* pad = yv("pad_to_sequence_len")) cfg.data.pad_to_block = pad->as_bool();
 }
 
 // eval_file and when to evaluate it: Hugging Face's eval_strategy (steps: every eval_steps, which
@@ -1690,7 +1744,20 @@ std::string resolved_config_json(const TrainConfig& cfg) {
   }
   root.set("model", model);
   ConfigNode data = ConfigNode::object();
-  data.set("train_file", str(cfg.data.train_file.empty() ? "(built-in corpus)" : cfg.data.train_file));
+  if (cfg.data.datasets.empty()) {
+    data.set("train_file", str(cfg.data.train_file.empty() ? "(built-in corpus)" : cfg.data.train_file));
+  } else {
+    ConfigNode list = ConfigNode::array();
+    for (const DatasetSource& src : cfg.data.datasets) {
+      ConfigNode d = ConfigNode::object();
+      d.set("path", str(src.path));
+      d.set("type", str(src.type));
+      list.push_back(d);
+    }
+    data.set("datasets", list);
+  }
+  data.set("train_on_inputs", ConfigNode::boolean(cfg.data.train_on_prompt));
+  data.set("pad_to_sequence_len", ConfigNode::boolean(cfg.data.pad_to_block));
   data.set("block_size", num(static_cast<double>(cfg.data.block_size)));
   data.set("tokenizer", str(cfg.data.tokenizer.empty() ? "(bytes)" : cfg.data.tokenizer));
   if (!cfg.data.cache_dir.empty()) data.set("dataset_prepared_path", str(cfg.data.cache_dir));

@@ -78,8 +78,21 @@ struct ModelConfig {
   double init_std = 0.02;
 };
 
+// A file of fine-tuning records (axolotl's `datasets:` entry; docs/tokenizers.md, "Datasets").
+struct DatasetSource {
+  std::string path;
+  std::string type;  // "alpaca" | "prompt_completion" (data/records.h)
+};
+
 struct DataConfig {
   std::string train_file;  // empty: the built-in corpus
+  // Non-empty: the run trains on these records, one sample each, instead of train_file.
+  std::vector<DatasetSource> datasets;
+  // Records: the loss counts the prompt's tokens too (axolotl's train_on_inputs; TRL's
+  // completion_only_loss: false). Samples are padded to the longest of their micro-batch, or to
+  // block_size with pad_to_sequence_len.
+  bool train_on_prompt = false;
+  bool pad_to_block = false;
   // model_name_or_path's tokenizer.json, when it has one: text and JSONL (and the built-in corpus)
   // are tokenized with it; empty: they are bytes (docs/tokenizers.md).
   std::string tokenizer;

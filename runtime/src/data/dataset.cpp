@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "data/mapped_file.h"
+#include "data/records.h"
 #include "data/tokenizer.h"
 #include "memrt/error.h"
 
@@ -121,9 +122,10 @@ std::string default_cache_dir() {
 }
 
 // The cache entry's name: a hash of the format, the tokenizer (its file and tokenizer_config.json
-// beside it, whole) and the data file (absolute path, size, modification time and its first and
-// last MiB): another tokenizer or an edited, touched or copied file is another entry.
-std::string cache_key(const std::string& path, const std::string& tokenizer) {
+// beside it, whole), the data files (absolute path, size, modification time and its first and
+// last MiB) and the options that shape the samples: another tokenizer, an edited, touched or copied
+// file or another option is another entry.
+std::string cache_key(const std::vector<std::string>& paths, const std::string& tokenizer, const std::string& options) {
   uint64_t h = fnv1a(1469598103934665603ull, kCacheFormat);
   for (const fs::path& f : {fs::path(tokenizer), fs::path(tokenizer).parent_path() / "tokenizer_config.json"}) {
     std::ifstream in(f, std::ios::binary);
@@ -131,9 +133,11 @@ std::string cache_key(const std::string& path, const std::string& tokenizer) {
     h = fnv1a(h, f.filename().string());
     h = fnv1a_file(h, in, 0, static_cast<uint64_t>(fs::file_size(f)));
   }
-  if (path.empty()) {
-    h = fnv1a(h, "built-in corpus " + std::to_string(detail::kBuiltinCorpusSize));
-  } else {
+  for (const std::string& path : paths) {
+    if (path.empty()) {
+      h = fnv1a(h, "built-in corpus " + std::to_string(detail::kBuiltinCorpusSize));
+      continue;
+    }
     const uint64_t size = fs::file_size(path);
     const auto mtime = fs::last_write_time(path).time_since_epoch().count();
     h = fnv1a(h, fs::absolute(path).lexically_normal().string() + " " + std::to_string(size) + " " + std::to_string(mtime));
@@ -142,6 +146,7 @@ std::string cache_key(const std::string& path, const std::string& tokenizer) {
     h = fnv1a_file(h, in, 0, std::min(size, kMiB));
     if (size > kMiB) h = fnv1a_file(h, in, size - std::min(size - kMiB, kMiB), std::min(size - kMiB, kMiB));
   }
+  if (!options.empty()) h = fnv1a(h, options);
   char name[32];
   std::snprintf(name, sizeof name, "%016llx", static_cast<unsigned long long>(h));
   return name;
@@ -161,12 +166,34 @@ rapidjson::Document read_cache_info(const std::string& path) {
   return d;
 }
 
-// <entry>.bin (llm.c's uint32 token file) and then <entry>.json, each written to a temporary name
-// and renamed into place: an entry is whole or absent.
+// Records' label masks and sample boundaries, beside the tokens.
+struct CachedSamples {
+  const std::vector<uint8_t>& labels;
+  const std::vector<int64_t>& offsets;
+};
+
+// A whole file written to a temporary name and renamed into place.
+void write_file(const std::string& path, const void* data, size_t bytes) {
+  const std::string tmp = path + "." + std::to_string(::getpid()) + ".tmp";
+  std::ofstream out(tmp, std::ios::binary);
+  out.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
+  out.close();
+  if (!out) throw FileError(path, "cannot be written");
+  fs::rename(tmp, path);
+}
+
+// <entry>.bin (llm.c's uint32 token file), for records <entry>.labels (a byte per token) and
+// <entry>.samples (int64 boundaries), and last <entry>.json, each written to a temporary name and
+// renamed into place: an entry is whole or absent.
 void write_cache(const std::string& entry, const std::vector<uint32_t>& ids, const std::string& kind, int64_t documents,
-                 int64_t vocab_size, const std::string& what, const std::string& tokenizer) {
+                 int64_t vocab_size, const std::string& what, const std::string& tokenizer,
+                 const std::optional<CachedSamples>& samples = std::nullopt) {
   fs::create_directories(fs::path(entry).parent_path());
   const std::string tmp = "." + std::to_string(::getpid()) + ".tmp";
+  if (samples) {
+    write_file(entry + ".labels", samples->labels.data(), samples->labels.size());
+    write_file(entry + ".samples", samples->offsets.data(), samples->offsets.size() * sizeof(int64_t));
+  }
   {
     std::ofstream out(entry + ".bin" + tmp, std::ios::binary);
     std::vector<int32_t> header(256, 0);
@@ -197,6 +224,10 @@ void write_cache(const std::string& entry, const std::vector<uint32_t>& ids, con
     w.Int64(static_cast<int64_t>(ids.size()));
     w.Key("vocab_size");
     w.Int64(vocab_size);
+    if (samples) {
+      w.Key("samples");
+      w.Int64(static_cast<int64_t>(samples->offsets.size()) - 1);
+    }
     w.EndObject();
     std::ofstream out(entry + ".json" + tmp, std::ios::binary);
     out << sb.GetString() << "\n";
@@ -204,6 +235,30 @@ void write_cache(const std::string& entry, const std::vector<uint32_t>& ids, con
     if (!out) throw FileError(entry + ".json", "cannot be written");
   }
   fs::rename(entry + ".json" + tmp, entry + ".json");
+}
+
+// The fields of a JSONL file's first record, which say its shape (TRL detects a dataset's type so).
+std::vector<std::string> first_record_fields(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<std::string> fields;
+  if (ends_with(path, ".json")) {  // an array of records
+    std::stringstream text;
+    text << in.rdbuf();
+    rapidjson::Document d;
+    d.Parse(text.str().c_str());
+    if (!d.HasParseError() && d.IsArray() && !d.Empty() && d[0].IsObject())
+      for (const auto& m : d[0].GetObject()) fields.emplace_back(m.name.GetString(), m.name.GetStringLength());
+    return fields;
+  }
+  for (std::string line; std::getline(in, line);) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    rapidjson::Document d;
+    d.Parse(line.c_str());
+    if (!d.HasParseError() && d.IsObject())
+      for (const auto& m : d.GetObject()) fields.emplace_back(m.name.GetString(), m.name.GetStringLength());
+    break;
+  }
+  return fields;
 }
 
 int32_t read_i32(const uint8_t* p) {
@@ -218,7 +273,33 @@ TokenDataset::~TokenDataset() = default;
 
 std::shared_ptr<TokenDataset> TokenDataset::open(const DataConfig& cfg) {
   const std::string& path = cfg.train_file;
+  if (!cfg.datasets.empty()) {
+    if (cfg.tokenizer.empty())
+      throw FileError(cfg.datasets.front().path, "fine-tuning records are tokenized with the model's tokenizer: set "
+                                                 "model_name_or_path to a directory with a tokenizer.json (or tokenizer.model)");
+    return open_records(cfg.datasets, cfg.tokenizer, cfg.block_size, cfg.train_on_prompt, cfg.cache_dir);
+  }
   if (ends_with(path, ".bin")) return open_bin(path);
+  if (ends_with(path, ".jsonl") || ends_with(path, ".json")) {  // a record's fields say its shape, as in TRL
+    const std::vector<std::string> fields = first_record_fields(path);
+    auto has = [&](const char* f) { return std::find(fields.begin(), fields.end(), f) != fields.end(); };
+    if (has("prompt") && has("completion")) {
+      DataConfig records = cfg;
+      records.datasets = {{path, "prompt_completion"}};
+      return open(records);
+    }
+    for (const char* chat : {"messages", "conversations"})
+      if (has(chat))
+        throw FileError(path, std::string("holds conversations (\"") + chat +
+                                  "\"), which are rendered with a chat template: not supported yet (docs/tokenizers.md); "
+                                  "use prompt/completion records, or axolotl's datasets: [{path, type: alpaca}]");
+    if (has("instruction") && has("output"))
+      throw FileError(path, "holds alpaca records (instruction/output): name the file in axolotl's "
+                            "datasets: [{path: " + path + ", type: alpaca}] instead of train_file");
+    if (ends_with(path, ".json"))
+      throw FileError(path, "a .json file holds records (prompt/completion, or alpaca through datasets:); "
+                            "text goes in a .txt file or a JSONL file with a \"text\" field per line");
+  }
   if (!cfg.tokenizer.empty()) return open_tokenized(path, cfg.tokenizer, cfg.cache_dir);
   if (path.empty()) return builtin_corpus();
   if (ends_with(path, ".jsonl")) return open_jsonl(path);
@@ -323,7 +404,7 @@ std::shared_ptr<TokenDataset> TokenDataset::open_tokenized(const std::string& pa
   const std::string dir = cache_dir.empty() ? default_cache_dir() : cache_dir;
   std::string entry;  // the cache entry, without its extension; "" for none
   try {
-    if (!dir.empty()) entry = (fs::path(dir) / cache_key(path, tokenizer_json)).string();
+    if (!dir.empty()) entry = (fs::path(dir) / cache_key({path}, tokenizer_json, "")).string();
   } catch (const std::exception&) {
     // An unreadable data or tokenizer file: reading it below says what is wrong.
   }
@@ -404,6 +485,106 @@ std::shared_ptr<TokenDataset> TokenDataset::open_tokenized(const std::string& pa
     d->description_ += std::string("; not cached: ") + e.what() + ")";
   }
   return d;
+}
+
+std::shared_ptr<TokenDataset> TokenDataset::open_records(const std::vector<DatasetSource>& sources,
+                                                         const std::string& tokenizer_json, int64_t block_size,
+                                                         bool train_on_prompt, const std::string& cache_dir) {
+  std::vector<std::string> paths;
+  std::string what, options = "records block_size " + std::to_string(block_size) + (train_on_prompt ? " prompt" : "");
+  std::vector<RecordOptions> per_source;
+  for (const DatasetSource& src : sources) {
+    RecordOptions o;
+    if (src.type == "alpaca") {
+      o.type = RecordType::kAlpaca;
+    } else if (src.type == "prompt_completion") {
+      o.type = RecordType::kPromptCompletion;
+    } else {
+      throw FileError(src.path, "has type \"" + src.type + "\"; memrt reads alpaca and prompt_completion records");
+    }
+    o.max_length = block_size;
+    o.train_on_prompt = train_on_prompt;
+    per_source.push_back(o);
+    paths.push_back(src.path);
+    what += (what.empty() ? "" : " + ") + src.path;
+    options += std::string(" ") + record_type_name(o.type);
+  }
+  const std::string dir = cache_dir.empty() ? default_cache_dir() : cache_dir;
+  std::string entry;
+  try {
+    if (!dir.empty()) entry = (fs::path(dir) / cache_key(paths, tokenizer_json, options)).string();
+  } catch (const std::exception&) {
+    // An unreadable data or tokenizer file: reading it below says what is wrong.
+  }
+  auto describe = [&](int64_t records, int64_t samples, int64_t tokens, int64_t labels) {
+    return what + " (" + std::to_string(records) + " records, " + std::to_string(samples) + " samples, " +
+           std::to_string(tokens) + " tokens of " + tokenizer_json + ", " + std::to_string(labels) + " trained";
+  };
+  if (!entry.empty() && fs::exists(entry + ".json")) {  // tokenized before
+    const rapidjson::Document info = read_cache_info(entry + ".json");
+    std::shared_ptr<TokenDataset> d = open_bin(entry + ".bin");
+    d->vocab_size_ = info["vocab_size"].GetInt64();
+    d->labels_file_ = std::make_unique<MappedFile>(entry + ".labels");
+    d->labels_ = d->labels_file_->data();
+    const MappedFile offsets(entry + ".samples");
+    const auto* o = reinterpret_cast<const int64_t*>(offsets.data());
+    d->offsets_.assign(o, o + offsets.size() / sizeof(int64_t));
+    if (static_cast<int64_t>(d->labels_file_->size()) != d->num_tokens_ || d->offsets_.size() < 2 ||
+        d->offsets_.back() != d->num_tokens_)
+      throw FileError(entry + ".json", "is a damaged cache entry: remove it, and the data is tokenized again");
+    int64_t labels = 0;
+    for (int64_t k = 0; k < d->num_samples(); ++k) labels += d->sample_labels(k);
+    d->description_ = describe(info["documents"].GetInt64(), d->num_samples(), d->num_tokens_, labels) +
+                      ", from the cache " + entry + ".bin)";
+    return d;
+  }
+  const Tokenizer tok = Tokenizer::from_file(tokenizer_json);
+  TokenizedRecords rec;
+  std::string counts;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const int64_t dropped = rec.dropped, truncated = rec.truncated;
+    tokenize_records(sources[i].path, tok, per_source[i], rec, at::get_num_threads());
+    if (rec.dropped > dropped)
+      counts += "; " + sources[i].path + ": " + std::to_string(rec.dropped - dropped) +
+                " records dropped (longer than block_size " + std::to_string(block_size) + ", or nothing to train on)";
+    if (rec.truncated > truncated)
+      counts += "; " + sources[i].path + ": " + std::to_string(rec.truncated - truncated) + " records cut to block_size " +
+                std::to_string(block_size);
+  }
+  if (rec.offsets.size() < 2)
+    throw FileError(what, "holds no sample to train on (" + std::to_string(rec.records) + " records, " +
+                              std::to_string(rec.dropped) + " dropped: longer than block_size " +
+                              std::to_string(block_size) + " tokens, or with nothing to train on)");
+  std::shared_ptr<TokenDataset> d(new TokenDataset());
+  d->owned_ids_ = std::move(rec.ids);
+  d->owned_labels_ = std::move(rec.labels);
+  d->offsets_ = std::move(rec.offsets);
+  d->tokens_ = reinterpret_cast<const uint8_t*>(d->owned_ids_.data());
+  d->labels_ = d->owned_labels_.data();
+  d->num_tokens_ = static_cast<int64_t>(d->owned_ids_.size());
+  d->bytes_per_token_ = 4;
+  d->vocab_size_ = tok.vocab_size();
+  int64_t labels = 0;
+  for (int64_t k = 0; k < d->num_samples(); ++k) labels += d->sample_labels(k);
+  d->description_ = describe(rec.records, d->num_samples(), d->num_tokens_, labels) + ": " + tok.describe() + counts;
+  if (entry.empty()) {
+    d->description_ += "; not cached: neither dataset_prepared_path, XDG_CACHE_HOME nor HOME is set)";
+    return d;
+  }
+  try {
+    write_cache(entry, d->owned_ids_, options, rec.records, d->vocab_size_, what, tokenizer_json,
+                CachedSamples{d->owned_labels_, d->offsets_});
+    d->description_ += "; cached in " + entry + ".bin)";
+  } catch (const std::exception& e) {
+    d->description_ += std::string("; not cached: ") + e.what() + ")";
+  }
+  return d;
+}
+
+int64_t TokenDataset::sample_labels(int64_t k) const {
+  int64_t n = 0;
+  for (int64_t i = sample_begin(k) + 1; i < sample_begin(k + 1); ++i) n += labels_[i] != 0;
+  return n;
 }
 
 void TokenDataset::scan_vocab() {
@@ -495,9 +676,10 @@ std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, int64_t epoch) 
 
 DataLoader::DataLoader(std::shared_ptr<const TokenDataset> data, int64_t block_size,
                        int64_t micro_batch_size, int64_t grad_accum_steps, int rank, int world_size,
-                       uint64_t seed)
+                       uint64_t seed, bool pad_to_block)
     : data_(std::move(data)), block_size_(block_size), micro_batch_size_(micro_batch_size),
-      grad_accum_steps_(grad_accum_steps), rank_(rank), world_size_(world_size), seed_(seed) {
+      grad_accum_steps_(grad_accum_steps), rank_(rank), world_size_(world_size), seed_(seed),
+      pad_to_block_(pad_to_block) {
   if (!data_) throw Error("DataLoader: no dataset");
   if (block_size_ < 1 || micro_batch_size_ < 1 || grad_accum_steps_ < 1 || world_size_ < 1 ||
       rank_ < 0 || rank_ >= world_size_)
@@ -506,14 +688,24 @@ DataLoader::DataLoader(std::shared_ptr<const TokenDataset> data, int64_t block_s
                 std::to_string(block_size_) + ", micro batch " + std::to_string(micro_batch_size_) +
                 ", accumulation " + std::to_string(grad_accum_steps_) + ", rank " +
                 std::to_string(rank_) + " of " + std::to_string(world_size_));
-  samples_ = data_->num_tokens() / (block_size_ + 1);
+  samples_ = data_->has_samples() ? data_->num_samples() : data_->num_tokens() / (block_size_ + 1);
+  for (int64_t k = 0; k < data_->num_samples(); ++k) {
+    if (data_->sample_length(k) > block_size_)
+      throw Error(data_->description() + ": sample " + std::to_string(k) + " holds " +
+                  std::to_string(data_->sample_length(k)) + " tokens, more than block_size " + std::to_string(block_size_));
+    labels_of_.push_back(static_cast<int32_t>(data_->sample_labels(k)));
+  }
   global_batch_ = micro_batch_size_ * grad_accum_steps_ * world_size_;
   steps_per_epoch_ = samples_ / global_batch_;
   if (steps_per_epoch_ < 1) {
     std::ostringstream msg;
-    msg << data_->description() << ": " << data_->num_tokens() << " tokens make " << samples_
-        << " samples of block_size+1 = " << block_size_ + 1
-        << " tokens, fewer than one global batch of " << global_batch_
+    msg << data_->description() << ": ";
+    if (data_->has_samples())
+      msg << samples_ << " samples";
+    else
+      msg << data_->num_tokens() << " tokens make " << samples_ << " samples of block_size+1 = " << block_size_ + 1
+          << " tokens";
+    msg << ", fewer than one global batch of " << global_batch_
         << " (train_batch_size = micro batch " << micro_batch_size_ << " x accumulation "
         << grad_accum_steps_ << " x " << world_size_
         << " ranks); use more data, a smaller block_size or a smaller batch";
@@ -526,21 +718,51 @@ std::vector<int64_t> DataLoader::sample_indices(int64_t step, int64_t micro) con
     throw Error("DataLoader::get: step " + std::to_string(step) + ", micro-batch " +
                 std::to_string(micro) + " out of range (expected step >= 0 and 0 <= micro < " +
                 std::to_string(grad_accum_steps_) + ")");
-  int64_t epoch = step / steps_per_epoch_;
-  int64_t in_epoch = step % steps_per_epoch_;
-  int64_t slot = micro * world_size_ + rank_;
-  int64_t first = in_epoch * global_batch_ + slot * micro_batch_size_;
+  const int64_t slot = micro * world_size_ + rank_;
+  return order_slice(step / steps_per_epoch_, (step % steps_per_epoch_) * global_batch_ + slot * micro_batch_size_,
+                     micro_batch_size_);
+}
+
+std::vector<int64_t> DataLoader::order_slice(int64_t epoch, int64_t first, int64_t count) const {
   std::lock_guard<std::mutex> lock(cache_->mutex);
   if (cache_->epoch != epoch) {
     cache_->order = epoch_permutation(samples_, seed_, epoch);
     cache_->epoch = epoch;
   }
   auto begin = cache_->order.begin() + first;
-  return std::vector<int64_t>(begin, begin + micro_batch_size_);
+  return std::vector<int64_t>(begin, begin + count);
+}
+
+int64_t DataLoader::step_labels(int64_t step) const {
+  if (!data_->has_samples()) return global_batch_ * block_size_;
+  int64_t n = 0;
+  for (int64_t k : order_slice(step / steps_per_epoch_, (step % steps_per_epoch_) * global_batch_, global_batch_))
+    n += labels_of_[static_cast<size_t>(k)];
+  return n;
+}
+
+Batch sample_batch(const TokenDataset& data, const std::vector<int64_t>& samples, int64_t pad_to) {
+  const auto B = static_cast<int64_t>(samples.size());
+  int64_t T = pad_to;
+  for (int64_t k : samples) T = std::max(T, data.sample_length(k));
+  Batch batch;
+  batch.inputs = at::zeros({B, T}, at::kLong);
+  batch.targets = at::full({B, T}, -100, at::kLong);
+  int64_t* in = batch.inputs.data_ptr<int64_t>();
+  int64_t* tg = batch.targets.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t k = samples[static_cast<size_t>(b)], begin = data.sample_begin(k), n = data.sample_length(k);
+    data.copy_tokens(begin, n, in + b * T);
+    batch.tokens += n;
+    for (int64_t t = 0; t + 1 < n; ++t)
+      if (data.trained(begin + t + 1)) tg[b * T + t] = in[b * T + t + 1];
+  }
+  return batch;
 }
 
 Batch DataLoader::get(int64_t step, int64_t micro) const {
   std::vector<int64_t> indices = sample_indices(step, micro);
+  if (data_->has_samples()) return sample_batch(*data_, indices, pad_to_block_ ? block_size_ : 0);
   const int64_t B = micro_batch_size_, T = block_size_;
   at::Tensor window = at::empty({B, T + 1}, at::kLong);  // (B, T+1)
   int64_t* w = window.data_ptr<int64_t>();
@@ -549,10 +771,12 @@ Batch DataLoader::get(int64_t step, int64_t micro) const {
   Batch batch;
   batch.inputs = window.narrow(1, 0, T).contiguous();   // (B, T)
   batch.targets = window.narrow(1, 1, T).contiguous();  // (B, T)
+  batch.tokens = B * T;
   return batch;
 }
 
 int64_t eval_windows(const TokenDataset& data, int64_t block_size) {
+  if (data.has_samples()) return data.num_samples();
   return block_size > 1 ? data.num_tokens() / block_size : 0;
 }
 
@@ -560,11 +784,17 @@ Batch eval_batch(const TokenDataset& data, int64_t block_size, int64_t first, in
   if (first < 0 || count < 0 || first + count > eval_windows(data, block_size))
     throw Error("eval_batch: windows [" + std::to_string(first) + ", " + std::to_string(first + count) +
                 ") are not in the " + std::to_string(eval_windows(data, block_size)) + " the data holds");
+  if (data.has_samples()) {
+    std::vector<int64_t> samples(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) samples[static_cast<size_t>(i)] = first + i;
+    return sample_batch(data, samples);
+  }
   at::Tensor window = at::empty({count, block_size}, at::kLong);  // (count, block_size)
   data.copy_tokens(first * block_size, count * block_size, window.data_ptr<int64_t>());
   Batch batch;
   batch.inputs = window.narrow(1, 0, block_size - 1).contiguous();  // (count, block_size - 1)
   batch.targets = window.narrow(1, 1, block_size - 1).contiguous();
+  batch.tokens = count * (block_size - 1);
   return batch;
 }
 

@@ -1,9 +1,12 @@
 // Training data: one token stream (byte-level text, pre-tokenized .bin, JSONL, or the built-in
-// corpus) and the loader that cuts it into samples and hands every rank its micro-batches.
+// corpus), or the samples of fine-tuning records with their label masks, and the loader that cuts
+// it into samples and hands every rank its micro-batches.
 //
 // Sampling rule (docs/data-and-optim.md): the stream is cut into non-overlapping windows of
 // block_size + 1 tokens (a sample: inputs = its first block_size tokens, targets = its last
-// block_size). Each epoch visits every sample once, in a permutation drawn from (seed, epoch).
+// block_size); records are a sample each (inputs = its tokens, targets = the next token where the
+// label mask trains it, else -100; padded with -100 targets to the micro-batch's longest sample, or
+// to block_size). Each epoch visits every sample once, in a permutation drawn from (seed, epoch).
 // Optimizer step s takes the next global batch (train_batch_size samples) of that order; slot
 // k = micro * world_size + rank of it, micro_batch_size samples wide, is what `rank` trains on in
 // micro-step `micro`. Ranks never share a sample, and the samples of a step do not depend on the
@@ -45,6 +48,11 @@ class TokenDataset {
   // tokenizer maps the cached tokens; a cache that cannot be written is said in description().
   static std::shared_ptr<TokenDataset> open_tokenized(const std::string& path, const std::string& tokenizer_json,
                                                       const std::string& cache_dir = "");
+  // The records of `sources` (data/records.h), a sample each, in order, samples longer than
+  // block_size dropped or cut as the source's type says; cached as open_tokenized caches.
+  static std::shared_ptr<TokenDataset> open_records(const std::vector<DatasetSource>& sources,
+                                                    const std::string& tokenizer_json, int64_t block_size,
+                                                    bool train_on_prompt, const std::string& cache_dir = "");
 
   ~TokenDataset();
 
@@ -55,6 +63,16 @@ class TokenDataset {
   int bytes_per_token() const { return bytes_per_token_; }
   // e.g. "built-in corpus (379 KiB, byte-level): ..." — for the start-up log.
   const std::string& description() const { return description_; }
+
+  // Records: the dataset is num_samples() samples, sample k tokens [sample_begin(k), sample_begin(k + 1)),
+  // and trained(i) says whether the loss counts token i's prediction. A stream has no samples.
+  bool has_samples() const { return !offsets_.empty(); }
+  int64_t num_samples() const { return has_samples() ? static_cast<int64_t>(offsets_.size()) - 1 : 0; }
+  int64_t sample_begin(int64_t k) const { return offsets_[static_cast<size_t>(k)]; }
+  int64_t sample_length(int64_t k) const { return sample_begin(k + 1) - sample_begin(k); }
+  bool trained(int64_t i) const { return labels_[i] != 0; }
+  // The predictions sample k trains on: its tokens after the first that trained() marks.
+  int64_t sample_labels(int64_t k) const;
 
   int64_t token(int64_t i) const;
   // Copies tokens [begin, begin + count) into `out` as int64.
@@ -67,6 +85,10 @@ class TokenDataset {
   std::unique_ptr<MappedFile> file_;  // keeps `tokens_` valid for mapped files
   std::string owned_;                 // the decoded byte stream of a JSONL file
   std::vector<uint32_t> owned_ids_;   // the tokens of a tokenized file
+  std::unique_ptr<MappedFile> labels_file_;  // records: keeps `labels_` valid when cached
+  std::vector<uint8_t> owned_labels_;
+  const uint8_t* labels_ = nullptr;   // records: one byte per token
+  std::vector<int64_t> offsets_;      // records: num_samples() + 1 sample boundaries
   const uint8_t* tokens_ = nullptr;   // num_tokens_ * bytes_per_token_ bytes, little-endian
   int64_t num_tokens_ = 0;
   int bytes_per_token_ = 1;
@@ -74,19 +96,27 @@ class TokenDataset {
   std::string description_;
 };
 
-// One micro-batch. Both (B, T) int64 on the CPU; targets[b][t] is the token after inputs[b][t].
+// One micro-batch. Both (B, T) int64 on the CPU; targets[b][t] is the token after inputs[b][t],
+// or -100 where the loss leaves the prediction out (a record's prompt, padding).
 struct Batch {
   at::Tensor inputs, targets;
+  int64_t tokens = 0;  // the real (not padding) tokens of inputs
 };
+
+// Samples `samples` of a dataset with samples, as one batch: (B, T) with T the longest sample's
+// length, or `pad_to` when larger; padding is token 0 with target -100 (right-padded, it is never
+// attended to by the sample's own causal positions).
+Batch sample_batch(const TokenDataset& data, const std::vector<int64_t>& samples, int64_t pad_to = 0);
 
 class DataLoader {
  public:
   // Throws memrt::Error when the arguments are out of range or the dataset holds fewer samples
   // than one global batch (micro_batch_size * grad_accum_steps * world_size).
   DataLoader(std::shared_ptr<const TokenDataset> data, int64_t block_size, int64_t micro_batch_size,
-             int64_t grad_accum_steps, int rank, int world_size, uint64_t seed);
+             int64_t grad_accum_steps, int rank, int world_size, uint64_t seed, bool pad_to_block = false);
 
-  int64_t samples() const { return samples_; }  // whole samples of block_size+1 tokens
+  // Whole samples of block_size+1 tokens, or the dataset's samples.
+  int64_t samples() const { return samples_; }
   int64_t global_batch_size() const { return global_batch_; }
   // Optimizer steps per epoch: samples / global batch (floor; the remainder is dropped).
   int64_t steps_per_epoch() const { return steps_per_epoch_; }
@@ -96,13 +126,18 @@ class DataLoader {
   Batch get(int64_t step, int64_t micro) const;
   // The sample indices (window i starts at token i * (block_size + 1)) that get() returns.
   std::vector<int64_t> sample_indices(int64_t step, int64_t micro) const;
+  // The targets other than -100 in all micro-batches of step `step` on every rank: what the step's
+  // loss is averaged over (transformers' num_items_in_batch), the same on every rank.
+  int64_t step_labels(int64_t step) const;
 
  private:
   std::shared_ptr<const TokenDataset> data_;
   int64_t block_size_, micro_batch_size_, grad_accum_steps_;
   int rank_, world_size_;
   uint64_t seed_;
+  bool pad_to_block_;
   int64_t samples_ = 0, global_batch_ = 0, steps_per_epoch_ = 0;
+  std::vector<int32_t> labels_of_;  // records: each sample's sample_labels()
 
   // The order of the epoch last asked for (every rank reads one epoch for many steps in a row).
   struct OrderCache {
@@ -111,14 +146,17 @@ class DataLoader {
     std::vector<int64_t> order;
   };
   std::unique_ptr<OrderCache> cache_ = std::make_unique<OrderCache>();
+  // The epoch's order, computed on first use.
+  std::vector<int64_t> order_slice(int64_t epoch, int64_t first, int64_t count) const;
 };
 
 // Evaluation (`launcher eval`, eval_steps): the stream cut into consecutive windows of block_size
 // tokens, the remainder dropped; window i is tokens [i * block_size, (i + 1) * block_size) and
 // predicts its own next block_size - 1 tokens, as transformers computes
-// model(input_ids=window, labels=window).loss.
+// model(input_ids=window, labels=window).loss. Records: each sample is a window.
 int64_t eval_windows(const TokenDataset& data, int64_t block_size);
-// Windows [first, first + count): inputs their first block_size - 1 tokens, targets their last.
+// Windows [first, first + count): inputs their first block_size - 1 tokens, targets their last;
+// records: sample_batch() of those samples.
 Batch eval_batch(const TokenDataset& data, int64_t block_size, int64_t first, int64_t count);
 
 // The permutation of [0, n) that epoch `epoch` visits samples in: a Fisher-Yates shuffle driven by

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -871,13 +872,53 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& where
 }
 
 Tokenizer Tokenizer::from_file(const std::string& tokenizer_json) {
-  if (tokenizer_json.size() > 6 && tokenizer_json.compare(tokenizer_json.size() - 6, 6, ".model") == 0)
-    return Tokenizer(open_sentencepiece(tokenizer_json));
+  if (tokenizer_json.size() > 6 && tokenizer_json.compare(tokenizer_json.size() - 6, 6, ".model") == 0) {
+    Tokenizer tok(open_sentencepiece(tokenizer_json));
+    tok.read_special_tokens(tokenizer_json);
+    return tok;
+  }
   std::ifstream in(tokenizer_json, std::ios::binary);
   if (!in) throw FileError(tokenizer_json, "cannot be read (a Hugging Face tokenizer.json)");
   std::stringstream text;
   text << in.rdbuf();
-  return from_json(text.str(), tokenizer_json);
+  Tokenizer tok = from_json(text.str(), tokenizer_json);
+  tok.read_special_tokens(tokenizer_json);
+  return tok;
+}
+
+void Tokenizer::read_special_tokens(const std::string& tokenizer_file) {
+  namespace fs = std::filesystem;
+  auto set = [&](std::optional<SpecialToken>& out, const std::string& text, const std::string& where) {
+    const std::optional<int32_t> id = token_to_id(text);
+    if (!id) throw FileError(where, "names the token \"" + text + "\", which " + tokenizer_file + " does not hold");
+    out = SpecialToken{text, *id};
+  };
+  if (sp_) {  // the model's own, unless tokenizer_config.json says otherwise
+    const auto& p = sp_->processor;
+    if (p.bos_id() >= 0) bos_ = SpecialToken{p.IdToPiece(p.bos_id()), p.bos_id()};
+    if (p.eos_id() >= 0) eos_ = SpecialToken{p.IdToPiece(p.eos_id()), p.eos_id()};
+  }
+  const fs::path config = fs::path(tokenizer_file).parent_path() / "tokenizer_config.json";
+  std::ifstream in(config, std::ios::binary);
+  if (!in) return;
+  std::stringstream text;
+  text << in.rdbuf();
+  rapidjson::Document d;
+  d.Parse(text.str().c_str());
+  if (d.HasParseError() || !d.IsObject()) throw FileError(config.string(), "is not a JSON object");
+  for (auto [key, out] : {std::pair<const char*, std::optional<SpecialToken>*>{"bos_token", &bos_}, {"eos_token", &eos_}}) {
+    if (!d.HasMember(key)) continue;
+    const rapidjson::Value& v = d[key];
+    if (v.IsNull()) {
+      out->reset();
+    } else if (v.IsString()) {
+      set(*out, v.GetString(), config.string() + ": " + key);
+    } else if (v.IsObject() && v.HasMember("content") && v["content"].IsString()) {
+      set(*out, v["content"].GetString(), config.string() + ": " + key);
+    } else {
+      throw FileError(config.string(), std::string(key) + ": expected a token's text or {\"content\": ...}");
+    }
+  }
 }
 
 std::optional<size_t> first_invalid_utf8(std::string_view text) {

@@ -51,6 +51,16 @@ class Tokenizer {
   std::optional<int32_t> token_to_id(const std::string& token) const;
   // The token's string as the vocabulary spells it (byte-level: GPT-2's byte alphabet).
   std::string id_to_token(int32_t id) const;
+  // The BOS and EOS tokens as transformers' tokenizer.bos_token / eos_token: tokenizer_config.json
+  // beside the file names them ("bos_token": "<s>" or {"content": "<s>", ...}); where it does not,
+  // a sentencepiece model's own <s> and </s>, a tokenizer.json none. FileError naming
+  // tokenizer_config.json when it is malformed or names a token the vocabulary lacks.
+  struct SpecialToken {
+    std::string text;
+    int32_t id = 0;
+  };
+  const std::optional<SpecialToken>& bos_token() const { return bos_; }
+  const std::optional<SpecialToken>& eos_token() const { return eos_; }
   // e.g. "BPE, 128256 tokens (256 added), byte-level, Split + ByteLevel, TemplateProcessing,
   // decoder ByteLevel".
   std::string describe() const;
@@ -63,6 +73,8 @@ class Tokenizer {
   explicit Tokenizer(std::unique_ptr<SentencePiece> sp);
   std::unique_ptr<Impl> impl_;        // tokenizer.json
   std::unique_ptr<SentencePiece> sp_;  // or a sentencepiece model
+  std::optional<SpecialToken> bos_, eos_;
+  void read_special_tokens(const std::string& tokenizer_file);
 };
 
 }  // namespace memrt

@@ -239,6 +239,7 @@ void Engine::setup() {
     // With a tokenizer, rank 0 tokenizes first and caches the tokens; the other ranks then map them.
     DataConfig eval = cfg_.data;
     eval.train_file = eval.eval_file;
+    eval.datasets.clear();
     std::shared_ptr<TokenDataset> opened;
     auto open = [&] {
       data = TokenDataset::open(cfg_.data);
@@ -257,7 +258,7 @@ void Engine::setup() {
     }
     loader_ = std::make_unique<DataLoader>(data, cfg_.data.block_size, cfg_.micro_batch_size,
                                            cfg_.grad_accum_steps, run_.rank, run_.world_size,
-                                           cfg_.seed);
+                                           cfg_.seed, cfg_.data.pad_to_block);
     if (opened) {
       if (opened->vocab_size() > run_.shape.vocab_size) {
         throw FileError(eval.eval_file, "has token ids up to " + std::to_string(opened->vocab_size() - 1) +
@@ -536,8 +537,13 @@ double Engine::micro_step(int64_t micro) {
 
   at::Tensor logits = forward(batch.inputs, micro, boundary);
 
-  // DeepSpeed divides every micro-step's gradient by the accumulation steps.
-  at::Tensor loss = causal_lm_loss(logits, batch.targets) / static_cast<double>(cfg_.grad_accum_steps);
+  // The step's loss is the mean over every prediction it trains on, on all ranks and micro-batches
+  // (transformers' num_items_in_batch): each micro-batch adds its sum over that count. Ranks' gradients
+  // are averaged, hence the world size. A stream's micro-batches are equal, so this is DeepSpeed's
+  // mean divided by the accumulation steps.
+  step_tokens_ += batch.tokens;
+  const double labels = static_cast<double>(std::max<int64_t>(1, loader_->step_labels(step_)));
+  at::Tensor loss = causal_lm_loss_sum(logits, batch.targets) * (run_.world_size / labels);
   // Autograd keeps what backward needs (log_softmax keeps its output); holding the logits here too
   // would add B*T*V elements to the peak.
   logits = at::Tensor();
@@ -571,6 +577,7 @@ void Engine::train_step(TrainSummary& summary) {
   control_.skip_reason.clear();
 
   double loss_sum = 0.0;
+  step_tokens_ = 0;
   for (int64_t micro = 0; micro < cfg_.grad_accum_steps; ++micro) loss_sum += micro_step(micro);
 
   std::vector<at::Tensor> grads;
@@ -657,7 +664,7 @@ void Engine::train_step(TrainSummary& summary) {
   }
 
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  const double tokens = static_cast<double>(cfg_.train_batch_size * cfg_.data.block_size);
+  const double tokens = static_cast<double>(step_tokens_ * run_.world_size);
   if (summary.steps == 0) summary.first_loss = loss;
   summary.last_loss = loss;
   summary.steps = step_;
@@ -693,7 +700,7 @@ EvalResult Engine::evaluate() {
     ~EvalMode() { model.train(); }
   } mode(*model_);
   at::NoGradGuard no_grad;
-  double loss_sum = 0.0;  // over this rank's predicted tokens
+  double sums[2] = {0.0, 0.0};  // this rank's token losses, and their count
   for (int64_t first = begin; first < end; first += per_forward) {
     const int64_t count = std::min(per_forward, end - first);
     Batch batch = [&] {
@@ -702,14 +709,15 @@ EvalResult Engine::evaluate() {
     }();
     memory::Scope scope(Category::kActivations);
     const at::Tensor logits = forward(batch.inputs, /*micro=*/-1);
-    loss_sum += causal_lm_loss(logits, batch.targets).item<double>() * static_cast<double>(batch.targets.numel());
+    sums[0] += causal_lm_loss_sum(logits, batch.targets).item<double>();
+    sums[1] += static_cast<double>(batch.targets.ne(-100).sum().item<int64_t>());
   }
-  at::Tensor total = at::tensor({loss_sum}, at::kDouble);
+  at::Tensor total = at::tensor({sums[0], sums[1]}, at::kDouble);
   dist_->all_reduce_sum(total);
   EvalResult result;
   result.windows = windows;
-  result.tokens = windows * (T - 1);
-  result.loss = total.item<double>() / static_cast<double>(result.tokens);
+  result.tokens = static_cast<int64_t>(total[1].item<double>());
+  result.loss = total[0].item<double>() / static_cast<double>(std::max<int64_t>(1, result.tokens));
   result.perplexity = std::exp(result.loss);
   result.step = step_;
   result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();

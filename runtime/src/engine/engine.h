@@ -139,6 +139,7 @@ class Engine {
   int64_t step_ = 0;             // optimizer steps taken, skipped ones included
   int64_t completed_steps_ = 0;  // successful updates (the LR schedule's clock)
   int64_t skipped_steps_ = 0;
+  int64_t step_tokens_ = 0;  // this rank's real input tokens in the step so far
   Control control_;
 
   // Backward-phase bookkeeping of the current micro-step: events [0, 2*S) are, for segments from

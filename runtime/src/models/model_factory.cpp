@@ -154,19 +154,31 @@ std::shared_ptr<CausalLM> build_model(const ModelShape& shape, const BuildOption
   return model;
 }
 
-at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& targets) {
+namespace {
+
+at::Tensor lm_loss(const at::Tensor& logits, const at::Tensor& targets, at::Reduction::Reduction reduction) {
   if (logits.dim() != 3 || targets.dim() != 2 || logits.size(0) != targets.size(0) ||
       logits.size(1) != targets.size(1))
-    throw Error("causal_lm_loss: expected logits (B, T, V) and targets (B, T), got " +
+    throw Error("causal LM loss: expected logits (B, T, V) and targets (B, T), got " +
                 c10::str(logits.sizes()) + " and " + c10::str(targets.sizes()));
   if (targets.scalar_type() != at::kLong)
-    throw Error("causal_lm_loss: targets must be int64 token ids, got " +
+    throw Error("causal LM loss: targets must be int64 token ids, got " +
                 std::string(c10::toString(targets.scalar_type())));
   const int64_t V = logits.size(2);
   // 16-bit logits are upcast first (as Hugging Face models do): the log-probabilities of a large
   // vocabulary need fp32.
   const at::Tensor l = logits.scalar_type() == at::kFloat ? logits : logits.to(at::kFloat);
-  return at::cross_entropy_loss(l.reshape({-1, V}), targets.reshape({-1}));  // scalar, fp32
+  return at::cross_entropy_loss(l.reshape({-1, V}), targets.reshape({-1}), {}, reduction);  // scalar, fp32
+}
+
+}  // namespace
+
+at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& targets) {
+  return lm_loss(logits, targets, at::Reduction::Mean);
+}
+
+at::Tensor causal_lm_loss_sum(const at::Tensor& logits, const at::Tensor& targets) {
+  return lm_loss(logits, targets, at::Reduction::Sum);
 }
 
 int64_t count_parameters(const CausalLM& model) {

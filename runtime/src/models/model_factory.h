@@ -45,6 +45,8 @@ std::shared_ptr<CausalLM> build_model(const ModelShape& shape, const BuildOption
 // (already shifted: targets[b, t] is the token after position t); targets of -100 are ignored.
 // Returns a scalar.
 at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& targets);
+// The sum of the token losses instead of their mean (targets of -100 add nothing).
+at::Tensor causal_lm_loss_sum(const at::Tensor& logits, const at::Tensor& targets);
 
 // Number of parameter elements; shared (tied) parameters counted once.
 int64_t count_parameters(const CausalLM& model);

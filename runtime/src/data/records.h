@@ -1,0 +1,48 @@
+// Fine-tuning records (docs/tokenizers.md, "Datasets"): JSONL or JSON files of instruction records,
+// each tokenized into one sample with a label mask, exactly as the tool whose keys name the file
+// tokenizes it — axolotl's `datasets: [{path, type: alpaca}]`, TRL's prompt-completion datasets.
+//
+//   TokenizedRecords out;
+//   tokenize_records("train.jsonl", tokenizer, {RecordType::kAlpaca, 2048, false}, out, threads);
+//   // sample k: out.ids[out.offsets[k] .. out.offsets[k+1]), trained where out.labels[i] == 1
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace memrt {
+
+class Tokenizer;
+
+enum class RecordType {
+  kAlpaca,            // instruction, input (optional), output: axolotl's type: alpaca
+  kPromptCompletion,  // prompt, completion: TRL's prompt-completion dataset
+};
+
+// "alpaca", "prompt_completion".
+const char* record_type_name(RecordType type);
+
+struct RecordOptions {
+  RecordType type = RecordType::kAlpaca;
+  int64_t max_length = 2048;     // sequence_len / max_length: tokens per sample at most
+  bool train_on_prompt = false;  // axolotl's train_on_inputs; TRL's completion_only_loss: false
+};
+
+// Samples in file order, each whole: a record too long for max_length is dropped (axolotl) or cut
+// to its first max_length tokens (TRL), and counted.
+struct TokenizedRecords {
+  std::vector<uint32_t> ids;
+  std::vector<uint8_t> labels;       // per token: 1 where the loss counts its prediction
+  std::vector<int64_t> offsets{0};   // sample k is [offsets[k], offsets[k + 1])
+  int64_t records = 0, dropped = 0, truncated = 0;
+};
+
+// Appends the samples of `path` (JSONL: one object per line; .json: an array of objects) to `out`,
+// tokenizing on `threads` threads. memrt::FileError naming the file and line (or record) of a
+// record without the fields its type needs, with a field of the wrong kind, or not UTF-8; and
+// naming tokenizer_config.json when the type needs an EOS token it does not name.
+void tokenize_records(const std::string& path, const Tokenizer& tokenizer, const RecordOptions& options,
+                      TokenizedRecords& out, int threads);
+
+}  // namespace memrt

@@ -1,0 +1,135 @@
+"""Fine-tuning records and what the tools train on: the oracle of the records tests in
+tests/data/test_tokenizer.cpp.
+
+    sft_records.py OUT_DIR TOKENIZER_DIR...
+writes OUT_DIR/alpaca.jsonl, OUT_DIR/alpaca.json (the same records as one JSON array) and
+OUT_DIR/prompt_completion.jsonl; gives each TOKENIZER_DIR (holding a tokenizer.json from
+hf_tokenizers.py) a tokenizer_config.json naming its BOS and EOS, and writes TOKENIZER_DIR/sft.json:
+    {"max_length": 256, "<type> <train_on_prompt>": {"ids": [[...]...], "labels": [[0|1...]...],
+     "dropped": n, "truncated": n}}
+computed with transformers' tokenizer (AutoTokenizer on the directory) as axolotl tokenizes
+`type: alpaca` (prompt_tokenizers.InstructionPromptTokenizingStrategy, AlpacaPrompter, sequences
+longer than sequence_len dropped) and as TRL's SFTTrainer tokenizes a prompt-completion dataset
+(add_eos, tokenize, truncate_dataset; completion_only_loss). labels[i] is 1 where the label is the
+token (not -100).
+"""
+import json
+import os
+import sys
+
+from transformers import AutoTokenizer
+
+MAX_LENGTH = 256
+
+ALPACA = [
+    {"instruction": "Give three tips for staying healthy.", "input": "", "output": "Eat well, sleep, move."},
+    {"instruction": "Translate to French.", "input": "Good morning", "output": "Bonjour"},
+    {"instruction": "Summarize.", "input": "你好，世界！今天天气很好。", "output": "天气很好 👍🏽"},
+    {"instruction": "No input field at all", "output": "fine"},
+    {"instruction": "Ends with the EOS text", "input": None, "output": "done<EOS>"},
+    {"instruction": "A long one " + "word " * 300, "input": "", "output": "dropped: it does not fit"},
+    {"instruction": "Short", "input": "", "output": "a response that runs long " + "and on " * 80},
+    {"instruction": "Tabs\tand\nnewlines", "input": "x = 1\n", "output": "  spaced  out  "},
+]
+
+PROMPT_COMPLETION = [
+    {"prompt": "The sky is", "completion": " blue."},
+    {"prompt": "Q: 2+2?\nA:", "completion": " 4"},
+    {"prompt": "Translate 'cat': ", "completion": "猫 🐱"},
+    {"prompt": "Already ended", "completion": " here<EOS>"},
+    {"prompt": "A long prompt " + "again " * 300, "completion": " cut off"},
+    {"prompt": "", "completion": "no prompt at all"},
+    {"prompt": "Long completion:", "completion": " yes" * 300},
+]
+
+SPECIALS = {"llama3": ("<|begin_of_text|>", "<|end_of_text|>"), "llama2": ("<s>", "</s>")}
+
+
+def alpaca_prompt(instruction, inp):
+    if inp:
+        return ("Below is an instruction that describes a task, paired with an input that provides further context. "
+                "Write a response that appropriately completes the request.\n\n### Instruction:\n" + instruction +
+                "\n\n### Input:\n" + inp + "\n\n### Response:\n")
+    return ("Below is an instruction that describes a task. Write a response that appropriately completes the "
+            "request.\n\n### Instruction:\n" + instruction + "\n\n### Response:\n")
+
+
+def axolotl_tokenize(tok, text, add_eos, strip_bos):
+    ids = tok(text, truncation=True, max_length=MAX_LENGTH, padding=False)["input_ids"]
+    if ids and ids[-1] != tok.eos_token_id and len(ids) < MAX_LENGTH and add_eos:
+        ids.append(tok.eos_token_id)
+    if ids and ids[0] == tok.bos_token_id and strip_bos:
+        ids = ids[1:]
+    return ids
+
+
+def alpaca(tok, records, train_on_inputs):
+    out = {"ids": [], "labels": [], "dropped": 0, "truncated": 0}
+    for r in records:
+        prompt = axolotl_tokenize(tok, alpaca_prompt(r["instruction"], r.get("input") or ""), False, False)
+        response = axolotl_tokenize(tok, r["output"], True, True)
+        ids = prompt + response
+        labels = [int(train_on_inputs)] * len(prompt) + [1] * len(response)
+        if len(ids) > MAX_LENGTH or not any(labels[1:]):
+            out["dropped"] += 1
+            continue
+        out["ids"].append(ids)
+        out["labels"].append(labels)
+    return out
+
+
+def prompt_completion(tok, records, train_on_prompt):
+    out = {"ids": [], "labels": [], "dropped": 0, "truncated": 0}
+    for r in records:
+        completion = r["completion"]
+        if not completion.endswith(tok.eos_token):
+            completion += tok.eos_token
+        prompt_ids = tok(text=r["prompt"])["input_ids"]
+        ids = tok(text=r["prompt"] + completion)["input_ids"]
+        labels = [int(train_on_prompt)] * len(prompt_ids) + [1] * (len(ids) - len(prompt_ids))
+        if len(ids) > MAX_LENGTH:
+            ids, labels = ids[:MAX_LENGTH], labels[:MAX_LENGTH]
+            out["truncated"] += 1
+        if not any(labels[1:]):
+            out["dropped"] += 1
+            continue
+        out["ids"].append(ids)
+        out["labels"].append(labels)
+    return out
+
+
+def main():
+    out = sys.argv[1]
+    os.makedirs(out, exist_ok=True)
+    # The data files spell the EOS text of the first tokenizer (records that already end with it;
+    # to the others it is plain text).
+    eos_text = SPECIALS[os.path.basename(os.path.normpath(sys.argv[2]))][1]
+    fix = lambda records: [{k: (v.replace("<EOS>", eos_text) if isinstance(v, str) else v) for k, v in r.items()}
+                           for r in records]
+    for tok_dir in sys.argv[2:]:
+        kind = os.path.basename(os.path.normpath(tok_dir))
+        bos, eos = SPECIALS[kind]
+        with open(os.path.join(tok_dir, "tokenizer_config.json"), "w") as f:
+            json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos,
+                       "eos_token": {"__type": "AddedToken", "content": eos, "lstrip": False, "rstrip": False,
+                                     "normalized": False, "single_word": False, "special": True}, "model_max_length": 4096}, f)
+        tok = AutoTokenizer.from_pretrained(tok_dir)
+        assert tok.eos_token == eos and tok.bos_token == bos
+        expected = {"max_length": MAX_LENGTH}
+        for train in (False, True):
+            expected["alpaca %d" % train] = alpaca(tok, fix(ALPACA), train)
+            expected["prompt_completion %d" % train] = prompt_completion(tok, fix(PROMPT_COMPLETION), train)
+        with open(os.path.join(tok_dir, "sft.json"), "w") as f:
+            json.dump(expected, f)
+    with open(os.path.join(out, "alpaca.jsonl"), "w", encoding="utf-8") as f:
+        for k, r in enumerate(fix(ALPACA)):
+            f.write(json.dumps(r, ensure_ascii=k % 2 == 0) + "\n" + "\n" * (k == 2))
+    with open(os.path.join(out, "alpaca.json"), "w", encoding="utf-8") as f:
+        json.dump(fix(ALPACA), f, ensure_ascii=False, indent=1)
+    with open(os.path.join(out, "prompt_completion.jsonl"), "w", encoding="utf-8") as f:
+        for r in fix(PROMPT_COMPLETION):
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+// Fine-tuning records (data/records.h, docs/tokenizers.md "Datasets") against what the tools train
+// on, computed at test time with transformers' tokenizer (sft_records.py): axolotl's type: alpaca
+// and TRL's prompt-completion records, with and without the prompt's tokens in the loss, on
+// tokenizers of the Llama-3 (byte-level, BOS by its post-processor) and Llama-2 (sentencepiece-style
+// BPE) kinds; then the samples as the loader batches them, and bad records named by file and line.
+#include <gtest/gtest.h>
+
+#include <rapidjson/document.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "data/dataset.h"
+#include "data/records.h"
+#include "data/tokenizer.h"
+#include "memrt/error.h"
+#include "test_util.h"
+
+using namespace memrt;
+using memrt::test::expect_error;
+
+namespace {
+
+rapidjson::Document read_json(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  rapidjson::Document d;
+  d.Parse(text.str().c_str());
+  EXPECT_FALSE(d.HasParseError()) << path;
+  return d;
+}
+
+template <typename T>
+std::vector<std::vector<T>> lists_of(const rapidjson::Value& v) {
+  std::vector<std::vector<T>> out;
+  for (const auto& row : v.GetArray()) {
+    out.emplace_back();
+    for (const auto& x : row.GetArray()) out.back().push_back(static_cast<T>(x.GetInt()));
+  }
+  return out;
+}
+
+// The samples of `r` as lists, to compare with the oracle's.
+void split(const TokenizedRecords& r, std::vector<std::vector<uint32_t>>& ids, std::vector<std::vector<uint8_t>>& labels) {
+  for (size_t k = 0; k + 1 < r.offsets.size(); ++k) {
+    ids.emplace_back(r.ids.begin() + r.offsets[k], r.ids.begin() + r.offsets[k + 1]);
+    labels.emplace_back(r.labels.begin() + r.offsets[k], r.labels.begin() + r.offsets[k + 1]);
+  }
+}
+
+struct Fixture {
+  memrt::test::TempDir dir;
+  bool made = memrt::test::run_reference("hf_tokenizers.py", dir.file("tok")) &&
+              memrt::test::run_reference("sft_records.py", dir.str() + " " + dir.file("tok/llama3") + " " +
+                                                               dir.file("tok/llama2"));
+};
+
+}  // namespace
+
+TEST(Records, TokenizeAsAxolotlAndTrlDo) {
+  Fixture f;
+  ASSERT_TRUE(f.made);
+  for (const char* kind : {"llama3", "llama2"}) {
+    const Tokenizer tok = Tokenizer::from_file(f.dir.file(std::string("tok/") + kind + "/tokenizer.json"));
+    const rapidjson::Document want = read_json(f.dir.file(std::string("tok/") + kind + "/sft.json"));
+    ASSERT_TRUE(tok.eos_token() && tok.bos_token()) << kind;
+    for (RecordType type : {RecordType::kAlpaca, RecordType::kPromptCompletion}) {
+      for (bool train_on_prompt : {false, true}) {
+        const std::string key = std::string(record_type_name(type)) + " " + (train_on_prompt ? "1" : "0");
+        SCOPED_TRACE(std::string(kind) + ", " + key);
+        const rapidjson::Value& w = want[key.c_str()];
+        const std::string data = f.dir.file(type == RecordType::kAlpaca ? "alpaca.jsonl" : "prompt_completion.jsonl");
+        RecordOptions o{type, want["max_length"].GetInt64(), train_on_prompt};
+        TokenizedRecords got;
+        tokenize_records(data, tok, o, got, /*threads=*/2);
+        std::vector<std::vector<uint32_t>> ids;
+        std::vector<std::vector<uint8_t>> labels;
+        split(got, ids, labels);
+        EXPECT_EQ(ids, lists_of<uint32_t>(w["ids"]));
+        EXPECT_EQ(labels, lists_of<uint8_t>(w["labels"]));
+        EXPECT_EQ(got.dropped, w["dropped"].GetInt64());
+        EXPECT_EQ(got.truncated, w["truncated"].GetInt64());
+        EXPECT_EQ(got.records, type == RecordType::kAlpaca ? 8 : 7);
+        if (type == RecordType::kAlpaca) {  // the same records as one JSON array
+          TokenizedRecords array;
+          tokenize_records(f.dir.file("alpaca.json"), tok, o, array, 1);
+          EXPECT_EQ(array.ids, got.ids);
+          EXPECT_EQ(array.labels, got.labels);
+          EXPECT_EQ(array.offsets, got.offsets);
+        }
+      }
+    }
+  }
+}
+
+// Records opened as a dataset: cached with their masks and boundaries (the cache gives the same
+// samples), batched as one sample per row, right-padded to the longest with -100 targets, targets
+// -100 where the label mask leaves the prediction out; the step's label count is what the loss is
+// averaged over.
+TEST(Records, BatchPerSampleWithTheirMasks) {
+  Fixture f;
+  ASSERT_TRUE(f.made);
+  const rapidjson::Document want = read_json(f.dir.file("tok/llama3/sft.json"));
+  const auto ids = lists_of<int64_t>(want["alpaca 0"]["ids"]);
+  const auto labels = lists_of<int>(want["alpaca 0"]["labels"]);
+  const int64_t max_length = want["max_length"].GetInt64();
+  DataConfig cfg;
+  cfg.datasets = {{f.dir.file("alpaca.jsonl"), "alpaca"}};
+  cfg.tokenizer = f.dir.file("tok/llama3/tokenizer.json");
+  cfg.cache_dir = f.dir.file("cache");
+  cfg.block_size = max_length;
+  for (const char* from : {"; cached in ", ", from the cache "}) {
+    const std::shared_ptr<TokenDataset> d = TokenDataset::open(cfg);
+    EXPECT_NE(d->description().find(from), std::string::npos) << d->description();
+    EXPECT_NE(d->description().find("8 records, 6 samples"), std::string::npos) << d->description();
+    ASSERT_EQ(d->num_samples(), static_cast<int64_t>(ids.size()));
+    for (int64_t k = 0; k < d->num_samples(); ++k) {
+      ASSERT_EQ(d->sample_length(k), static_cast<int64_t>(ids[k].size()));
+      std::vector<int64_t> got(ids[k].size());
+      d->copy_tokens(d->sample_begin(k), d->sample_length(k), got.data());
+      EXPECT_EQ(got, ids[k]) << k;
+      for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(d->trained(d->sample_begin(k) + i), labels[k][i] != 0);
+    }
+    // Samples 1 and 3 in one batch: each row its sample, padded to the longer of the two.
+    const Batch b = sample_batch(*d, {1, 3});
+    const int64_t T = std::max(ids[1].size(), ids[3].size());
+    ASSERT_EQ(b.inputs.sizes(), (std::vector<int64_t>{2, T}));
+    EXPECT_EQ(b.tokens, static_cast<int64_t>(ids[1].size() + ids[3].size()));
+    int64_t counted = 0;
+    for (int row = 0; row < 2; ++row) {
+      const size_t k = row == 0 ? 1 : 3;
+      for (int64_t t = 0; t < T; ++t) {
+        const bool real = t < static_cast<int64_t>(ids[k].size());
+        EXPECT_EQ(b.inputs[row][t].item<int64_t>(), real ? ids[k][t] : 0);
+        const bool trained = t + 1 < static_cast<int64_t>(ids[k].size()) && labels[k][t + 1];
+        EXPECT_EQ(b.targets[row][t].item<int64_t>(), trained ? ids[k][t + 1] : -100) << row << " " << t;
+        counted += trained;
+      }
+    }
+    EXPECT_EQ(counted, d->sample_labels(1) + d->sample_labels(3));
+    EXPECT_EQ(sample_batch(*d, {1}, max_length).inputs.size(1), max_length) << "pad_to_sequence_len";
+    // A loader of 2 ranks x 1 accumulation x 1 sample: a step's label count covers both ranks' samples.
+    DataLoader r0(d, max_length, 1, 1, 0, 2, 7), r1(d, max_length, 1, 1, 1, 2, 7);
+    EXPECT_EQ(r0.steps_per_epoch(), 3);
+    for (int64_t step = 0; step < 3; ++step) {
+      const Batch a = r0.get(step, 0), c = r1.get(step, 0);
+      const int64_t n = a.targets.ne(-100).sum().item<int64_t>() + c.targets.ne(-100).sum().item<int64_t>();
+      EXPECT_EQ(r0.step_labels(step), n);
+      EXPECT_EQ(r1.step_labels(step), n);
+      EXPECT_EQ(a.inputs.size(1), a.tokens) << "one sample, not padded";
+    }
+  }
+  // Training on the prompt too is another cache entry, with more labels.
+  const int64_t response_only = TokenDataset::open(cfg)->sample_labels(0);
+  cfg.train_on_prompt = true;
+  const std::shared_ptr<TokenDataset> all = TokenDataset::open(cfg);
+  EXPECT_NE(all->description().find("; cached in "), std::string::npos) << all->description();
+  EXPECT_EQ(all->sample_labels(0), all->sample_length(0) - 1);
+  EXPECT_GT(all->sample_labels(0), response_only);
+}
+
+// A JSONL train_file of prompt/completion records is read as TRL reads it; records of other shapes
+// and bad records are errors naming the file, the line and what to do.
+TEST(Records, BadRecordsNameTheFileAndLine) {
+  Fixture f;
+  ASSERT_TRUE(f.made);
+  DataConfig cfg;
+  cfg.tokenizer = f.dir.file("tok/llama3/tokenizer.json");
+  cfg.cache_dir = f.dir.file("cache");
+  cfg.block_size = 256;
+  cfg.train_file = f.dir.file("prompt_completion.jsonl");
+  const std::shared_ptr<TokenDataset> pc = TokenDataset::open(cfg);
+  EXPECT_TRUE(pc->has_samples());
+  EXPECT_NE(pc->description().find("7 records, 6 samples"), std::string::npos) << pc->description();
+  EXPECT_NE(pc->description().find("2 records cut to block_size 256"), std::string::npos) << pc->description();
+  struct Case {
+    std::string name, text;
+    std::vector<std::string> says;
+  };
+  const std::vector<Case> cases = {
+      {"chat.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n", {"chat.jsonl", "\"messages\"", "chat template"}},
+      {"alpaca.jsonl", "{\"instruction\": \"a\", \"output\": \"b\"}\n", {"alpaca.jsonl", "type: alpaca", "datasets:"}},
+      {"pc.jsonl", "{\"prompt\": \"a\", \"completion\": \"b\"}\n{\"prompt\": \"a\"}\n", {"pc.jsonl", "line 2", "no \"completion\""}},
+      {"pc2.jsonl", "{\"prompt\": \"a\", \"completion\": \"b\"}\n\n{\"prompt\": 3, \"completion\": \"b\"}\n", {"pc2.jsonl", "line 3", "\"prompt\" must be a string"}},
+      {"pc3.jsonl", "{\"prompt\": \"a\", \"completion\": \"b\"}\n{\"prompt\": \"caf\xE9\", \"completion\": \"b\"}\n", {"pc3.jsonl", "line 2", "not valid UTF-8"}},
+      {"pc4.jsonl", "{\"prompt\": \"a\", \"completion\": \"b\"}\n{\"prompt\": \"a\", \"completion\": \"b\"\n", {"pc4.jsonl", "line 2", "invalid JSON"}},
+      {"pc5.jsonl", "{\"prompt\": [{\"role\": \"user\", \"content\": \"hi\"}], \"completion\": \"b\"}\n", {"pc5.jsonl", "line 1", "conversational"}},
+  };
+  for (const Case& c : cases) {
+    std::ofstream(f.dir.file(c.name), std::ios::binary) << c.text;
+    cfg.train_file = f.dir.file(c.name);
+    expect_error<FileError>([&] { TokenDataset::open(cfg); }, c.says);
+  }
+  // alpaca records without their fields; a tokenizer without an EOS token.
+  std::ofstream(f.dir.file("bad_alpaca.json")) << "[{\"instruction\": \"a\", \"output\": \"b\"}, {\"output\": \"b\"}]";
+  cfg.train_file.clear();
+  cfg.datasets = {{f.dir.file("bad_alpaca.json"), "alpaca"}};
+  expect_error<FileError>([&] { TokenDataset::open(cfg); }, {"bad_alpaca.json", "record 2", "no \"instruction\""});
+  cfg.datasets = {{f.dir.file("alpaca.jsonl"), "alpaca"}};
+  cfg.tokenizer = f.dir.file("tok/gpt2/tokenizer.json");  // no tokenizer_config.json beside it
+  expect_error<FileError>([&] { TokenDataset::open(cfg); }, {"EOS token", "tokenizer_config.json", "eos_token"});
+  cfg.tokenizer.clear();
+  expect_error<FileError>([&] { TokenDataset::open(cfg); }, {"alpaca.jsonl", "model_name_or_path", "tokenizer.json"});
+}

@@ -1,0 +1,135 @@
+// Fine-tuning on records through the launcher (docs/tokenizers.md, "Datasets"): a small Llama saved
+// with its own tokenizer, alpaca and prompt/completion records, the loss over the step's trained
+// tokens, and the configs users bring from axolotl and TRL.
+#include <gtest/gtest.h>
+
+#include <rapidjson/document.h>
+
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "json_helpers.h"
+#include "run_helpers.h"
+#include "torch_reference.h"
+
+namespace {
+
+using namespace memrt_test;
+namespace fs = std::filesystem;
+
+std::string ds(int micro, int accumulation) {
+  return R"({"train_micro_batch_size_per_gpu": )" + std::to_string(micro) + R"(, "gradient_accumulation_steps": )" +
+         std::to_string(accumulation) + "}";
+}
+
+// dir/base: a Llama initialised by memrt and exported as a Hugging Face directory, with the Llama-3
+// kind tokenizer.json of hf_tokenizers.py and a tokenizer_config.json naming BOS and EOS
+// (sft_records.py, which also writes dir/alpaca.jsonl and dir/prompt_completion.jsonl and, in
+// dir/tok/llama3/sft.json, what axolotl and TRL make of them).
+fs::path make_base(const TempDir& dir, const std::string& shape) {
+  const fs::path tok = dir.path() / "tok";
+  const std::string py = std::string(MEMRT_PYTHON) + " " + MEMRT_SOURCE_DIR + "/tests/data/";
+  EXPECT_EQ(run(py + "hf_tokenizers.py " + tok.string()).exit_code, 0);
+  const RunResult made = run(py + "sft_records.py " + dir.path().string() + " " + (tok / "llama3").string());
+  EXPECT_EQ(made.exit_code, 0) << made.out;
+  const std::string init = "model: {arch: llama, " + shape + ", vocab_size: 1300, n_ctx: 256}\nmax_steps: 1\nsave_steps: 1\n";
+  EXPECT_EQ(run(kLauncher + " --deepspeed " + dir.write("init.json", ds(1, 1)) + " " + dir.write("init.yaml", init) +
+                " --output_dir=" + (dir.path() / "init").string()).exit_code, 0);
+  const fs::path base = dir.path() / "base";
+  EXPECT_EQ(run(kLauncher + " export " + (dir.path() / "init").string() + " " + base.string()).exit_code, 0);
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) fs::copy_file(tok / "llama3" / f, base / f);
+  return base;
+}
+
+// Alpaca records whose responses run from 1 to 30 words: micro-batches train on very different
+// numbers of tokens.
+std::string uneven_records(const TempDir& dir) {
+  std::string text;
+  for (int i = 0; i < 24; ++i) {
+    std::string output;
+    for (int w = 0; w < 1 + (i * 17) % 30; ++w) output += (w ? " " : "") + std::string(w % 3 ? "more" : "words");
+    text += R"({"instruction": "Say something )" + std::to_string(i) + R"(", "input": ")" + (i % 2 ? "x" : "") +
+            R"(", "output": ")" + output + "\"}\n";
+  }
+  return dir.write("uneven.jsonl", text);
+}
+
+}  // namespace
+
+// The loss of a step is the mean over every token it trains on (transformers' num_items_in_batch),
+// however the global batch of 4 is split: 4 samples in one micro-batch, 4 micro-batches of 1, or 2
+// ranks of 2 micro-batches of 1 give the same losses, step after step, to 1e-6 — with responses of
+// very different lengths, where averaging each micro-batch's mean would not.
+TEST(Sft, TheLossIsTheMeanOverTheStepsTrainedTokens) {
+  TempDir dir("sft_loss");
+  const fs::path base = make_base(dir, "n_layer: 1, n_head: 2, n_kv_head: 2, d_model: 32, d_ff: 64");
+  const std::string yaml = dir.write("train.yaml", "base_model: " + base.string() + "\nsequence_len: 256\n"
+                                                   "dataset_prepared_path: " + (dir.path() / "prepared").string() + "\n"
+                                                   "datasets:\n  - path: " + uneven_records(dir) + "\n    type: alpaca\n"
+                                                   "max_steps: 3\nlogging_steps: 1\nlearning_rate: 1.0e-2\n"
+                                                   "lr_scheduler_type: constant\n");
+  struct Split {
+    const char* name;
+    int ranks, micro, accumulation;
+  };
+  std::vector<std::vector<double>> got;
+  for (const Split& s : {Split{"one", 1, 4, 1}, Split{"four", 1, 1, 4}, Split{"ranks", 2, 1, 2}}) {
+    const fs::path out = dir.path() / s.name;
+    const RunResult r = run("env OMP_NUM_THREADS=1 " + kLauncher + " --num_procs " + std::to_string(s.ranks) +
+                            " --master_port " + std::to_string(free_port()) + " --deepspeed " +
+                            dir.write(std::string(s.name) + ".json", ds(s.micro, s.accumulation)) + " " + yaml +
+                            " --output_dir=" + out.string());
+    ASSERT_EQ(r.exit_code, 0) << s.name << "\n" << r.out;
+    EXPECT_NE(r.out.find("24 records, 24 samples"), std::string::npos) << r.out;
+    got.push_back(losses(out));
+    ASSERT_EQ(got.back().size(), 3u) << s.name;
+  }
+  for (size_t i = 1; i < got.size(); ++i)
+    for (size_t step = 0; step < 3; ++step)
+      EXPECT_NEAR(got[i][step], got[0][step], 1e-6 * got[0][step]) << "split " << i << ", step " << step + 1;
+}
+
+// axolotl's QLoRA YAML shape — base_model with its tokenizer, datasets: [{path, type: alpaca}],
+// train_on_inputs: false, sequence_len, pad_to_sequence_len — trains and writes its adapter; TRL's
+// shape — a prompt/completion JSONL as train_file with completion_only_loss — trains, and
+// evaluating the same file counts exactly the completion tokens TRL trains on.
+TEST(Sft, AxolotlAndTrlConfigsTrainOnTheirRecords) {
+  TempDir dir("sft_configs");
+  const fs::path base = make_base(dir, "n_layer: 2, n_head: 4, n_kv_head: 2, d_model: 64, d_ff: 128");
+  const rapidjson::Document want = read_json(dir.path() / "tok" / "llama3" / "sft.json");
+  const fs::path axolotl = dir.path() / "axolotl";
+  const RunResult a = run(
+      kLauncher + " --deepspeed " + dir.write("a.json", ds(2, 1)) + " " +
+      dir.write("axolotl.yaml", "base_model: " + base.string() + "\nadapter: qlora\nload_in_4bit: true\n"
+                                "lora_r: 8\nlora_alpha: 16\nlora_target_linear: true\nsequence_len: 256\n"
+                                "pad_to_sequence_len: true\nsample_packing: false\ntrain_on_inputs: false\n"
+                                "dataset_prepared_path: " + (dir.path() / "prepared").string() + "\n"
+                                "datasets:\n  - path: " + (dir.path() / "alpaca.jsonl").string() +
+                                "\n    type: alpaca\nnum_epochs: 2\nsave_steps: 3\nlogging_steps: 1\nlearning_rate: 1.0e-2\n") +
+      " --output_dir=" + axolotl.string());
+  ASSERT_EQ(a.exit_code, 0) << a.out;
+  EXPECT_NE(a.out.find("8 records, 6 samples"), std::string::npos) << a.out;
+  EXPECT_NE(a.out.find("2 records dropped"), std::string::npos) << a.out;
+  EXPECT_EQ(losses(axolotl).size(), 6u) << "6 samples, 2 a step, 2 epochs";
+  EXPECT_TRUE(fs::exists(axolotl / "adapter" / "adapter_model.safetensors"));
+
+  const fs::path trl = dir.path() / "trl";
+  const std::string pc = (dir.path() / "prompt_completion.jsonl").string();
+  const std::string yaml = dir.write("trl.yaml", "model_name_or_path: " + base.string() + "\nuse_peft: true\n"
+                                                 "lora_r: 8\nlora_target_modules: all-linear\nmax_length: 256\n"
+                                                 "completion_only_loss: true\ndataset_prepared_path: " + (dir.path() / "prepared").string() +
+                                                 "\ntrain_file: " + pc + "\neval_file: " + pc +
+                                                 "\nmax_steps: 3\nlogging_steps: 1\nlearning_rate: 1.0e-2\n");
+  const RunResult t = run(kLauncher + " --deepspeed " + dir.write("t.json", ds(2, 1)) + " " + yaml +
+                          " --output_dir=" + trl.string());
+  ASSERT_EQ(t.exit_code, 0) << t.out;
+  EXPECT_EQ(losses(trl).size(), 3u);
+  const rapidjson::Document eval = read_json(trl / "eval.json");
+  int64_t completion_tokens = 0;
+  for (const auto& sample : want["prompt_completion 0"]["labels"].GetArray())
+    for (rapidjson::SizeType i = 1; i < sample.Size(); ++i) completion_tokens += sample[i].GetInt();
+  EXPECT_EQ(eval["windows"].GetInt64(), static_cast<int64_t>(want["prompt_completion 0"]["ids"].Size()));
+  EXPECT_EQ(eval["tokens"].GetInt64(), completion_tokens);
+}
