@@ -1,0 +1,48 @@
+// Chat templates as transformers renders them (docs/tokenizers.md, "Chat templates"): an in-tree
+// interpreter of the Jinja subset chat templates use, with the environment transformers' renderer
+// sets up (trim_blocks, lstrip_blocks, loop controls, `raise_exception`, `strftime_now`, `tojson`
+// with ensure_ascii off, `{% generation %}` blocks). A construct outside the subset is an error
+// naming it and its line when the template is parsed, never a different prompt.
+//
+//   const ChatTemplate t = ChatTemplate::parse(source, "tokenizer_config.json: chat_template");
+//   rapidjson::Document vars;  // {"messages": [...], "add_generation_prompt": false, "bos_token": ...}
+//   const ChatTemplate::Rendered r = t.render(vars);  // r.text, r.generation: assistant byte spans
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <rapidjson/document.h>
+
+namespace memrt {
+
+class ChatTemplate {
+ public:
+  // memrt::FileError naming `where` and the line of a syntax error or of a construct the
+  // interpreter does not implement.
+  static ChatTemplate parse(const std::string& source, const std::string& where);
+
+  struct Rendered {
+    std::string text;
+    // [begin, end) byte ranges of `text` written inside {% generation %} blocks, in order.
+    std::vector<std::pair<size_t, size_t>> generation;
+  };
+  // Renders with the template variables of the JSON object `variables`. memrt::Error naming the
+  // template and line for what fails at run time: raise_exception's message, an undefined value
+  // used as an object, a value of the wrong kind for a filter or an operator.
+  Rendered render(const rapidjson::Value& variables) const;
+
+  ChatTemplate(ChatTemplate&&) noexcept;
+  ChatTemplate& operator=(ChatTemplate&&) noexcept;
+  ~ChatTemplate();
+
+  struct Program;
+
+ private:
+  explicit ChatTemplate(std::unique_ptr<Program> p);
+  std::unique_ptr<Program> program_;
+};
+
+}  // namespace memrt

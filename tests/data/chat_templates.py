@@ -1,0 +1,86 @@
+"""Chat templates rendered by transformers: the oracle of tests/data/test_chat_template.cpp.
+
+    chat_templates.py OUT.json
+renders each template of tests/data/chat_templates/ (authored here in the shape of the Llama-3.1,
+Qwen3, Mistral, Phi-3 and Gemma templates, plus one exercising whitespace control and expressions)
+on a set of conversations with transformers' own renderer (render_jinja_template, as
+apply_chat_template renders), with and without add_generation_prompt, and writes
+    {"<family>": {"template": "...", "cases": [{"variables": {...}, "text": "...",
+                  "generation": [[begin, end]...]} or {"variables": {...}, "error": "..."}]}}
+where generation holds the UTF-8 byte ranges of {% generation %} blocks (transformers gives
+character offsets).
+"""
+import json
+import os
+import sys
+
+from transformers.utils.chat_template_utils import render_jinja_template
+
+HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "chat_templates")
+
+SPECIAL = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"}
+
+TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city, «now»",
+                                         "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                        "required": ["city"]}}}
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "Hello!"}, {"role": "assistant", "content": "Hi there. How can I help?"}],
+    [{"role": "system", "content": "You are terse.  "},
+     {"role": "user", "content": "  What is 2+2?\n"}, {"role": "assistant", "content": "4"},
+     {"role": "user", "content": "和 3+3？ 👍🏽"}, {"role": "assistant", "content": "  6\n\n"}],
+    [{"role": "user", "content": "Think first."},
+     {"role": "assistant", "content": "<think>\nLet me see.\n</think>\n\nDone: e\u0301 café."}],
+    [{"role": "user", "content": "Weather in Paris?"},
+     {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris", "unit": "°C"}}}]},
+     {"role": "tool", "content": "{\"temp\": 21}"},
+     {"role": "assistant", "content": "It is 21 °C.", "reasoning_content": "The tool said 21."}],
+    [{"role": "user", "content": [{"type": "text", "text": " Look: "}, {"type": "image"}]},
+     {"role": "assistant", "content": "A cat.\t"}],
+    [{"role": "user", "content": "first"}, {"role": "user", "content": "second in a row"}],
+]
+
+# Which conversations each family takes (its roles and content kinds).
+FAMILIES = {
+    "llama3": [0, 1, 2, 3],
+    "qwen3": [0, 1, 2, 3],
+    "mistral": [0, 1, 2, 5],
+    "phi3": [0, 1, 2],
+    "gemma": [0, 1, 2, 4, 5],
+    "chatml_blocks": [0, 1, 2],
+}
+
+
+def byte_ranges(text, ranges):
+    return [[len(text[:b].encode()), len(text[:e].encode())] for b, e in ranges]
+
+
+def main():
+    out = {}
+    for family, picks in FAMILIES.items():
+        with open(os.path.join(HERE, family + ".jinja"), encoding="utf-8") as f:
+            template = f.read()
+        cases = []
+        for k in picks:
+            for gen in (False, True):
+                variables = dict(SPECIAL, messages=CONVERSATIONS[k], add_generation_prompt=gen)
+                if family in ("llama3", "qwen3"):
+                    variables["tools"] = [TOOL] if k == 3 else None
+                if family == "qwen3" and gen:
+                    variables["enable_thinking"] = False
+                kwargs = {key: v for key, v in variables.items() if key not in ("messages", "tools", "add_generation_prompt")}
+                try:
+                    rendered, indices = render_jinja_template(
+                        conversations=[CONVERSATIONS[k]], tools=variables.get("tools"), chat_template=template,
+                        return_assistant_tokens_mask=True, add_generation_prompt=gen, **kwargs)
+                    text = rendered[0]
+                    cases.append({"variables": variables, "text": text, "generation": byte_ranges(text, indices[0])})
+                except Exception as e:  # the template's raise_exception
+                    cases.append({"variables": variables, "error": str(e)})
+        out[family] = {"template": template, "cases": cases}
+    with open(sys.argv[1], "w", encoding="utf-8") as f:
+        json.dump(out, f, ensure_ascii=False)
+
+
+if __name__ == "__main__":
+    main()
