@@ -96,6 +96,92 @@ TEST(Records, TokenizeAsAxolotlAndTrlDo) {
   }
 }
 
+// Conversations (TRL's "messages", with a record's tools) rendered with the model's chat template
+// (chat_template.jinja beside the tokenizer) and tokenized as apply_chat_template tokenizes them:
+// every token trained, or with assistant_only_loss the tokens of the template's generation blocks
+// (return_assistant_tokens_mask); cut to max_length. A template that refuses a conversation, or
+// assistant_only_loss without generation blocks, is an error naming the file and line.
+TEST(Records, ConversationsTokenizeAsTrlDoes) {
+  Fixture f;
+  ASSERT_TRUE(f.made);
+  const rapidjson::Document want = read_json(f.dir.file("tok/llama3/sft.json"));
+  for (bool assistant_only : {false, true}) {
+    SCOPED_TRACE(assistant_only ? "assistant_only_loss" : "every token");
+    DataConfig cfg;
+    cfg.train_file = f.dir.file("messages.jsonl");
+    cfg.tokenizer = f.dir.file("tok/llama3/tokenizer.json");
+    cfg.cache_dir = f.dir.file("cache");
+    cfg.block_size = want["max_length"].GetInt64();
+    cfg.assistant_only = assistant_only;
+    const rapidjson::Value& w = want[assistant_only ? "messages 1" : "messages 0"];
+    const auto ids = lists_of<int64_t>(w["ids"]);
+    const auto labels = lists_of<int>(w["labels"]);
+    const std::shared_ptr<TokenDataset> d = TokenDataset::open(cfg);
+    EXPECT_NE(d->description().find("5 records, " + std::to_string(ids.size()) + " samples"), std::string::npos)
+        << d->description();
+    EXPECT_NE(d->description().find("3 records cut to block_size"), std::string::npos) << d->description();
+    ASSERT_EQ(d->num_samples(), static_cast<int64_t>(ids.size()));
+    for (int64_t k = 0; k < d->num_samples(); ++k) {
+      std::vector<int64_t> got(static_cast<size_t>(d->sample_length(k)));
+      d->copy_tokens(d->sample_begin(k), d->sample_length(k), got.data());
+      EXPECT_EQ(got, ids[k]) << k;
+      std::vector<int> mask;
+      for (int64_t i = 0; i < d->sample_length(k); ++i) mask.push_back(d->trained(d->sample_begin(k) + i));
+      EXPECT_EQ(mask, labels[k]) << k;
+    }
+  }
+  // The same conversations in sharegpt's shape (from/value, human/gpt): the same samples.
+  {
+    std::ofstream out(f.dir.file("sharegpt.json"));
+    out << R"([{"conversations": [{"from": "human", "value": "Hello!"}, {"from": "gpt", "value": "Hi there."}]},)"
+        << R"( {"conversations": [{"from": "system", "value": "You are terse."}, {"from": "human", "value": "2+2?"},)"
+        << R"( {"from": "gpt", "value": " 4 "}, {"from": "human", "value": "和 3+3？ 👍🏽"}, {"from": "gpt", "value": "6"}]}])";
+  }
+  DataConfig sharegpt;
+  sharegpt.train_file = f.dir.file("sharegpt.json");
+  sharegpt.tokenizer = f.dir.file("tok/llama3/tokenizer.json");
+  sharegpt.cache_dir = f.dir.file("cache");
+  sharegpt.block_size = want["max_length"].GetInt64();
+  const std::shared_ptr<TokenDataset> sg = TokenDataset::open(sharegpt);
+  const auto first_two = lists_of<int64_t>(want["messages 0"]["ids"]);
+  ASSERT_EQ(sg->num_samples(), 2);
+  for (int64_t k = 0; k < 2; ++k) {
+    std::vector<int64_t> got(static_cast<size_t>(sg->sample_length(k)));
+    sg->copy_tokens(sg->sample_begin(k), sg->sample_length(k), got.data());
+    EXPECT_EQ(got, first_two[static_cast<size_t>(k)]) << k;
+  }
+  // A template given as its source in train.yaml (alignment-handbook's chat_template) renders instead
+  // of the model's.
+  DataConfig given = sharegpt;
+  given.chat_template = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}";
+  given.chat_template_where = "train.yaml: chat_template";
+  const std::shared_ptr<TokenDataset> plain = TokenDataset::open(given);
+  const std::vector<int32_t> hello =
+      Tokenizer::from_file(given.tokenizer).encode("user: Hello!\nassistant: Hi there.\n", /*add_special_tokens=*/false);
+  ASSERT_EQ(plain->sample_length(0), static_cast<int64_t>(hello.size()));
+  std::vector<int64_t> got(hello.size());
+  plain->copy_tokens(plain->sample_begin(0), plain->sample_length(0), got.data());
+  EXPECT_EQ(got, std::vector<int64_t>(hello.begin(), hello.end()));
+  given.chat_template = "{% for m in messages %}{{ m.role }";
+  expect_error<FileError>([&] { TokenDataset::open(given); }, {"train.yaml: chat_template", "line 1"});
+  // Mistral's template refuses the tool conversation (line 3), as it does in transformers.
+  DataConfig mistral;
+  mistral.train_file = f.dir.file("messages.jsonl");
+  mistral.tokenizer = f.dir.file("tok/llama2/tokenizer.json");
+  mistral.cache_dir = f.dir.file("cache");
+  mistral.block_size = 256;
+  expect_error<FileError>([&] { TokenDataset::open(mistral); },
+                          {"messages.jsonl", "line 3", "chat_template.jinja", "roles must alternate"});
+  // Its template has no generation blocks: assistant_only_loss cannot be honoured.
+  std::ofstream(f.dir.file("one.jsonl")) << R"({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]})" << "\n";
+  mistral.train_file = f.dir.file("one.jsonl");
+  mistral.assistant_only = true;
+  expect_error<FileError>([&] { TokenDataset::open(mistral); }, {"one.jsonl", "assistant_only_loss", "{% generation %}"});
+  // assistant_only_loss on records that are not conversations.
+  mistral.train_file = f.dir.file("prompt_completion.jsonl");
+  expect_error<FileError>([&] { TokenDataset::open(mistral); }, {"prompt_completion.jsonl", "assistant_only_loss", "conversations"});
+}
+
 // Records opened as a dataset: cached with their masks and boundaries (the cache gives the same
 // samples), batched as one sample per row, right-padded to the longest with -100 targets, targets
 // -100 where the label mask leaves the prediction out; the step's label count is what the loss is
@@ -181,7 +267,8 @@ TEST(Records, BadRecordsNameTheFileAndLine) {
     std::vector<std::string> says;
   };
   const std::vector<Case> cases = {
-      {"chat.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n", {"chat.jsonl", "\"messages\"", "chat template"}},
+      {"sharegpt.jsonl", "{\"conversations\": [{\"from\": \"human\", \"value\": \"hi\"}, {\"from\": \"bot\", \"value\": \"x\"}]}\n", {"sharegpt.jsonl", "line 1", "\"bot\"", "human/user"}},
+      {"chat.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n{\"messages\": [{\"content\": \"x\"}]}\n", {"chat.jsonl", "line 2", "\"role\""}},
       {"alpaca.jsonl", "{\"instruction\": \"a\", \"output\": \"b\"}\n", {"alpaca.jsonl", "type: alpaca", "datasets:"}},
       {"pc.jsonl", "{\"prompt\": \"a\", \"completion\": \"b\"}\n{\"prompt\": \"a\"}\n", {"pc.jsonl", "line 2", "no \"completion\""}},
       {"pc2.jsonl", "{\"prompt\": \"a\", \"completion\": \"b\"}\n\n{\"prompt\": 3, \"completion\": \"b\"}\n", {"pc2.jsonl", "line 3", "\"prompt\" must be a string"}},

@@ -25,9 +25,10 @@ std::string ds(int micro, int accumulation) {
 }
 
 // dir/base: a Llama initialised by memrt and exported as a Hugging Face directory, with the Llama-3
-// kind tokenizer.json of hf_tokenizers.py and a tokenizer_config.json naming BOS and EOS
-// (sft_records.py, which also writes dir/alpaca.jsonl and dir/prompt_completion.jsonl and, in
-// dir/tok/llama3/sft.json, what axolotl and TRL make of them).
+// kind tokenizer.json of hf_tokenizers.py, a tokenizer_config.json naming BOS and EOS and a Llama-3.1
+// shaped chat_template.jinja (sft_records.py, which also writes dir/alpaca.jsonl,
+// dir/prompt_completion.jsonl and dir/messages.jsonl and, in dir/tok/llama3/sft.json, what axolotl
+// and TRL make of them).
 fs::path make_base(const TempDir& dir, const std::string& shape) {
   const fs::path tok = dir.path() / "tok";
   const std::string py = std::string(MEMRT_PYTHON) + " " + MEMRT_SOURCE_DIR + "/tests/data/";
@@ -39,7 +40,8 @@ fs::path make_base(const TempDir& dir, const std::string& shape) {
                 " --output_dir=" + (dir.path() / "init").string()).exit_code, 0);
   const fs::path base = dir.path() / "base";
   EXPECT_EQ(run(kLauncher + " export " + (dir.path() / "init").string() + " " + base.string()).exit_code, 0);
-  for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) fs::copy_file(tok / "llama3" / f, base / f);
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"})
+    fs::copy_file(tok / "llama3" / f, base / f);
   return base;
 }
 
@@ -93,8 +95,9 @@ TEST(Sft, TheLossIsTheMeanOverTheStepsTrainedTokens) {
 
 // axolotl's QLoRA YAML shape — base_model with its tokenizer, datasets: [{path, type: alpaca}],
 // train_on_inputs: false, sequence_len, pad_to_sequence_len — trains and writes its adapter; TRL's
-// shape — a prompt/completion JSONL as train_file with completion_only_loss — trains, and
-// evaluating the same file counts exactly the completion tokens TRL trains on.
+// shapes — a prompt/completion JSONL as train_file with completion_only_loss, and a conversational
+// (messages) one through the model's chat template with assistant_only_loss — train, and
+// evaluating each file counts exactly the tokens TRL trains on.
 TEST(Sft, AxolotlAndTrlConfigsTrainOnTheirRecords) {
   TempDir dir("sft_configs");
   const fs::path base = make_base(dir, "n_layer: 2, n_head: 4, n_kv_head: 2, d_model: 64, d_ff: 128");
@@ -132,4 +135,22 @@ TEST(Sft, AxolotlAndTrlConfigsTrainOnTheirRecords) {
     for (rapidjson::SizeType i = 1; i < sample.Size(); ++i) completion_tokens += sample[i].GetInt();
   EXPECT_EQ(eval["windows"].GetInt64(), static_cast<int64_t>(want["prompt_completion 0"]["ids"].Size()));
   EXPECT_EQ(eval["tokens"].GetInt64(), completion_tokens);
+
+  const fs::path chat = dir.path() / "chat";
+  const std::string messages = (dir.path() / "messages.jsonl").string();
+  const RunResult c = run(kLauncher + " --deepspeed " + dir.write("c.json", ds(2, 1)) + " " +
+                          dir.write("chat.yaml", "model_name_or_path: " + base.string() + "\nuse_peft: true\n"
+                                                 "lora_r: 8\nlora_target_modules: all-linear\nmax_length: 256\n"
+                                                 "assistant_only_loss: true\ndataset_prepared_path: " +
+                                                 (dir.path() / "prepared").string() + "\ntrain_file: " + messages +
+                                                 "\neval_file: " + messages + "\nmax_steps: 2\nlogging_steps: 1\n") +
+                          " --output_dir=" + chat.string());
+  ASSERT_EQ(c.exit_code, 0) << c.out;
+  EXPECT_EQ(losses(chat).size(), 2u);
+  int64_t assistant_tokens = 0;
+  for (const auto& sample : want["messages 1"]["labels"].GetArray())
+    for (rapidjson::SizeType i = 1; i < sample.Size(); ++i) assistant_tokens += sample[i].GetInt();
+  const rapidjson::Document chat_eval = read_json(chat / "eval.json");
+  EXPECT_EQ(chat_eval["windows"].GetInt64(), static_cast<int64_t>(want["messages 1"]["ids"].Size()));
+  EXPECT_EQ(chat_eval["tokens"].GetInt64(), assistant_tokens);
 }

@@ -110,6 +110,8 @@ const std::vector<std::pair<std::string, std::vector<std::string>>> kYamlKeys = 
     {"datasets", {"datasets"}},
     {"train_on_inputs", {"train_on_inputs"}},
     {"completion_only_loss", {"completion_only_loss"}},
+    {"assistant_only_loss", {"assistant_only_loss"}},
+    {"chat_template", {"chat_template"}},
     {"pad_to_sequence_len", {"pad_to_sequence_len"}},
     {"dataset_prepared_path", {"dataset_prepared_path", "tokenized_path"}},
     {"eval_file", {"eval_file", "validation_file"}},
@@ -225,8 +227,6 @@ const std::vector<std::pair<const char*, const char*>> kYamlIgnored = {
     {"special_tokens", "memrt tokenizes with model_name_or_path's tokenizer.json as saved (bytes without one)"},
     {"eot_tokens", "memrt tokenizes with model_name_or_path's tokenizer.json as saved (bytes without one)"},
     {"tokenizer_type", "memrt tokenizes with model_name_or_path's tokenizer.json (bytes without one)"},
-    {"template", "memrt trains on plain text"},
-    {"chat_template", "memrt trains on plain text"},
     {"model_type", "the architecture comes from the model block or the checkpoint's config.json"},
     {"torchdistx_path", "not needed"},
     {"loss_watchdog_threshold", "not implemented; see the loss-spike guard example plugin"},
@@ -242,6 +242,9 @@ const std::vector<std::pair<const char*, const char*>> kYamlRejected = {
     {"dataset_mixture", "memrt reads a local train_file (text, .bin tokens or JSONL with a \"text\" field); set train_file"},
     {"dataset_splits", "memrt reads a local train_file; set train_file"},
     {"max_samples", "memrt trains on the whole train_file; cut the file instead, or set max_steps"},
+    {"template", "LLaMA-Factory's named templates are not supported yet: memrt renders conversations with the "
+                 "model's own chat template (tokenizer_config.json's chat_template, or chat_template.jinja); remove "
+                 "template to use it"},
     {"unfrozen_parameters", "memrt trains every parameter, the layers finetuning_type: freeze chooses (freeze_trainable_layers, freeze_trainable_modules, freeze_extra_modules), or LoRA adapters"},
     {"beta", "DPO is not supported: memrt trains causal language modelling"},
     {"max_prompt_length", "DPO is not supported: memrt trains causal language modelling"},
@@ -1591,6 +1594,20 @@ void Loader::resolve_records() {
                         completion_only->to_json(0) + ": they say opposite things about the prompt's tokens; keep one");
   cfg.data.train_on_prompt = inputs ? inputs->as_bool() : completion_only ? !completion_only->as_bool() : false;
   if (const ConfigNode* pad = yv("pad_to_sequence_len")) cfg.data.pad_to_block = pad->as_bool();
+  if (const ConfigNode* assistant = yv("assistant_only_loss")) cfg.data.assistant_only = assistant->as_bool();
+  // chat_template: a template's source (alignment-handbook, TRL) replaces the model's; axolotl's
+  // tokenizer_default is the model's own; axolotl's named templates are not built in (yet).
+  if (const ConfigNode* t = yv("chat_template")) {
+    const std::string& v = t->as_string();
+    if (v.find("{{") != std::string::npos || v.find("{%") != std::string::npos) {
+      cfg.data.chat_template = v;
+      cfg.data.chat_template_where = t->file() + ": chat_template";
+    } else if (v != "tokenizer_default") {
+      throw t->error("is \"" + v + "\"; memrt renders conversations with the model's own chat template "
+                     "(chat_template: tokenizer_default) or with a template given as its Jinja source here: named "
+                     "templates are not supported yet");
+    }
+  }
 }
 
 // eval_file and when to evaluate it: Hugging Face's eval_strategy (steps: every eval_steps, which
@@ -1758,6 +1775,7 @@ std::string resolved_config_json(const TrainConfig& cfg) {
   }
   data.set("train_on_inputs", ConfigNode::boolean(cfg.data.train_on_prompt));
   data.set("pad_to_sequence_len", ConfigNode::boolean(cfg.data.pad_to_block));
+  data.set("assistant_only_loss", ConfigNode::boolean(cfg.data.assistant_only));
   data.set("block_size", num(static_cast<double>(cfg.data.block_size)));
   data.set("tokenizer", str(cfg.data.tokenizer.empty() ? "(bytes)" : cfg.data.tokenizer));
   if (!cfg.data.cache_dir.empty()) data.set("dataset_prepared_path", str(cfg.data.cache_dir));

@@ -81,7 +81,7 @@ struct ModelConfig {
 // A file of fine-tuning records (axolotl's `datasets:` entry; docs/tokenizers.md, "Datasets").
 struct DatasetSource {
   std::string path;
-  std::string type;  // "alpaca" | "prompt_completion" (data/records.h)
+  std::string type;  // "alpaca" | "prompt_completion" | "messages" (data/records.h)
 };
 
 struct DataConfig {
@@ -93,6 +93,12 @@ struct DataConfig {
   // block_size with pad_to_sequence_len.
   bool train_on_prompt = false;
   bool pad_to_block = false;
+  // Conversations: only the assistant's text (the chat template's {% generation %} blocks) is
+  // trained (TRL's assistant_only_loss); else every token.
+  bool assistant_only = false;
+  // A chat template's Jinja source given in train.yaml (alignment-handbook's and TRL's chat_template),
+  // rendering conversations instead of the model's own; where it was given, for its errors.
+  std::string chat_template, chat_template_where;
   // model_name_or_path's tokenizer.json, when it has one: text and JSONL (and the built-in corpus)
   // are tokenized with it; empty: they are bytes (docs/tokenizers.md).
   std::string tokenizer;

@@ -4,6 +4,8 @@
 #include <charconv>
 #include <cmath>
 #include <ctime>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <optional>
@@ -578,6 +580,8 @@ class Parser {
  public:
   Parser(std::vector<Piece> pieces) : pieces_(std::move(pieces)) {}
 
+  bool saw_generation() const { return generation_; }
+
   Body parse_all() {
     Body body = parse_body({});
     if (at_ < pieces_.size()) throw TemplateError(pieces_[at_].line, "unexpected '" + tag_name(pieces_[at_]) + "'");
@@ -587,6 +591,7 @@ class Parser {
  private:
   std::vector<Piece> pieces_;
   size_t at_ = 0;
+  bool generation_ = false;
   const std::vector<Token>* toks_ = nullptr;
   size_t t_ = 0;
 
@@ -719,6 +724,7 @@ class Parser {
       n->body = parse_body({"endmacro"});
       expect_tag("endmacro");
     } else if (name == "generation") {
+      generation_ = true;
       n->type = Node::Type::kGeneration;
       finish();
       n->body = parse_body({"endgeneration"});
@@ -1039,6 +1045,7 @@ class Parser {
 struct ChatTemplate::Program {
   std::string where;
   Body body;
+  bool generation = false;
 };
 
 namespace {
@@ -1761,11 +1768,14 @@ ChatTemplate ChatTemplate::parse(const std::string& source, const std::string& w
     else if (!src.empty() && src.back() == '\n') src.pop_back();
     Parser parser(split_template(src));
     program->body = parser.parse_all();
+    program->generation = parser.saw_generation();
   } catch (const TemplateError& e) {
     throw FileError(where, "line " + std::to_string(e.line) + ": " + e.what());
   }
   return ChatTemplate(std::move(program));
 }
+
+bool ChatTemplate::has_generation() const { return program_->generation; }
 
 ChatTemplate::Rendered ChatTemplate::render(const rapidjson::Value& variables) const {
   Rendered out;
@@ -1779,6 +1789,35 @@ ChatTemplate::Rendered ChatTemplate::render(const rapidjson::Value& variables) c
     throw Error(program_->where + ": {% break %} or {% continue %} outside a loop");
   }
   return out;
+}
+
+std::optional<ChatTemplate> load_chat_template(const std::string& dir) {
+  const std::filesystem::path jinja = std::filesystem::path(dir) / "chat_template.jinja";
+  auto slurp = [](const std::filesystem::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  };
+  if (std::filesystem::exists(jinja)) return ChatTemplate::parse(slurp(jinja), jinja.string());
+  const std::filesystem::path config = std::filesystem::path(dir) / "tokenizer_config.json";
+  if (!std::filesystem::exists(config)) return std::nullopt;
+  rapidjson::Document d;
+  d.Parse(slurp(config).c_str());
+  if (d.HasParseError() || !d.IsObject()) throw FileError(config.string(), "is not a JSON object");
+  if (!d.HasMember("chat_template") || d["chat_template"].IsNull()) return std::nullopt;
+  const rapidjson::Value& t = d["chat_template"];
+  const std::string where = config.string() + ": chat_template";
+  if (t.IsString()) return ChatTemplate::parse(t.GetString(), where);
+  if (t.IsArray()) {
+    for (const auto& named : t.GetArray())
+      if (named.IsObject() && named.HasMember("name") && named["name"].IsString() &&
+          std::string(named["name"].GetString()) == "default" && named.HasMember("template") &&
+          named["template"].IsString())
+        return ChatTemplate::parse(named["template"].GetString(), where + " (default)");
+    throw FileError(config.string(), "chat_template is a list without a {\"name\": \"default\", \"template\": ...}");
+  }
+  throw FileError(config.string(), "chat_template: expected a template string or a list of {name, template}");
 }
 
 }  // namespace memrt

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -33,6 +34,8 @@ class ChatTemplate {
   // template and line for what fails at run time: raise_exception's message, an undefined value
   // used as an object, a value of the wrong kind for a filter or an operator.
   Rendered render(const rapidjson::Value& variables) const;
+  // Whether the template has {% generation %} blocks (which assistant-only masks need).
+  bool has_generation() const;
 
   ChatTemplate(ChatTemplate&&) noexcept;
   ChatTemplate& operator=(ChatTemplate&&) noexcept;
@@ -44,5 +47,11 @@ class ChatTemplate {
   explicit ChatTemplate(std::unique_ptr<Program> p);
   std::unique_ptr<Program> program_;
 };
+
+// The chat template of the model directory `dir`, as transformers loads it: chat_template.jinja,
+// else tokenizer_config.json's "chat_template" (a string, or the template named "default" in a list
+// of {"name", "template"}); nullopt when there is none. FileError naming the file when it is
+// malformed or its template does not parse.
+std::optional<ChatTemplate> load_chat_template(const std::string& dir);
 
 }  // namespace memrt

@@ -16,6 +16,7 @@
 #include <rapidjson/writer.h>
 #include <unistd.h>
 
+#include "data/chat_template.h"
 #include "data/mapped_file.h"
 #include "data/records.h"
 #include "data/tokenizer.h"
@@ -121,13 +122,14 @@ std::string default_cache_dir() {
   return "";
 }
 
-// The cache entry's name: a hash of the format, the tokenizer (its file and tokenizer_config.json
-// beside it, whole), the data files (absolute path, size, modification time and its first and
+// The cache entry's name: a hash of the format, the tokenizer (its file, and tokenizer_config.json
+// and chat_template.jinja beside it, whole), the data files (absolute path, size, modification time and its first and
 // last MiB) and the options that shape the samples: another tokenizer, an edited, touched or copied
 // file or another option is another entry.
 std::string cache_key(const std::vector<std::string>& paths, const std::string& tokenizer, const std::string& options) {
   uint64_t h = fnv1a(1469598103934665603ull, kCacheFormat);
-  for (const fs::path& f : {fs::path(tokenizer), fs::path(tokenizer).parent_path() / "tokenizer_config.json"}) {
+  for (const fs::path& f : {fs::path(tokenizer), fs::path(tokenizer).parent_path() / "tokenizer_config.json",
+                            fs::path(tokenizer).parent_path() / "chat_template.jinja"}) {
     std::ifstream in(f, std::ios::binary);
     if (!in) continue;
     h = fnv1a(h, f.filename().string());
@@ -277,27 +279,24 @@ std::shared_ptr<TokenDataset> TokenDataset::open(const DataConfig& cfg) {
     if (cfg.tokenizer.empty())
       throw FileError(cfg.datasets.front().path, "fine-tuning records are tokenized with the model's tokenizer: set "
                                                  "model_name_or_path to a directory with a tokenizer.json (or tokenizer.model)");
-    return open_records(cfg.datasets, cfg.tokenizer, cfg.block_size, cfg.train_on_prompt, cfg.cache_dir);
+    return open_records(cfg);
   }
   if (ends_with(path, ".bin")) return open_bin(path);
   if (ends_with(path, ".jsonl") || ends_with(path, ".json")) {  // a record's fields say its shape, as in TRL
     const std::vector<std::string> fields = first_record_fields(path);
     auto has = [&](const char* f) { return std::find(fields.begin(), fields.end(), f) != fields.end(); };
-    if (has("prompt") && has("completion")) {
+    for (const auto& [shape, type] : {std::pair<bool, const char*>{has("prompt") && has("completion"), "prompt_completion"},
+                                      {has("messages") || has("conversations"), "messages"}}) {
+      if (!shape) continue;
       DataConfig records = cfg;
-      records.datasets = {{path, "prompt_completion"}};
+      records.datasets = {{path, type}};
       return open(records);
     }
-    for (const char* chat : {"messages", "conversations"})
-      if (has(chat))
-        throw FileError(path, std::string("holds conversations (\"") + chat +
-                                  "\"), which are rendered with a chat template: not supported yet (docs/tokenizers.md); "
-                                  "use prompt/completion records, or axolotl's datasets: [{path, type: alpaca}]");
     if (has("instruction") && has("output"))
       throw FileError(path, "holds alpaca records (instruction/output): name the file in axolotl's "
                             "datasets: [{path: " + path + ", type: alpaca}] instead of train_file");
     if (ends_with(path, ".json"))
-      throw FileError(path, "a .json file holds records (prompt/completion, or alpaca through datasets:); "
+      throw FileError(path, "a .json file holds records (prompt/completion, messages, or alpaca through datasets:); "
                             "text goes in a .txt file or a JSONL file with a \"text\" field per line");
   }
   if (!cfg.tokenizer.empty()) return open_tokenized(path, cfg.tokenizer, cfg.cache_dir);
@@ -487,29 +486,48 @@ std::shared_ptr<TokenDataset> TokenDataset::open_tokenized(const std::string& pa
   return d;
 }
 
-std::shared_ptr<TokenDataset> TokenDataset::open_records(const std::vector<DatasetSource>& sources,
-                                                         const std::string& tokenizer_json, int64_t block_size,
-                                                         bool train_on_prompt, const std::string& cache_dir) {
+std::shared_ptr<TokenDataset> TokenDataset::open_records(const DataConfig& cfg) {
+  const std::vector<DatasetSource>& sources = cfg.datasets;
+  const std::string& tokenizer_json = cfg.tokenizer;
+  const int64_t block_size = cfg.block_size;
   std::vector<std::string> paths;
-  std::string what, options = "records block_size " + std::to_string(block_size) + (train_on_prompt ? " prompt" : "");
+  std::string what, options = "records block_size " + std::to_string(block_size) +
+                              (cfg.train_on_prompt ? " prompt" : "") + (cfg.assistant_only ? " assistant" : "") +
+                              (cfg.chat_template.empty() ? "" : " template " + cfg.chat_template);
   std::vector<RecordOptions> per_source;
+  std::optional<ChatTemplate> chat_template;
   for (const DatasetSource& src : sources) {
     RecordOptions o;
     if (src.type == "alpaca") {
       o.type = RecordType::kAlpaca;
     } else if (src.type == "prompt_completion") {
       o.type = RecordType::kPromptCompletion;
+    } else if (src.type == "messages") {
+      o.type = RecordType::kMessages;
+      if (!chat_template)
+        chat_template = cfg.chat_template.empty()
+                            ? load_chat_template(fs::path(tokenizer_json).parent_path().string())
+                            : ChatTemplate::parse(cfg.chat_template, cfg.chat_template_where);
+      if (!chat_template)
+        throw FileError(src.path, "holds conversations, rendered with the model's chat template, and " +
+                                      fs::path(tokenizer_json).parent_path().string() +
+                                      " has none (tokenizer_config.json's \"chat_template\", or chat_template.jinja)");
     } else {
-      throw FileError(src.path, "has type \"" + src.type + "\"; memrt reads alpaca and prompt_completion records");
+      throw FileError(src.path, "has type \"" + src.type + "\"; memrt reads alpaca, prompt_completion and messages records");
     }
+    if (cfg.assistant_only && o.type != RecordType::kMessages)
+      throw FileError(src.path, std::string("assistant_only_loss applies to conversations (\"messages\"); these are ") +
+                                    record_type_name(o.type) + " records (completion_only_loss / train_on_inputs choose their loss)");
     o.max_length = block_size;
-    o.train_on_prompt = train_on_prompt;
+    o.train_on_prompt = cfg.train_on_prompt;
+    o.assistant_only = cfg.assistant_only;
     per_source.push_back(o);
     paths.push_back(src.path);
     what += (what.empty() ? "" : " + ") + src.path;
     options += std::string(" ") + record_type_name(o.type);
   }
-  const std::string dir = cache_dir.empty() ? default_cache_dir() : cache_dir;
+  for (RecordOptions& o : per_source) o.chat_template = chat_template ? &*chat_template : nullptr;
+  const std::string dir = cfg.cache_dir.empty() ? default_cache_dir() : cfg.cache_dir;
   std::string entry;
   try {
     if (!dir.empty()) entry = (fs::path(dir) / cache_key(paths, tokenizer_json, options)).string();

@@ -48,11 +48,10 @@ class TokenDataset {
   // tokenizer maps the cached tokens; a cache that cannot be written is said in description().
   static std::shared_ptr<TokenDataset> open_tokenized(const std::string& path, const std::string& tokenizer_json,
                                                       const std::string& cache_dir = "");
-  // The records of `sources` (data/records.h), a sample each, in order, samples longer than
-  // block_size dropped or cut as the source's type says; cached as open_tokenized caches.
-  static std::shared_ptr<TokenDataset> open_records(const std::vector<DatasetSource>& sources,
-                                                    const std::string& tokenizer_json, int64_t block_size,
-                                                    bool train_on_prompt, const std::string& cache_dir = "");
+  // The records of cfg.datasets (data/records.h), a sample each, in order, samples longer than
+  // block_size dropped or cut as the source's type says, conversations rendered with the chat
+  // template of the tokenizer's directory; cached as open_tokenized caches.
+  static std::shared_ptr<TokenDataset> open_records(const DataConfig& cfg);
 
   ~TokenDataset();
 

@@ -1,6 +1,7 @@
-// Fine-tuning records (docs/tokenizers.md, "Datasets"): JSONL or JSON files of instruction records,
-// each tokenized into one sample with a label mask, exactly as the tool whose keys name the file
-// tokenizes it — axolotl's `datasets: [{path, type: alpaca}]`, TRL's prompt-completion datasets.
+// Fine-tuning records (docs/tokenizers.md, "Datasets"): JSONL or JSON files of instruction records
+// or conversations, each tokenized into one sample with a label mask, exactly as the tool whose keys
+// name the file tokenizes it — axolotl's `datasets: [{path, type: alpaca}]`, TRL's prompt-completion
+// and conversational (`messages`, rendered with the model's chat template) datasets.
 //
 //   TokenizedRecords out;
 //   tokenize_records("train.jsonl", tokenizer, {RecordType::kAlpaca, 2048, false}, out, threads);
@@ -13,20 +14,26 @@
 
 namespace memrt {
 
+class ChatTemplate;
 class Tokenizer;
 
 enum class RecordType {
   kAlpaca,            // instruction, input (optional), output: axolotl's type: alpaca
   kPromptCompletion,  // prompt, completion: TRL's prompt-completion dataset
+  kMessages,          // messages (and tools): TRL's conversational dataset, through the chat template
 };
 
-// "alpaca", "prompt_completion".
+// "alpaca", "prompt_completion", "messages".
 const char* record_type_name(RecordType type);
 
 struct RecordOptions {
   RecordType type = RecordType::kAlpaca;
   int64_t max_length = 2048;     // sequence_len / max_length: tokens per sample at most
   bool train_on_prompt = false;  // axolotl's train_on_inputs; TRL's completion_only_loss: false
+  // kMessages: the model's chat template (required), and TRL's assistant_only_loss: only what the
+  // template's {% generation %} blocks write is trained (else every token).
+  const ChatTemplate* chat_template = nullptr;
+  bool assistant_only = false;
 };
 
 // Samples in file order, each whole: a record too long for max_length is dropped (axolotl) or cut
@@ -40,8 +47,10 @@ struct TokenizedRecords {
 
 // Appends the samples of `path` (JSONL: one object per line; .json: an array of objects) to `out`,
 // tokenizing on `threads` threads. memrt::FileError naming the file and line (or record) of a
-// record without the fields its type needs, with a field of the wrong kind, or not UTF-8; and
-// naming tokenizer_config.json when the type needs an EOS token it does not name.
+// record without the fields its type needs, with a field of the wrong kind, or not UTF-8, or that the
+// chat template refuses (its raise_exception); naming tokenizer_config.json when the type needs an
+// EOS token it does not name; and when assistant_only is asked of a template without
+// {% generation %} blocks.
 void tokenize_records(const std::string& path, const Tokenizer& tokenizer, const RecordOptions& options,
                       TokenizedRecords& out, int threads);
 

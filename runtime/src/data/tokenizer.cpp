@@ -1117,6 +1117,32 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special
   return out;
 }
 
+std::vector<size_t> Tokenizer::token_ends(const std::vector<int32_t>& ids, std::string_view text) const {
+  if (sp_ || !impl_->byte_level)
+    throw Error("token offsets: only byte-level tokenizers are supported (this one is " + describe() + ")");
+  const Impl& t = *impl_;
+  if (!t.normalizers.empty() && t.normalize(std::string(text)) != text)
+    throw Error("token offsets: the tokenizer's normalizer changes the text, whose offsets memrt does not map");
+  std::unordered_map<int32_t, size_t> added;
+  for (const Impl::AddedToken& a : t.added) added[a.id] = a.content.size();
+  std::vector<size_t> ends;
+  ends.reserve(ids.size());
+  size_t at = 0;
+  for (int32_t id : ids) {
+    if (const auto it = added.find(id); it != added.end()) {
+      at += it->second;
+    } else {  // one byte per character of GPT-2's alphabet
+      const std::string& token = id_to_token(id);
+      for (size_t k = 0; k < token.size(); ++k) at += (static_cast<unsigned char>(token[k]) & 0xC0) != 0x80;
+    }
+    ends.push_back(at);
+  }
+  if (at != text.size())
+    throw Error("token offsets: the tokens spell " + std::to_string(at) + " bytes but the text has " +
+                std::to_string(text.size()) + " (an added token that strips the whitespace beside it, or a prefix space)");
+  return ends;
+}
+
 int64_t Tokenizer::vocab_size() const {
   return sp_ ? sentencepiece_size(*sp_) : static_cast<int64_t>(impl_->tokens.size());
 }

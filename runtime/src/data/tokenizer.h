@@ -43,6 +43,10 @@ class Tokenizer {
   // about the same number of bytes (`tokenizers`' encode_batch). The first error is rethrown.
   std::vector<std::vector<int32_t>> encode_batch(const std::vector<std::string_view>& docs, bool add_special_tokens,
                                                  int threads) const;
+  // Where each token of `ids` = encode(text, false) ends in `text`, in bytes: token i holds bytes
+  // [ends[i-1], ends[i]) (tokenizers' offsets, in bytes). Byte-level tokenizers only, on text their
+  // normalizer leaves as it is; memrt::Error otherwise, or when the tokens do not spell `text`.
+  std::vector<size_t> token_ends(const std::vector<int32_t>& ids, std::string_view text) const;
   // `tokenizers`' decode(ids, skip_special_tokens).
   std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens = false) const;
 
