@@ -91,6 +91,15 @@ TEST(Sft, TheLossIsTheMeanOverTheStepsTrainedTokens) {
   for (size_t i = 1; i < got.size(); ++i)
     for (size_t step = 0; step < 3; ++step)
       EXPECT_NEAR(got[i][step], got[0][step], 1e-6 * got[0][step]) << "split " << i << ", step " << step + 1;
+
+  // sample_packing: the same records packed several to a row (test_packing.cpp checks the
+  // arithmetic) train, with activation checkpointing recomputing inside the packed layout.
+  const fs::path packed = dir.path() / "packed";
+  const RunResult p = run(kLauncher + " --deepspeed " + dir.write("packed.json", ds(2, 1)) + " " + yaml +
+                          " --sample_packing=true --gradient_checkpointing=true --output_dir=" + packed.string());
+  ASSERT_EQ(p.exit_code, 0) << p.out;
+  EXPECT_NE(p.out.find("rows of 256 tokens packed"), std::string::npos) << p.out;
+  EXPECT_EQ(losses(packed).size(), 3u);
 }
 
 // axolotl's QLoRA YAML shape — base_model with its tokenizer, datasets: [{path, type: alpaca}],

@@ -113,6 +113,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>> kYamlKeys = 
     {"assistant_only_loss", {"assistant_only_loss"}},
     {"chat_template", {"chat_template"}},
     {"pad_to_sequence_len", {"pad_to_sequence_len"}},
+    {"sample_packing", {"sample_packing", "packing"}},
     {"dataset_prepared_path", {"dataset_prepared_path", "tokenized_path"}},
     {"eval_file", {"eval_file", "validation_file"}},
     {"eval_steps", {"eval_steps"}},
@@ -214,8 +215,6 @@ const std::vector<std::pair<const char*, const char*>> kYamlIgnored = {
     {"eval_sample_packing", "memrt always packs the eval text into contiguous block_size windows"},
     {"eval_accumulation_steps", "memrt sums the eval loss as it goes; nothing is accumulated"},
     {"prediction_loss_only", "memrt's evaluation computes the loss alone"},
-    {"sample_packing", "text files are cut into contiguous block_size samples; records are padded, not packed, "
-                       "which trains the same"},
     {"dataloader_num_workers", "memrt's data loader has no worker processes"},
     {"preprocessing_num_workers", "memrt's data loader has no worker processes"},
     {"dataset_num_proc", "memrt's data loader has no worker processes"},
@@ -1594,6 +1593,7 @@ void Loader::resolve_records() {
                         completion_only->to_json(0) + ": they say opposite things about the prompt's tokens; keep one");
   cfg.data.train_on_prompt = inputs ? inputs->as_bool() : completion_only ? !completion_only->as_bool() : false;
   if (const ConfigNode* pad = yv("pad_to_sequence_len")) cfg.data.pad_to_block = pad->as_bool();
+  if (const ConfigNode* pack = yv("sample_packing")) cfg.data.pack = pack->as_bool();
   if (const ConfigNode* assistant = yv("assistant_only_loss")) cfg.data.assistant_only = assistant->as_bool();
   // chat_template: a template's source (alignment-handbook, TRL) replaces the model's; axolotl's
   // tokenizer_default is the model's own; axolotl's named templates are not built in (yet).
@@ -1775,6 +1775,7 @@ std::string resolved_config_json(const TrainConfig& cfg) {
   }
   data.set("train_on_inputs", ConfigNode::boolean(cfg.data.train_on_prompt));
   data.set("pad_to_sequence_len", ConfigNode::boolean(cfg.data.pad_to_block));
+  data.set("sample_packing", ConfigNode::boolean(cfg.data.pack));
   data.set("assistant_only_loss", ConfigNode::boolean(cfg.data.assistant_only));
   data.set("block_size", num(static_cast<double>(cfg.data.block_size)));
   data.set("tokenizer", str(cfg.data.tokenizer.empty() ? "(bytes)" : cfg.data.tokenizer));

@@ -93,6 +93,9 @@ struct DataConfig {
   // block_size with pad_to_sequence_len.
   bool train_on_prompt = false;
   bool pad_to_block = false;
+  // Records: several samples per row of block_size tokens, attention and positions kept inside
+  // each (sample_packing / packing; docs/tokenizers.md, "Packing"). Streams are contiguous already.
+  bool pack = false;
   // Conversations: only the assistant's text (the chat template's {% generation %} blocks) is
   // trained (TRL's assistant_only_loss); else every token.
   bool assistant_only = false;

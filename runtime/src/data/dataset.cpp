@@ -694,7 +694,7 @@ std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, int64_t epoch) 
 
 DataLoader::DataLoader(std::shared_ptr<const TokenDataset> data, int64_t block_size,
                        int64_t micro_batch_size, int64_t grad_accum_steps, int rank, int world_size,
-                       uint64_t seed, bool pad_to_block)
+                       uint64_t seed, bool pad_to_block, bool pack)
     : data_(std::move(data)), block_size_(block_size), micro_batch_size_(micro_batch_size),
       grad_accum_steps_(grad_accum_steps), rank_(rank), world_size_(world_size), seed_(seed),
       pad_to_block_(pad_to_block) {
@@ -712,6 +712,17 @@ DataLoader::DataLoader(std::shared_ptr<const TokenDataset> data, int64_t block_s
       throw Error(data_->description() + ": sample " + std::to_string(k) + " holds " +
                   std::to_string(data_->sample_length(k)) + " tokens, more than block_size " + std::to_string(block_size_));
     labels_of_.push_back(static_cast<int32_t>(data_->sample_labels(k)));
+  }
+  if (pack && data_->has_samples()) {  // rows of samples; a row's labels are its samples'
+    rows_ = pack_samples(*data_, block_size_);
+    std::vector<int32_t> row_labels;
+    for (const std::vector<int64_t>& row : rows_) {
+      int32_t n = 0;
+      for (int64_t k : row) n += labels_of_[static_cast<size_t>(k)];
+      row_labels.push_back(n);
+    }
+    labels_of_ = std::move(row_labels);
+    samples_ = static_cast<int64_t>(rows_.size());
   }
   global_batch_ = micro_batch_size_ * grad_accum_steps_ * world_size_;
   steps_per_epoch_ = samples_ / global_batch_;
@@ -759,27 +770,96 @@ int64_t DataLoader::step_labels(int64_t step) const {
   return n;
 }
 
-Batch sample_batch(const TokenDataset& data, const std::vector<int64_t>& samples, int64_t pad_to) {
-  const auto B = static_cast<int64_t>(samples.size());
+namespace {
+
+// Rows of samples as one batch (B, T), T the longest row or `pad_to`; `layout`: positions and
+// sample starts too.
+Batch rows_batch(const TokenDataset& data, const std::vector<std::vector<int64_t>>& rows, int64_t pad_to, bool layout) {
+  const auto B = static_cast<int64_t>(rows.size());
   int64_t T = pad_to;
-  for (int64_t k : samples) T = std::max(T, data.sample_length(k));
+  for (const std::vector<int64_t>& row : rows) {
+    int64_t n = 0;
+    for (int64_t k : row) n += data.sample_length(k);
+    T = std::max(T, n);
+  }
   Batch batch;
   batch.inputs = at::zeros({B, T}, at::kLong);
   batch.targets = at::full({B, T}, -100, at::kLong);
+  if (layout) batch.positions = at::zeros({B, T}, at::kLong);
   int64_t* in = batch.inputs.data_ptr<int64_t>();
   int64_t* tg = batch.targets.data_ptr<int64_t>();
+  int64_t* pos = layout ? batch.positions.data_ptr<int64_t>() : nullptr;
   for (int64_t b = 0; b < B; ++b) {
-    const int64_t k = samples[static_cast<size_t>(b)], begin = data.sample_begin(k), n = data.sample_length(k);
-    data.copy_tokens(begin, n, in + b * T);
-    batch.tokens += n;
-    for (int64_t t = 0; t + 1 < n; ++t)
-      if (data.trained(begin + t + 1)) tg[b * T + t] = in[b * T + t + 1];
+    int64_t at = b * T;
+    if (layout) batch.starts.emplace_back();
+    for (int64_t k : rows[static_cast<size_t>(b)]) {
+      const int64_t begin = data.sample_begin(k), n = data.sample_length(k);
+      if (layout) batch.starts.back().push_back(at - b * T);
+      data.copy_tokens(begin, n, in + at);
+      batch.tokens += n;
+      for (int64_t t = 0; t < n; ++t) {
+        if (t + 1 < n && data.trained(begin + t + 1)) tg[at + t] = in[at + t + 1];
+        if (layout) pos[at + t] = t;
+      }
+      at += n;
+    }
+    if (layout && at < (b + 1) * T) batch.starts.back().push_back(at - b * T);  // the padding, on its own
   }
   return batch;
 }
 
+}  // namespace
+
+Batch sample_batch(const TokenDataset& data, const std::vector<int64_t>& samples, int64_t pad_to) {
+  std::vector<std::vector<int64_t>> rows;
+  for (int64_t k : samples) rows.push_back({k});
+  return rows_batch(data, rows, pad_to, /*layout=*/false);
+}
+
+Batch packed_batch(const TokenDataset& data, const std::vector<std::vector<int64_t>>& rows, int64_t width) {
+  return rows_batch(data, rows, width, /*layout=*/true);
+}
+
+std::vector<std::vector<int64_t>> pack_samples(const TokenDataset& data, int64_t width) {
+  const int64_t n = data.num_samples();
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  for (int64_t k = 0; k < n; ++k) order[static_cast<size_t>(k)] = k;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return data.sample_length(a) > data.sample_length(b); });
+  // A max-tree over the rows' free space (n rows at most, unopened ones empty): the first row with
+  // room for a sample is found, and updated, in O(log n).
+  int64_t leaves = 1;
+  while (leaves < std::max<int64_t>(n, 1)) leaves *= 2;
+  std::vector<int64_t> room(static_cast<size_t>(2 * leaves), width);
+  std::vector<std::vector<int64_t>> rows;
+  for (int64_t k : order) {
+    const int64_t len = data.sample_length(k);
+    if (len > width) throw Error(data.description() + ": sample " + std::to_string(k) + " is longer than a row");
+    size_t node = 1;
+    while (node < static_cast<size_t>(leaves)) node = room[2 * node] >= len ? 2 * node : 2 * node + 1;
+    const size_t row = node - static_cast<size_t>(leaves);
+    if (row >= rows.size()) rows.resize(row + 1);
+    rows[row].push_back(k);
+    room[node] -= len;
+    for (node /= 2; node >= 1; node /= 2) room[node] = std::max(room[2 * node], room[2 * node + 1]);
+  }
+  return rows;
+}
+
+double DataLoader::packing_efficiency() const {
+  if (rows_.empty()) return 0.0;
+  int64_t tokens = 0;
+  for (int64_t k = 0; k < data_->num_samples(); ++k) tokens += data_->sample_length(k);
+  return static_cast<double>(tokens) / static_cast<double>(static_cast<int64_t>(rows_.size()) * block_size_);
+}
+
 Batch DataLoader::get(int64_t step, int64_t micro) const {
   std::vector<int64_t> indices = sample_indices(step, micro);
+  if (!rows_.empty()) {
+    std::vector<std::vector<int64_t>> rows;
+    for (int64_t r : indices) rows.push_back(rows_[static_cast<size_t>(r)]);
+    return packed_batch(*data_, rows, pad_to_block_ ? block_size_ : 0);
+  }
   if (data_->has_samples()) return sample_batch(*data_, indices, pad_to_block_ ? block_size_ : 0);
   const int64_t B = micro_batch_size_, T = block_size_;
   at::Tensor window = at::empty({B, T + 1}, at::kLong);  // (B, T+1)

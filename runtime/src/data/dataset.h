@@ -100,22 +100,37 @@ class TokenDataset {
 struct Batch {
   at::Tensor inputs, targets;
   int64_t tokens = 0;  // the real (not padding) tokens of inputs
+  // Packed rows (docs/tokenizers.md, "Packing"): each token's position in its sample (B, T) int64,
+  // and where each row's samples start; undefined / empty when each row is one sample.
+  at::Tensor positions;
+  std::vector<std::vector<int64_t>> starts;
 };
 
 // Samples `samples` of a dataset with samples, as one batch: (B, T) with T the longest sample's
 // length, or `pad_to` when larger; padding is token 0 with target -100 (right-padded, it is never
 // attended to by the sample's own causal positions).
 Batch sample_batch(const TokenDataset& data, const std::vector<int64_t>& samples, int64_t pad_to = 0);
+// Packed rows: row r holds samples rows[r] one after another (each sample's last target -100),
+// padded to the longest row, or to `width` when larger; positions restart at each sample.
+Batch packed_batch(const TokenDataset& data, const std::vector<std::vector<int64_t>>& rows, int64_t width);
+
+// First-fit decreasing: the dataset's samples, longest first (ties in dataset order), each in the
+// first row of `width` tokens with room. Rows in the order they were opened.
+std::vector<std::vector<int64_t>> pack_samples(const TokenDataset& data, int64_t width);
 
 class DataLoader {
  public:
   // Throws memrt::Error when the arguments are out of range or the dataset holds fewer samples
   // than one global batch (micro_batch_size * grad_accum_steps * world_size).
   DataLoader(std::shared_ptr<const TokenDataset> data, int64_t block_size, int64_t micro_batch_size,
-             int64_t grad_accum_steps, int rank, int world_size, uint64_t seed, bool pad_to_block = false);
+             int64_t grad_accum_steps, int rank, int world_size, uint64_t seed, bool pad_to_block = false,
+             bool pack = false);
 
-  // Whole samples of block_size+1 tokens, or the dataset's samples.
+  // Whole samples of block_size+1 tokens, or the dataset's samples, or with `pack` the rows of
+  // block_size tokens they are packed into (pack_samples, once; an epoch shuffles the rows).
   int64_t samples() const { return samples_; }
+  // Packed: the rows' real tokens over their capacity (rows x block_size); 0 when not packed.
+  double packing_efficiency() const;
   int64_t global_batch_size() const { return global_batch_; }
   // Optimizer steps per epoch: samples / global batch (floor; the remainder is dropped).
   int64_t steps_per_epoch() const { return steps_per_epoch_; }
@@ -135,8 +150,9 @@ class DataLoader {
   int rank_, world_size_;
   uint64_t seed_;
   bool pad_to_block_;
+  std::vector<std::vector<int64_t>> rows_;  // packed: each row's samples
   int64_t samples_ = 0, global_batch_ = 0, steps_per_epoch_ = 0;
-  std::vector<int32_t> labels_of_;  // records: each sample's sample_labels()
+  std::vector<int32_t> labels_of_;  // records: each sample's (packed: each row's) sample_labels()
 
   // The order of the epoch last asked for (every rank reads one epoch for many steps in a row).
   struct OrderCache {

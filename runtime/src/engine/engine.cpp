@@ -29,6 +29,7 @@
 #include "memory/tracking_allocator.h"
 #include "memrt/memory.h"
 #include "memrt/ops.h"
+#include "models/decoder.h"
 #include "models/hf_checkpoint.h"
 #include "models/model_factory.h"
 #include "optim/grad_clip.h"
@@ -258,7 +259,7 @@ void Engine::setup() {
     }
     loader_ = std::make_unique<DataLoader>(data, cfg_.data.block_size, cfg_.micro_batch_size,
                                            cfg_.grad_accum_steps, run_.rank, run_.world_size,
-                                           cfg_.seed, cfg_.data.pad_to_block);
+                                           cfg_.seed, cfg_.data.pad_to_block, cfg_.data.pack);
     if (opened) {
       if (opened->vocab_size() > run_.shape.vocab_size) {
         throw FileError(eval.eval_file, "has token ids up to " + std::to_string(opened->vocab_size() - 1) +
@@ -411,7 +412,11 @@ void Engine::setup() {
     log_ << "model: " << run_.shape.arch << ", " << count_parameters(*model_) << " parameters ("
          << trainable_.size() << " trainable tensors)\n"
          << trainable_parameters_line(planned, run_.shape) << "\n"
-         << "data: " << data->description() << ", " << loader_->samples() << " samples, "
+         << "data: " << data->description() << ", " << loader_->samples()
+         << (loader_->packing_efficiency() > 0
+                 ? " rows of " + std::to_string(cfg_.data.block_size) + " tokens packed " +
+                       std::to_string(static_cast<int>(std::lround(100 * loader_->packing_efficiency()))) + "% full, "
+                 : std::string(" samples, "))
          << loader_->steps_per_epoch() << " steps per epoch\n"
          << "batch: train_batch_size " << cfg_.train_batch_size << " = micro "
          << cfg_.micro_batch_size << " x accumulation " << cfg_.grad_accum_steps << " x ranks "
@@ -512,6 +517,19 @@ double Engine::micro_step(int64_t micro) {
     memory::Scope scope(Category::kOther);
     return loader_->get(step_, micro);
   }();
+  // Packed rows: the model keeps attention and positions inside each sample for this micro-step
+  // (its backward, and the recomputes of activation checkpointing in it, included).
+  struct PackedLayout {
+    DecoderLM* model = nullptr;
+    ~PackedLayout() {
+      if (model) model->set_layout({});
+    }
+  } packed;
+  if (batch.positions.defined()) {
+    packed.model = dynamic_cast<DecoderLM*>(model_.get());
+    if (!packed.model) throw Error("sample_packing needs one of memrt's built-in models");
+    packed.model->set_layout({batch.positions, batch.starts});
+  }
   memory::Scope scope(Category::kActivations);
   MicroStepContext mctx{*model_, run_, *dist_, step_, micro, batch.inputs, batch.targets, {}, control_};
   plugins_.each("before_forward", step_, [&](Plugin& p) { p.before_forward(mctx); });

@@ -42,13 +42,31 @@ class RMSNormImpl : public torch::nn::Module {
 };
 TORCH_MODULE(RMSNorm);
 
+// How the rows of a packed micro-batch hold several samples (docs/tokenizers.md, "Packing"): each
+// token's position in its sample and where each row's samples start. Unset (no positions): one
+// sample per row, positions 0, 1, ... Shared by a model and its blocks; the engine sets it for a
+// micro-step (the recompute of activation checkpointing, inside that micro-step's backward, sees
+// the same layout) and clears it after.
+struct SequenceLayout {
+  at::Tensor positions;                      // (B, T) int64
+  std::vector<std::vector<int64_t>> starts;  // per row, ascending, starting with 0
+  bool packed() const { return positions.defined(); }
+};
+
+// Causal attention that stays inside each sample of a packed row: causal_attention over each
+// [start, next start) span of each row (q (B, nh, T, hd); k, v (B, nkv, T, hd)).
+at::Tensor packed_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout,
+                                   const SequenceLayout& layout);
+
 // Rotary position embedding tables, shared by every Llama block, computed on the device and dtype
 // of the activations on first use and cached.
 class RopeCache {
  public:
   RopeCache(int64_t head_dim, double theta) : head_dim_(head_dim), theta_(theta) {}
-  // cos, sin: (T, head_dim) each, HF layout (the half-dim frequencies repeated twice).
-  std::pair<at::Tensor, at::Tensor> get(int64_t seq_len, const at::TensorOptions& options);
+  // cos, sin: (T, head_dim) each, HF layout (the half-dim frequencies repeated twice); with a
+  // packed layout, (B, 1, T, head_dim) at each token's own position.
+  std::pair<at::Tensor, at::Tensor> get(int64_t seq_len, const at::TensorOptions& options,
+                                        const SequenceLayout& layout = {});
 
  private:
   int64_t head_dim_;
@@ -95,6 +113,8 @@ class DecoderLM : public CausalLM {
   virtual std::shared_ptr<Block> new_block(int64_t index) = 0;  // allocated, not yet appended
   void append_block(std::shared_ptr<Block> block);
   virtual void finish() = 0;
+  // The packed layout of the next micro-batch (SequenceLayout), or {} for one sample per row.
+  void set_layout(SequenceLayout layout) { *layout_ = std::move(layout); }
   // Parameters outside the blocks, with HF names: those that exist before the first block
   // (embeddings) and those finish() creates (final norm, untied lm_head).
   NamedTensors embedding_parameters() override = 0;
@@ -104,6 +124,7 @@ class DecoderLM : public CausalLM {
   ModelShape shape_;
   torch::nn::ModuleList layers_;  // registered by the subclass under its HF name
   std::vector<std::shared_ptr<Block>> blocks_;
+  std::shared_ptr<SequenceLayout> layout_ = std::make_shared<SequenceLayout>();  // shared with the blocks
 };
 
 std::shared_ptr<DecoderLM> make_gpt2(const ModelShape& shape);

@@ -10,9 +10,9 @@ namespace {
 
 class Gpt2Block : public DecoderBlock {
  public:
-  Gpt2Block(const ModelShape& s, int64_t index)
+  Gpt2Block(const ModelShape& s, int64_t index, std::shared_ptr<const SequenceLayout> layout)
       : DecoderBlock("transformer.h." + std::to_string(index)),
-        n_head_(s.n_head), attn_pdrop_(s.attn_pdrop), resid_pdrop_(s.resid_pdrop) {
+        n_head_(s.n_head), attn_pdrop_(s.attn_pdrop), resid_pdrop_(s.resid_pdrop), layout_(std::move(layout)) {
     const int64_t C = s.d_model;
     auto ln = [&](const char* name) {
       return register_module(name, torch::nn::LayerNorm(
@@ -43,13 +43,14 @@ class Gpt2Block : public DecoderBlock {
       return t.view({B, T, n_head_, hd}).transpose(1, 2);  // (B, nh, T, hd)
     };
     auto parts = qkv.split(C, -1);
-    at::Tensor y = ops::causal_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]),
-                                         is_training() ? attn_pdrop_ : 0.0);  // (B, nh, T, hd)
+    at::Tensor y = packed_causal_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]),
+                                           is_training() ? attn_pdrop_ : 0.0, *layout_);  // (B, nh, T, hd)
     return attn_proj_->forward(y.transpose(1, 2).reshape({B, T, C}));  // (B, T, C)
   }
 
   int64_t n_head_;
   double attn_pdrop_, resid_pdrop_;
+  std::shared_ptr<const SequenceLayout> layout_;
   torch::nn::LayerNorm ln_1_{nullptr}, ln_2_{nullptr};
   torch::nn::AnyModule *c_attn_, *attn_proj_, *c_fc_, *mlp_proj_;
 };
@@ -66,7 +67,7 @@ class Gpt2LM : public DecoderLM {
   }
 
   std::shared_ptr<Block> new_block(int64_t index) override {
-    return std::make_shared<Gpt2Block>(shape_, index);
+    return std::make_shared<Gpt2Block>(shape_, index, layout_);
   }
 
   void finish() override {
@@ -94,7 +95,8 @@ class Gpt2LM : public DecoderLM {
     if (T > shape_.n_ctx)
       throw Error("gpt2: sequence length " + std::to_string(T) + " exceeds the model's context (" +
                   "n_ctx " + std::to_string(shape_.n_ctx) + "); lower block_size");
-    at::Tensor pos = at::arange(T, tokens.options().dtype(at::kLong));  // (T)
+    const at::Tensor pos = layout_->packed() ? layout_->positions                              // (B, T)
+                                             : at::arange(T, tokens.options().dtype(at::kLong));  // (T)
     return train_dropout(wte_(tokens) + wpe_(pos), shape_.embd_pdrop, is_training());  // (B, T, C)
   }
 

@@ -4,6 +4,7 @@
 
 #include "memrt/error.h"
 #include "memrt/memory.h"
+#include "memrt/ops.h"
 #include "models/decoder.h"
 
 namespace memrt {
@@ -20,7 +21,8 @@ at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
 
 // ---- rotary tables ----------------------------------------------------------------------------
 
-std::pair<at::Tensor, at::Tensor> RopeCache::get(int64_t seq_len, const at::TensorOptions& options) {
+std::pair<at::Tensor, at::Tensor> RopeCache::get(int64_t seq_len, const at::TensorOptions& options,
+                                                  const SequenceLayout& layout) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!cos_.defined() || cos_.size(0) < seq_len || cos_.device() != options.device() ||
       cos_.scalar_type() != options.dtype().toScalarType()) {
@@ -36,7 +38,30 @@ std::pair<at::Tensor, at::Tensor> RopeCache::get(int64_t seq_len, const at::Tens
     memory::claim(cos_, memory::Category::kOther);
     memory::claim(sin_, memory::Category::kOther);
   }
-  return {cos_.narrow(0, 0, seq_len), sin_.narrow(0, 0, seq_len)};
+  if (!layout.packed()) return {cos_.narrow(0, 0, seq_len), sin_.narrow(0, 0, seq_len)};
+  const at::Tensor& pos = layout.positions;  // (B, T)
+  auto at_positions = [&](const at::Tensor& table) {
+    return table.index_select(0, pos.reshape({-1}).to(table.device())).view({pos.size(0), 1, pos.size(1), head_dim_});
+  };
+  return {at_positions(cos_), at_positions(sin_)};  // (B, 1, T, hd) each
+}
+
+at::Tensor packed_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout,
+                                   const SequenceLayout& layout) {
+  if (!layout.packed()) return ops::causal_attention(q, k, v, dropout);
+  const int64_t B = q.size(0), T = q.size(2);
+  std::vector<at::Tensor> rows;
+  for (int64_t b = 0; b < B; ++b) {
+    const std::vector<int64_t>& starts = layout.starts[static_cast<size_t>(b)];
+    std::vector<at::Tensor> spans;
+    for (size_t i = 0; i < starts.size(); ++i) {
+      const int64_t begin = starts[i], end = i + 1 < starts.size() ? starts[i + 1] : T;
+      auto span = [&](const at::Tensor& x) { return x.narrow(0, b, 1).narrow(2, begin, end - begin); };
+      spans.push_back(ops::causal_attention(span(q), span(k), span(v), dropout));  // (1, nh, len, hd)
+    }
+    rows.push_back(spans.size() == 1 ? spans[0] : at::cat(spans, 2));
+  }
+  return B == 1 ? rows[0] : at::cat(rows, 0);  // (B, nh, T, hd)
 }
 
 // ---- blocks -----------------------------------------------------------------------------------

@@ -13,10 +13,11 @@ at::Tensor rotate_half(const at::Tensor& x) {  // (..., D)
 
 class LlamaBlock : public DecoderBlock {
  public:
-  LlamaBlock(const ModelShape& s, int64_t index, std::shared_ptr<RopeCache> rope)
+  LlamaBlock(const ModelShape& s, int64_t index, std::shared_ptr<RopeCache> rope,
+             std::shared_ptr<const SequenceLayout> layout)
       : DecoderBlock("model.layers." + std::to_string(index)),
         n_head_(s.n_head), n_kv_head_(s.n_kv_head), head_dim_(s.head_dim()),
-        attention_dropout_(s.attn_pdrop), rope_(std::move(rope)) {
+        attention_dropout_(s.attn_pdrop), rope_(std::move(rope)), layout_(std::move(layout)) {
     const int64_t C = s.d_model, kv = s.n_kv_head * s.head_dim();
     auto attn = register_module("self_attn", std::make_shared<torch::nn::Module>("self_attn"));
     q_proj_ = &add_linear(*attn, "self_attn", "q_proj", C, C, false);   // (C, C)
@@ -44,16 +45,17 @@ class LlamaBlock : public DecoderBlock {
     at::Tensor q = q_proj_->forward(x).view({B, T, n_head_, head_dim_}).transpose(1, 2);  // (B, nh, T, hd)
     at::Tensor k = k_proj_->forward(x).view({B, T, n_kv_head_, head_dim_}).transpose(1, 2);  // (B, nkv, T, hd)
     at::Tensor v = v_proj_->forward(x).view({B, T, n_kv_head_, head_dim_}).transpose(1, 2);  // (B, nkv, T, hd)
-    auto [cos, sin] = rope_->get(T, q.options());  // (T, hd) each
+    auto [cos, sin] = rope_->get(T, q.options(), *layout_);  // (T, hd) each; packed: (B, 1, T, hd)
     q = q * cos + rotate_half(q) * sin;
     k = k * cos + rotate_half(k) * sin;
-    at::Tensor y = ops::causal_attention(q, k, v, is_training() ? attention_dropout_ : 0.0);  // (B, nh, T, hd)
+    at::Tensor y = packed_causal_attention(q, k, v, is_training() ? attention_dropout_ : 0.0, *layout_);  // (B, nh, T, hd)
     return o_proj_->forward(y.transpose(1, 2).reshape({B, T, C}));  // (B, T, C)
   }
 
   int64_t n_head_, n_kv_head_, head_dim_;
   double attention_dropout_;
   std::shared_ptr<RopeCache> rope_;
+  std::shared_ptr<const SequenceLayout> layout_;
   torch::nn::AnyModule *q_proj_, *k_proj_, *v_proj_, *o_proj_, *gate_proj_, *up_proj_, *down_proj_;
   RMSNorm input_layernorm_{nullptr}, post_attention_layernorm_{nullptr};
 };
@@ -69,7 +71,7 @@ class LlamaLM : public DecoderLM {
   }
 
   std::shared_ptr<Block> new_block(int64_t index) override {
-    return std::make_shared<LlamaBlock>(shape_, index, rope_);
+    return std::make_shared<LlamaBlock>(shape_, index, rope_, layout_);
   }
 
   void finish() override {
