@@ -20,18 +20,9 @@
 
 using namespace memrt;
 using memrt::test::expect_error;
+using memrt::test::read_json;
 
 namespace {
-
-rapidjson::Document read_json(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  rapidjson::Document d;
-  d.Parse(text.str().c_str());
-  EXPECT_FALSE(d.HasParseError()) << path;
-  return d;
-}
 
 std::vector<int32_t> ids_of(const rapidjson::Value& v) {
   std::vector<int32_t> out;

@@ -7,9 +7,11 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include <rapidjson/document.h>
 #include <unistd.h>
 
 namespace memrt::test {
@@ -67,6 +69,17 @@ void expect_error(Fn fn, const std::vector<std::string>& parts) {
       EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
           << "message '" << e.what() << "' lacks '" << p << "'";
   }
+}
+
+// A JSON file (an oracle's output), its parse checked.
+inline rapidjson::Document read_json(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  rapidjson::Document d;
+  d.Parse(text.str().c_str());
+  EXPECT_FALSE(d.HasParseError()) << path;
+  return d;
 }
 
 }  // namespace memrt::test
