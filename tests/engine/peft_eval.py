@@ -32,6 +32,8 @@ code with memrt.
         against the plain model in MERGED (`launcher export --merge`; with bf16, the reference
         rounded to bf16 against `--merge --dtype bf16`'s): writes {"tensors": count, "worst": the
         largest |MERGED - reference| over the tensor's largest |reference|, "dtypes": MERGED's} to OUT.
+    peft_eval.py batch FILE
+        the commands FILE lists, in this one process (oracle_cli.py)
 """
 import json
 import os
@@ -41,6 +43,8 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import (AutoModelForCausalLM, BitsAndBytesConfig, GPT2Config, GPT2LMHeadModel, LlamaConfig,
                           LlamaForCausalLM)
+
+from oracle_cli import main
 
 
 def make(kind, directory):
@@ -146,12 +150,4 @@ def loss(directory, text_file, block, out, *rest):
 
 
 if __name__ == "__main__":
-    command, args = sys.argv[1], sys.argv[2:]
-    if command == "make":
-        make(*args)
-    elif command == "loss":
-        loss(*args)
-    elif command == "merged4":
-        merged4(*args)
-    else:
-        sys.exit(f"unknown command {command}")
+    main({"make": make, "loss": loss, "merged4": merged4}, __doc__, sys.argv[1:])

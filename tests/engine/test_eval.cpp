@@ -20,7 +20,7 @@ namespace {
 using namespace memrt_test;
 namespace fs = std::filesystem;
 
-const std::string kPeftEval = std::string(MEMRT_PYTHON) + " " + MEMRT_SOURCE_DIR + "/tests/engine/peft_eval.py ";
+int batch_outputs = 0;  // numbers the files queue_losses names
 const char* kDs = R"({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1})";
 
 // Held-out text of 3,235 bytes: 101 windows of 32 tokens, 3 bytes left over (dropped).
@@ -33,31 +33,55 @@ std::string eval_text(const TempDir& dir) {
   return dir.write("eval.txt", text);
 }
 
-// transformers' initialisation of a small GPT-2 or Llama in dir/KIND, with PEFT's adapters
+// A batch of peft_eval.py's commands, run in one Python process.
+PythonBatch peft_batch(const TempDir& dir, const std::string& name) {
+  return {dir, name, std::string(MEMRT_SOURCE_DIR) + "/tests/engine/peft_eval.py"};
+}
+
+// Queues transformers' initialisation of a small GPT-2 or Llama in dir/KIND, with PEFT's adapters
 // KIND/lora and KIND/rslora (peft_eval.py make).
-fs::path make_model(const TempDir& dir, const std::string& kind) {
+fs::path queue_model(PythonBatch& batch, const TempDir& dir, const std::string& kind) {
   const fs::path model = dir.path() / kind;
-  const RunResult r = run(kPeftEval + "make " + kind + " " + model.string());
-  EXPECT_EQ(r.exit_code, 0) << r.out;
+  batch.add({"make", kind, model.string()});
   return model;
 }
 
-// PEFT's losses on the eval text: the model alone, then with each adapter; `lines`, when given,
-// receives print_trainable_parameters' line for each adapter.
-std::vector<double> peft_losses(const TempDir& dir, const fs::path& model, const std::string& args,
-                                std::vector<std::string>* lines = nullptr) {
-  const fs::path out = dir.path() / "peft_losses.json";
-  const RunResult r = run(kPeftEval + "loss " + model.string() + " " + (dir.path() / "eval.txt").string() + " 32 " +
-                          out.string() + " " + args);
-  EXPECT_EQ(r.exit_code, 0) << r.out;
+// Queues PEFT's losses on the eval text (peft_eval.py loss; `args`: its flags and adapters): the
+// model alone, then with each adapter. Returns the file read_losses reads once the batch has run.
+std::string queue_losses(PythonBatch& batch, const TempDir& dir, const fs::path& model, std::vector<std::string> args) {
+  const std::string out = (dir.path() / ("peft_losses" + std::to_string(++batch_outputs) + ".json")).string();
+  args.insert(args.begin(), {"loss", model.string(), (dir.path() / "eval.txt").string(), "32", out});
+  batch.add(std::move(args));
+  return out;
+}
+
+// The losses queue_losses' command wrote; `lines`, when given, receives
+// print_trainable_parameters' line for each adapter.
+std::vector<double> read_losses(const std::string& file, std::vector<std::string>* lines = nullptr) {
   std::vector<double> losses;
-  if (r.exit_code != 0) return losses;
-  const rapidjson::Document d = read_json(out);
+  if (!fs::exists(file)) return losses;
+  const rapidjson::Document d = read_json(file);
   EXPECT_EQ(d["windows"].GetInt64(), kWindows);
   for (const auto& v : d["losses"].GetArray()) losses.push_back(v.GetDouble());
   if (lines)
     for (const auto& v : d["lines"].GetArray()) lines->push_back(v.GetString());
   return losses;
+}
+
+// The model alone, in its own batch.
+fs::path make_model(const TempDir& dir, const std::string& kind) {
+  PythonBatch batch = peft_batch(dir, "make");
+  const fs::path model = queue_model(batch, dir, kind);
+  batch.run();
+  return model;
+}
+
+// PEFT's losses alone, in their own batch.
+std::vector<double> peft_losses(const TempDir& dir, const fs::path& model, std::vector<std::string> args) {
+  PythonBatch batch = peft_batch(dir, "losses");
+  const std::string file = queue_losses(batch, dir, model, std::move(args));
+  batch.run();
+  return read_losses(file);
 }
 
 // `launcher eval` of train.yaml `yaml` (+ the eval file): output_dir/eval.json.
@@ -97,11 +121,14 @@ RunResult train_run(const TempDir& dir, const fs::path& model, const std::string
 TEST(Eval, GptTwoWithPeftAdaptersAsInPeft) {
   TempDir dir("eval_gpt2");
   eval_text(dir);
-  const fs::path model = make_model(dir, "gpt2");
+  PythonBatch peft = peft_batch(dir, "peft");
+  const fs::path model = queue_model(peft, dir, "gpt2");
+  std::vector<std::string> adapters;
+  for (const char* a : {"lora", "rslora", "layers", "bias_all", "bias_lora_only", "dora"}) adapters.push_back((model / a).string());
+  const std::string losses_file = queue_losses(peft, dir, model, adapters);
+  ASSERT_TRUE(peft.run());
   std::vector<std::string> lines;
-  std::string adapters;
-  for (const char* a : {"lora", "rslora", "layers", "bias_all", "bias_lora_only", "dora"}) adapters += (model / a).string() + " ";
-  const std::vector<double> want = peft_losses(dir, model, adapters, &lines);
+  const std::vector<double> want = read_losses(losses_file, &lines);
   ASSERT_EQ(want.size(), 7u);
   ASSERT_EQ(lines.size(), 6u);
   EXPECT_GT(relative(want[1], want[0]), 1e-4) << "the adapter changes the loss";
@@ -158,15 +185,6 @@ TEST(Eval, QLoraMergedExportIsTheDequantizedBasePlusTheAdapters) {
   const RunResult e = run(kLauncher + " export " + (out / "global_step1").string() + " " + merged.string() + " --merge");
   ASSERT_EQ(e.exit_code, 0) << e.out;
   EXPECT_EQ(slurp(merged / "config.json").find("quantization_config"), std::string::npos) << "a plain model";
-  const fs::path compared = dir.path() / "compared.json";
-  const RunResult c = run(kPeftEval + "merged4 " + model.string() + " " + (out / "global_step1").string() + " " +
-                          merged.string() + " " + compared.string());
-  ASSERT_EQ(c.exit_code, 0) << c.out;
-  const rapidjson::Document d = read_json(compared);
-  EXPECT_EQ(d["tensors"].GetInt(), 21);
-  EXPECT_LT(d["worst"].GetDouble(), 1e-6);
-  EXPECT_LT(relative(launcher_eval(dir, "merged", "model_name_or_path: " + merged.string() + "\n")["loss"].GetDouble(),
-                     qlora), 1e-5);
   // --dtype bf16: every tensor bf16, the reference rounded to bf16 (within one rounding: the fp32
   // merges differ by 1e-6, which can tip a value over a rounding boundary), torch_dtype saying so.
   const fs::path merged_bf16 = dir.path() / "merged_bf16";
@@ -174,10 +192,17 @@ TEST(Eval, QLoraMergedExportIsTheDequantizedBasePlusTheAdapters) {
                             " --merge --dtype bf16");
   ASSERT_EQ(e16.exit_code, 0) << e16.out;
   EXPECT_NE(slurp(merged_bf16 / "config.json").find("\"torch_dtype\": \"bfloat16\""), std::string::npos);
-  const RunResult c16 = run(kPeftEval + "merged4 " + model.string() + " " + (out / "global_step1").string() + " " +
-                            merged_bf16.string() + " " + compared.string() + " bf16");
-  ASSERT_EQ(c16.exit_code, 0) << c16.out;
-  const rapidjson::Document d16 = read_json(compared);
+  const std::string compared = (dir.path() / "compared.json").string(), compared16 = (dir.path() / "compared16.json").string();
+  PythonBatch peft = peft_batch(dir, "peft");
+  peft.add({"merged4", model.string(), (out / "global_step1").string(), merged.string(), compared});
+  peft.add({"merged4", model.string(), (out / "global_step1").string(), merged_bf16.string(), compared16, "bf16"});
+  ASSERT_TRUE(peft.run());
+  const rapidjson::Document d = read_json(compared);
+  EXPECT_EQ(d["tensors"].GetInt(), 21);
+  EXPECT_LT(d["worst"].GetDouble(), 1e-6);
+  EXPECT_LT(relative(launcher_eval(dir, "merged", "model_name_or_path: " + merged.string() + "\n")["loss"].GetDouble(),
+                     qlora), 1e-5);
+  const rapidjson::Document d16 = read_json(compared16);
   EXPECT_EQ(d16["tensors"].GetInt(), 21);
   EXPECT_LE(d16["worst"].GetDouble(), 1.0 / 256);
   ASSERT_EQ(d16["dtypes"].Size(), 1u);
@@ -203,7 +228,7 @@ TEST(Eval, ModulesToSaveTrainAsEstimatedAndReloadInPeft) {
   EXPECT_NE(r.out.find("(30 trainable tensors)"), std::string::npos) << "28 adapters, lm_head, embed_tokens\n" << r.out;
   expect_peak_as_estimated(out);
   const double trained = read_json(out / "eval.json")["loss"].GetDouble();
-  const std::vector<double> peft = peft_losses(dir, model, (out / "global_step2").string());
+  const std::vector<double> peft = peft_losses(dir, model, {(out / "global_step2").string()});
   ASSERT_EQ(peft.size(), 2u);
   EXPECT_LT(relative(trained, peft[1]), 1e-5);
 
@@ -232,7 +257,7 @@ TEST(Eval, BiasModeTrainsAsEstimatedAndReloadsInPeft) {
   EXPECT_NE(r.out.find("(29 trainable tensors)"), std::string::npos) << "16 adapters, 13 biases\n" << r.out;
   expect_peak_as_estimated(out);
   const double trained = read_json(out / "eval.json")["loss"].GetDouble();
-  const std::vector<double> peft = peft_losses(dir, model, (out / "global_step2").string() + " " + (model / "bias_all").string());
+  const std::vector<double> peft = peft_losses(dir, model, {(out / "global_step2").string(), (model / "bias_all").string()});
   ASSERT_EQ(peft.size(), 3u);
   EXPECT_LT(relative(trained, peft[1]), 1e-5);
   EXPECT_GT(relative(peft[1], peft[2]), 1e-4) << "training moved the adapter";
@@ -246,14 +271,18 @@ TEST(Eval, BiasModeTrainsAsEstimatedAndReloadsInPeft) {
 TEST(Eval, LlamaAndQLoraAsInPeftAndBitsandbytes) {
   TempDir dir("eval_llama");
   eval_text(dir);
-  const fs::path model = make_model(dir, "llama");
+  PythonBatch peft = peft_batch(dir, "peft");
+  const fs::path model = queue_model(peft, dir, "llama");
   const std::string lora = (model / "lora").string(), rslora = (model / "rslora").string();
   const std::string saved = (model / "saved").string(), dora = (model / "dora").string();
-  std::vector<std::string> lines, lines4;
-  const std::vector<double> want = peft_losses(dir, model, lora + " " + rslora + " " + saved + " " + dora, &lines);
   const fs::path saved4 = dir.path() / "llama_bnb4";
-  const std::vector<double> want4 =
-      peft_losses(dir, model, "--nf4 --save " + saved4.string() + " " + lora + " " + dora, &lines4);
+  const std::string full = queue_losses(peft, dir, model, {lora, rslora, saved, dora});
+  const std::string nf4 = queue_losses(peft, dir, model, {"--nf4", "--save", saved4.string(), lora, dora});
+  // QDoRA's reference: PEFT's DoRA on the 4-bit weights as bitsandbytes dequantizes them.
+  const std::string dequantized = queue_losses(peft, dir, model, {"--nf4", "--dequantize", dora});
+  ASSERT_TRUE(peft.run());
+  std::vector<std::string> lines, lines4;
+  const std::vector<double> want = read_losses(full, &lines), want4 = read_losses(nf4, &lines4);
   ASSERT_EQ(lines.size(), 4u);
   ASSERT_EQ(lines4.size(), 2u);
   ASSERT_EQ(want.size(), 5u);
@@ -282,7 +311,7 @@ TEST(Eval, LlamaAndQLoraAsInPeftAndBitsandbytes) {
   // QDoRA: DoRA's norm over the 4-bit weight as bitsandbytes dequantizes it, against PEFT's DoRA on
   // those dequantized weights (PEFT + bitsandbytes' own QDoRA on a CPU lands ~2e-4 away from both:
   // measured, not explained; see docs/lora.md).
-  const std::vector<double> want_dq = peft_losses(dir, model, "--nf4 --dequantize " + dora);
+  const std::vector<double> want_dq = read_losses(dequantized);
   ASSERT_EQ(want_dq.size(), 2u);
   const std::string qdora = "adapter: qlora\nlora_model_dir: " + dora +
                             "\nload_in_4bit: true\nbnb_4bit_quant_type: nf4\nbnb_4bit_use_double_quant: true\n"
@@ -327,7 +356,7 @@ TEST(Eval, PeriodicEvalLauncherEvalAndPeftAgree) {
 
   // output_dir/adapter/: the newest checkpoint's adapter, as Hugging Face Trainer leaves it.
   EXPECT_EQ(slurp(out / "adapter" / "adapter_model.safetensors"), slurp(out / "global_step5" / "adapter_model.safetensors"));
-  const std::vector<double> peft = peft_losses(dir, model, (out / "adapter").string());
+  const std::vector<double> peft = peft_losses(dir, model, {(out / "adapter").string()});
   ASSERT_EQ(peft.size(), 2u);
   EXPECT_LT(relative(evals.back(), peft[1]), 1e-5);
 }

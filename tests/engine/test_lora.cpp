@@ -199,20 +199,29 @@ TEST(Lora, CheckpointsLeaveTheBaseInItsDirectory) {
 // PEFT's merge_and_unload of that adapter (within 1e-6).
 TEST(Lora, PeftAdapterTrainsAsInPeft) {
   TempDir dir("lora_peft");
-  const fs::path model = torch_model(dir);
+  const fs::path model = dir.path() / "gpt2";
   const std::string adapter = (dir.path() / "adapter").string();
-  const RunResult made = run(std::string(MEMRT_PYTHON) + " " + kTorchReference + " adapter " + model.string() + " " + adapter);
-  ASSERT_EQ(made.exit_code, 0) << made.out;
+  PythonBatch setup = torch_batch(dir, "setup");
+  setup.add({"init", model.string()});
+  setup.add({"adapter", model.string(), adapter});
+  ASSERT_TRUE(setup.run());
   const std::string yaml = dir.write("train.yaml", "model_name_or_path: " + model.string() + "\nadapter_name_or_path: " +
                                                        adapter + "\nblock_size: 32\nmax_steps: 20\nlogging_steps: 1\n"
                                                        "learning_rate: 1.0e-3\nweight_decay: 0.1\nlr_scheduler_type: constant\n"
                                                        "save_steps: 20\n");
   // One rank; two under ZeRO-2; one with LoRA+ (B at 16 times A's learning rate) against PEFT with B
   // in a torch.optim param group of that rate, as axolotl's and LLaMA-Factory's LoRA+ optimizers.
-  std::vector<double> plain_losses;
-  for (int job : {1, 2, 3}) {
-    const int ranks = job == 2 ? 2 : 1;
-    const bool loraplus = job == 3;
+  // memrt's runs first, then PEFT's and every comparison in one Python process.
+  struct Job {
+    std::string name;
+    fs::path out;
+    std::string curves, saved_by_peft, compared;
+  };
+  std::vector<Job> jobs;
+  PythonBatch reference = torch_batch(dir, "reference");
+  for (int k : {1, 2, 3}) {
+    const int ranks = k == 2 ? 2 : 1;
+    const bool loraplus = k == 3;
     const std::string name = "ranks" + std::to_string(ranks) + (loraplus ? "_loraplus" : "");
     const std::string prefix = (dir.path() / (name + "_")).string();
     const std::string ds = dir.write(name + ".json", R"({"train_batch_size": 8, "gradient_clipping": 1.0, )"
@@ -225,46 +234,42 @@ TEST(Lora, PeftAdapterTrainsAsInPeft) {
                             " --output_dir=" + out.string() + (loraplus ? " --loraplus_lr_ratio=16" : ""));
     ASSERT_EQ(r.exit_code, 0) << r.out;
     EXPECT_NE(r.out.find("(8 trainable tensors)"), std::string::npos) << r.out;
-    const std::string saved_by_peft = prefix + "peft";
     const std::string groups = loraplus ? R"([{"name": "lora_B", "modules": ["lora_B"], "lr": 1.6e-2}])" : "";
-    const auto [want_loss, want_norm] = torch_reference(model, prefix, ranks, "", groups, adapter, saved_by_peft);
+    Job job{name, out, "", prefix + "peft", prefix + "compared.json"};
+    job.curves = torch_train(reference, model, prefix, ranks, "", groups, adapter, job.saved_by_peft);
+    reference.add({"compare_adapter", model.string(), (out / "global_step20").string(), job.saved_by_peft, job.compared});
+    jobs.push_back(job);
+  }
+  // `launcher export`: the base in transformers' files and the adapter beside it in PEFT's; --merge:
+  // a plain GPT-2 to compare with PEFT's merge_and_unload of the same adapter.
+  const fs::path step20 = jobs[0].out / "global_step20", exported = dir.path() / "exported", merged = dir.path() / "merged";
+  const RunResult e = run(kLauncher + " export " + step20.string() + " " + exported.string());
+  ASSERT_EQ(e.exit_code, 0) << e.out;
+  const RunResult m = run(kLauncher + " export " + step20.string() + " " + merged.string() + " --merge");
+  ASSERT_EQ(m.exit_code, 0) << m.out;
+  EXPECT_FALSE(fs::exists(merged / "adapter_model.safetensors"));
+  const std::string compared_export = (dir.path() / "exported.json").string();
+  const std::string compared_merge = (dir.path() / "merged.json").string();
+  reference.add({"compare_adapter", exported.string(), exported.string(), jobs[0].saved_by_peft, compared_export});
+  reference.add({"compare_merged", model.string(), exported.string(), merged.string(), compared_merge});
+  ASSERT_TRUE(reference.run());
+
+  for (const Job& job : jobs) {
+    const bool loraplus = job.name == "ranks1_loraplus";
+    const auto [want_loss, want_norm] = curves(job.curves);
     ASSERT_EQ(want_loss.size(), 20u);
     EXPECT_LT(want_loss.back(), want_loss.front()) << "PEFT's run learns";
-    EXPECT_LT(worst_relative(losses(out), want_loss), 1e-5) << name;
-    EXPECT_LT(worst_relative(metric(out, "grad_norm"), want_norm), loraplus ? 5e-5 : 1e-5) << name;
-    if (job == 1) plain_losses = want_loss;
+    EXPECT_LT(worst_relative(losses(job.out), want_loss), 1e-5) << job.name;
+    EXPECT_LT(worst_relative(metric(job.out, "grad_norm"), want_norm), loraplus ? 5e-5 : 1e-5) << job.name;
     if (loraplus) {
-      EXPECT_GT(worst_relative(want_loss, plain_losses), 1e-3) << "LoRA+'s ratio matters";
+      EXPECT_GT(worst_relative(want_loss, curves(jobs[0].curves).first), 1e-3) << "LoRA+'s ratio matters";
     }
-
-    const std::string compared = prefix + "compared.json";
-    const RunResult c = run(std::string(MEMRT_PYTHON) + " " + kTorchReference + " compare_adapter " + model.string() + " " +
-                            (out / "global_step20").string() + " " + saved_by_peft + " " + compared);
-    ASSERT_EQ(c.exit_code, 0) << c.out;
-    const rapidjson::Document d = read_json(compared);
-    EXPECT_EQ(d["loaded"].GetInt(), 8) << name;
-    EXPECT_LT(d["worst"].GetDouble(), loraplus ? 1e-4 : 1e-5) << name;
-    if (job != 1) continue;
-
-    // `launcher export`: the base in transformers' files and the adapter beside it in PEFT's.
-    const fs::path exported = dir.path() / "exported";
-    const RunResult e = run(kLauncher + " export " + (out / "global_step20").string() + " " + exported.string());
-    ASSERT_EQ(e.exit_code, 0) << e.out;
-    const RunResult x = run(std::string(MEMRT_PYTHON) + " " + kTorchReference + " compare_adapter " + exported.string() +
-                            " " + exported.string() + " " + saved_by_peft + " " + compared);
-    ASSERT_EQ(x.exit_code, 0) << x.out;
-    EXPECT_LT(read_json(compared)["worst"].GetDouble(), 1e-5);
-
-    // --merge: a plain GPT-2 equal to PEFT's merge_and_unload of the same adapter.
-    const fs::path merged = dir.path() / "merged";
-    const RunResult m = run(kLauncher + " export " + (out / "global_step20").string() + " " + merged.string() + " --merge");
-    ASSERT_EQ(m.exit_code, 0) << m.out;
-    EXPECT_FALSE(fs::exists(merged / "adapter_model.safetensors"));
-    const RunResult y = run(std::string(MEMRT_PYTHON) + " " + kTorchReference + " compare_merged " + model.string() + " " +
-                            exported.string() + " " + merged.string() + " " + compared);
-    ASSERT_EQ(y.exit_code, 0) << y.out;
-    EXPECT_LT(read_json(compared)["worst"].GetDouble(), 1e-6);
+    const rapidjson::Document d = read_json(job.compared);
+    EXPECT_EQ(d["loaded"].GetInt(), 8) << job.name;
+    EXPECT_LT(d["worst"].GetDouble(), loraplus ? 1e-4 : 1e-5) << job.name;
   }
+  EXPECT_LT(read_json(compared_export)["worst"].GetDouble(), 1e-5);
+  EXPECT_LT(read_json(compared_merge)["worst"].GetDouble(), 1e-6);
 }
 
 // DoRA (PEFT's use_dora) from a PEFT-saved adapter on GPT-2's Conv1D projections trains 20 steps as
@@ -273,11 +278,12 @@ TEST(Lora, PeftAdapterTrainsAsInPeft) {
 // writes PEFT's merge_and_unload of it (each row scaled to its magnitude; 1e-6).
 TEST(Lora, DoraAdapterTrainsAsInPeft) {
   TempDir dir("lora_dora");
-  const fs::path model = torch_model(dir);
+  const fs::path model = dir.path() / "gpt2";
   const std::string adapter = (dir.path() / "dora").string();
-  const RunResult made = run(std::string(MEMRT_PYTHON) + " " + kTorchReference + " adapter " + model.string() + " " +
-                             adapter + " dora");
-  ASSERT_EQ(made.exit_code, 0) << made.out;
+  PythonBatch setup = torch_batch(dir, "setup");
+  setup.add({"init", model.string()});
+  setup.add({"adapter", model.string(), adapter, "dora"});
+  ASSERT_TRUE(setup.run());
   const std::string prefix = (dir.path() / "dora_").string();
   const std::string ds = dir.write("ds.json", R"({"train_batch_size": 8, "gradient_clipping": 1.0, "plugins": [{"name": )"
                                               R"("fixture_recorder", "library": ")" + std::string(FIXTURE_RECORDER) +
@@ -290,26 +296,25 @@ TEST(Lora, DoraAdapterTrainsAsInPeft) {
   const RunResult r = run("env OMP_NUM_THREADS=1 " + kLauncher + " --deepspeed " + ds + " " + yaml + " --output_dir=" + out.string());
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("(12 trainable tensors)"), std::string::npos) << r.out;
+  const fs::path merged = dir.path() / "merged";
+  const RunResult m = run(kLauncher + " export " + (out / "global_step20").string() + " " + merged.string() + " --merge");
+  ASSERT_EQ(m.exit_code, 0) << m.out;
+
+  PythonBatch reference = torch_batch(dir, "reference");
   const std::string saved_by_peft = prefix + "peft";
-  const auto [want_loss, want_norm] = torch_reference(model, prefix, 1, "", "", adapter, saved_by_peft);
+  const std::string want = torch_train(reference, model, prefix, 1, "", "", adapter, saved_by_peft);
+  const std::string compared = prefix + "compared.json", compared_merge = prefix + "merged.json";
+  reference.add({"compare_adapter", model.string(), (out / "global_step20").string(), saved_by_peft, compared});
+  reference.add({"compare_merged", model.string(), (out / "adapter").string(), merged.string(), compared_merge});
+  ASSERT_TRUE(reference.run());
+  const auto [want_loss, want_norm] = curves(want);
   ASSERT_EQ(want_loss.size(), 20u);
   EXPECT_LT(want_loss.back(), want_loss.front()) << "PEFT's run learns";
   EXPECT_LT(worst_relative(losses(out), want_loss), 1e-5);
   EXPECT_LT(worst_relative(metric(out, "grad_norm"), want_norm), 1e-5);
-
-  const std::string compared = prefix + "compared.json";
-  const RunResult c = run(std::string(MEMRT_PYTHON) + " " + kTorchReference + " compare_adapter " + model.string() + " " +
-                          (out / "global_step20").string() + " " + saved_by_peft + " " + compared);
-  ASSERT_EQ(c.exit_code, 0) << c.out;
   EXPECT_EQ(read_json(compared)["loaded"].GetInt(), 12);
   EXPECT_LT(read_json(compared)["worst"].GetDouble(), 1e-5);
-  const fs::path merged = dir.path() / "merged";
-  const RunResult m = run(kLauncher + " export " + (out / "global_step20").string() + " " + merged.string() + " --merge");
-  ASSERT_EQ(m.exit_code, 0) << m.out;
-  const RunResult y = run(std::string(MEMRT_PYTHON) + " " + kTorchReference + " compare_merged " + model.string() + " " +
-                          (out / "adapter").string() + " " + merged.string() + " " + compared);
-  ASSERT_EQ(y.exit_code, 0) << y.out;
-  EXPECT_LT(read_json(compared)["worst"].GetDouble(), 1e-6);
+  EXPECT_LT(read_json(compared_merge)["worst"].GetDouble(), 1e-6);
 }
 
 // DoRA from train.yaml's keys (axolotl's peft_use_dora) with lora_dropout, where DoRA recomputes the

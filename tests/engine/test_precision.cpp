@@ -38,16 +38,17 @@ std::vector<double> losses(const fs::path& dir) {
   return out;
 }
 
-// The main job on configs/<ds> for 50 steps; `env` (NAME=value ...) is set for the launcher.
+// The main job on configs/<ds> for 40 steps; `env` (NAME=value ...) is set for the launcher.
 RunResult train(const std::string& ds, const fs::path& out, const std::string& extra = "",
                 const std::string& env = "") {
   return run((env.empty() ? "" : "env " + env + " ") + kLauncher + " --deepspeed " + kConfigs + ds + " " + kConfigs +
-             "train.yaml --max_steps=50 --logging_steps=1 --output_dir=" + out.string() + " " + extra);
+             "train.yaml --max_steps=40 --logging_steps=1 --output_dir=" + out.string() + " " + extra);
 }
 
-// bf16 and fp16 follow fp32's loss curve on the main model over 50 steps: every step within 3% of
-// fp32's loss, 0.5% on average, the last within 1% (measured: bf16 2.1% at worst, around the
-// step-26 bump, 0.24% on average; fp16 1.5% and 0.23%). fp16 runs on the path this CPU takes and,
+// bf16 and fp16 follow fp32's loss curve on the main model over 40 steps: every step within 3% of
+// fp32's loss, 0.5% on average, the last within 1% (measured over 50 steps: bf16 2.1% at worst,
+// around the step-26 bump, 0.24% on average; fp16 1.5% and 0.23%; over 40 on an AMD EPYC Zen 4:
+// 1.3% at worst for both, 0.22% and 0.20% on average, the last 0.34% and 0.33%). fp16 runs on the path this CPU takes and,
 // where that is native fp16 (AVX512-FP16), again with oneDNN capped below it
 // (ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16), so that every CPU checks memrt's fp32-arithmetic path, the
 // one a CPU without native fp16 (an AMD EPYC) takes; on such a CPU the first fp16 run is that path.
@@ -56,7 +57,7 @@ TEST(Precision, HalfPrecisionFollowsTheFp32LossCurve) {
   RunResult r32 = train("ds_config.json", dir.path() / "fp32");
   ASSERT_EQ(r32.exit_code, 0) << r32.out;
   const std::vector<double> ref = losses(dir.path() / "fp32");
-  ASSERT_EQ(ref.size(), 50u);
+  ASSERT_EQ(ref.size(), 40u);
   struct Variant {
     std::string name, ds, env;
   };
@@ -96,7 +97,7 @@ TEST(Precision, HalfPrecisionFollowsTheFp32LossCurve) {
       worst = std::max(worst, std::abs(l[i] / ref[i] - 1.0));
       mean += std::abs(l[i] / ref[i] - 1.0) / static_cast<double>(l.size());
     }
-    EXPECT_LT(worst, 0.03) << v.name << ": largest relative difference to fp32 over 50 steps";
+    EXPECT_LT(worst, 0.03) << v.name << ": largest relative difference to fp32 over 40 steps";
     EXPECT_LT(mean, 0.005) << v.name << ": mean relative difference to fp32";
     EXPECT_LT(std::abs(l.back() / ref.back() - 1.0), 0.01) << v.name << ": the last step";
     EXPECT_LT(l.back(), 0.75 * l.front()) << v.name;

@@ -97,7 +97,7 @@ TEST(RealConfigsWithPlugins, EveryFileLoadsOrNamesAKey) {
   EXPECT_EQ(refused, 10);
 }
 
-// Every real ZeRO stage-1 and stage-2 file trains the main job's model for 3 steps on 2 ranks —
+// Every real ZeRO stage-1 and stage-2 file trains a small GPT-2 for 3 steps on 2 ranks —
 // its batch keys set to "auto" (train.yaml decides them; the files were written for other
 // models and GPU counts), train.yaml naming only the model, data and batch so that the file
 // decides its optimizer, schedule and clipping — or is refused naming one of its keys, for a
@@ -108,9 +108,9 @@ TEST(RealConfigsWithPlugins, ZeroStageOneAndTwoFilesTrainOnTwoRanksOrNameAKey) {
   const fs::path scratch = fs::temp_directory_path() / ("memrt_real_zero_" + std::to_string(getpid()));
   fs::create_directories(scratch);
   const std::string yaml = (scratch / "train.yaml").string();
-  std::ofstream(yaml) << "model: {arch: gpt2, n_layer: 4, n_head: 4, d_model: 256, d_ff: 1024, "
-                         "vocab_size: 256, n_ctx: 128}\nblock_size: 128\n"
-                         "per_device_train_batch_size: 16\ngradient_accumulation_steps: 1\n";
+  std::ofstream(yaml) << "model: {arch: gpt2, n_layer: 2, n_head: 2, d_model: 64, d_ff: 256, "
+                         "vocab_size: 256, n_ctx: 64}\nblock_size: 64\n"
+                         "per_device_train_batch_size: 8\ngradient_accumulation_steps: 1\n";
   int files = 0, trained = 0;
   for (const auto& entry : fs::directory_iterator(dir)) {
     if (entry.path().extension() != ".json") continue;

@@ -64,22 +64,28 @@ inline std::filesystem::path torch_model(const TempDir& dir) {
   return model;
 }
 
-// PyTorch's 20 steps on the micro-batches fixture_recorder wrote under `prefix` (8 sequences of 32
-// tokens a step, lr 1e-3, weight decay 0.1, clipping 1.0; `trainable`: the name fragments that
-// train, all when empty; `adapter`: a PEFT adapter directory whose adapters alone train, saved to
-// `save` after training when given): {loss, grad_norm} per step.
-inline std::pair<std::vector<double>, std::vector<double>> torch_reference(
-    const std::filesystem::path& model, const std::string& prefix, int ranks, const std::string& trainable = "",
-    const std::string& lr_groups = "", const std::string& adapter = "", const std::string& save = "") {
+// A batch of torch_reference_train.py's commands (see PythonBatch).
+inline PythonBatch torch_batch(const TempDir& dir, const std::string& name) { return {dir, name, kTorchReference}; }
+
+// Queues PyTorch's 20 steps on the micro-batches fixture_recorder wrote under `prefix` (8 sequences
+// of 32 tokens a step, lr 1e-3, weight decay 0.1, clipping 1.0; `trainable`: the name fragments
+// that train, all when empty; `lr_groups`: axolotl's, as JSON; `adapter`: a PEFT adapter directory
+// whose adapters alone train, saved to `save` after training when given). Returns the file that
+// will hold {loss, grad_norm} per step: read it with curves() once the batch has run.
+inline std::string torch_train(PythonBatch& batch, const std::filesystem::path& model, const std::string& prefix,
+                               int ranks, const std::string& trainable = "", const std::string& lr_groups = "",
+                               const std::string& adapter = "", const std::string& save = "") {
   const std::string json = prefix + "torch.json";
-  RunResult ref = run(std::string(MEMRT_PYTHON) + " " + kTorchReference + " train " + model.string() + " " + prefix +
-                      " " + std::to_string(ranks) + " 20 1 " + std::to_string(8 / ranks) + " 32 1.0e-3 0.1 1.0 " +
-                      json + " '" + trainable + "' '" + (lr_groups.empty() ? "[]" : lr_groups) + "' '" + adapter + "' '" +
-                      save + "'");
-  EXPECT_EQ(ref.exit_code, 0) << ref.out;
+  batch.add({"train", model.string(), prefix, std::to_string(ranks), "20", "1", std::to_string(8 / ranks), "32", "1.0e-3",
+             "0.1", "1.0", json, trainable, lr_groups.empty() ? "[]" : lr_groups, adapter, save});
+  return json;
+}
+
+// The {loss, grad_norm} per step a torch_train wrote.
+inline std::pair<std::vector<double>, std::vector<double>> curves(const std::string& json) {
   std::pair<std::vector<double>, std::vector<double>> out;
-  if (ref.exit_code != 0) return out;
   const rapidjson::Document d = read_json(json);
+  if (!d.IsObject()) return out;
   for (const auto& v : d["loss"].GetArray()) out.first.push_back(v.GetDouble());
   for (const auto& v : d["grad_norm"].GetArray()) out.second.push_back(v.GetDouble());
   return out;

@@ -35,8 +35,15 @@ averaging the ranks' gradients as DDP does. It shares no code with memrt.
     torch_reference_train.py decay_names OUT
         writes {model: {"names": [...], "decay": [...]}} for small GPT-2, Llama and Qwen2 models:
         their parameter names and those Hugging Face Trainer's get_decay_parameter_names decays
+    torch_reference_train.py batch FILE
+        the commands FILE lists, in this one process (oracle_cli.py)
+
+Rank 0 of a `train` runs in this process and the other ranks in processes forked from it (they
+inherit its imports), each on one thread.
 """
+import datetime
 import json
+import multiprocessing
 import os
 import socket
 import sys
@@ -44,10 +51,11 @@ import sys
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config,
                           Qwen2ForCausalLM, Trainer)
+
+from oracle_cli import main
 
 
 def init(directory):
@@ -144,10 +152,10 @@ def param_groups(named, decay, wd, lr_groups):
 
 def worker(rank, args, port):
     directory, prefix, ranks, steps, accum, micro, t, lr, wd, clip, out, trainable, lr_groups, adapter_dir, save = args
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=ranks)
+    # A rank that dies leaves the others waiting in a collective: two minutes, not Gloo's thirty.
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ranks,
+                            timeout=datetime.timedelta(seconds=120))
     model = GPT2LMHeadModel.from_pretrained(directory, dtype=torch.float32)
     if adapter_dir:
         model = PeftModel.from_pretrained(model, adapter_dir, is_trainable=True)
@@ -199,21 +207,26 @@ def train(argv):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(worker, args=(args, port), nprocs=args[2], join=True)
+    # Forked before this process starts a process group: the other ranks inherit the imports (a
+    # spawned process would pay them again) and no Gloo thread.
+    others = [multiprocessing.get_context("fork").Process(target=worker, args=(rank, args, port))
+              for rank in range(1, args[2])]
+    threads = torch.get_num_threads()
+    try:
+        for p in others:
+            p.start()
+        worker(0, args, port)
+    finally:
+        torch.set_num_threads(threads)
+        for p in others:
+            p.join(timeout=150)
+            if p.is_alive():
+                p.kill()
+    failed = [rank for rank, p in enumerate(others, start=1) if p.exitcode != 0]
+    if failed:
+        raise RuntimeError(f"ranks {failed} of the reference run failed (exit codes {[others[r - 1].exitcode for r in failed]})")
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "init":
-        init(sys.argv[2])
-    elif sys.argv[1] == "adapter":
-        adapter(*sys.argv[2:5])
-    elif sys.argv[1] == "compare_merged":
-        compare_merged(*sys.argv[2:6])
-    elif sys.argv[1] == "compare_adapter":
-        compare_adapter(*sys.argv[2:6])
-    elif sys.argv[1] == "train":
-        train(sys.argv[2:])
-    elif sys.argv[1] == "decay_names":
-        write_decay_names(sys.argv[2])
-    else:
-        sys.exit(__doc__)
+    main({"init": init, "adapter": adapter, "compare_merged": compare_merged, "compare_adapter": compare_adapter,
+          "train": lambda *argv: train(list(argv)), "decay_names": write_decay_names}, __doc__, sys.argv[1:])
