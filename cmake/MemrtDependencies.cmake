@@ -57,16 +57,24 @@ if(MEMRT_TORCH_HAS_CUDA)
   endif()
 endif()
 
-# One target for everything torch: headers marked SYSTEM (their warnings are not ours to fix).
+# One target for everything torch: headers marked SYSTEM (their warnings are not ours to fix),
+# LibTorch's CPU libraries (cmake/MemrtFindTorch.cmake says why not the CUDA ones).
 add_library(memrt_torch INTERFACE)
 target_link_libraries(memrt_torch INTERFACE ${TORCH_LIBRARIES})
 target_include_directories(memrt_torch SYSTEM INTERFACE ${TORCH_INCLUDE_DIRS} ${MEMRT_GLOO_INCLUDE_DIR})
 target_compile_definitions(memrt_torch INTERFACE USE_C10D_GLOO)
+# c10d's headers as LibTorch was built: with NCCL where it has CUDA (every memrt object sees the
+# same declarations, libmemrt_nccl's included).
 if(MEMRT_TORCH_HAS_CUDA AND MEMRT_NCCL_INCLUDE_DIR)
   target_include_directories(memrt_torch SYSTEM INTERFACE ${MEMRT_NCCL_INCLUDE_DIR})
   target_compile_definitions(memrt_torch INTERFACE USE_C10D_NCCL)
 endif()
 target_link_options(memrt_torch INTERFACE ${MEMRT_TORCH_LINK_OPTIONS})
+# And for the few targets that use CUDA through LibTorch: its CUDA libraries too.
+if(MEMRT_TORCH_HAS_CUDA)
+  add_library(memrt_torch_cuda INTERFACE)
+  target_link_libraries(memrt_torch_cuda INTERFACE memrt_torch ${MEMRT_TORCH_CUDA_LIBRARIES})
+endif()
 # find_package(Torch) adds its include dirs as non-system through the imported targets too.
 foreach(_t torch torch_cpu c10 torch_cuda c10_cuda torch_library)
   if(TARGET ${_t})

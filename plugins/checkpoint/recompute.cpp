@@ -9,16 +9,13 @@
 #include <utility>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 
 #include <memrt/build_info.h>
 #include <memrt/memory.h>
-
-#if MEMRT_TORCH_HAS_CUDA
-#include <ATen/cuda/CUDAGeneratorImpl.h>
-#endif
 
 namespace memrt {
 namespace checkpoint {
@@ -102,19 +99,14 @@ RngState RngState::capture(const at::Device& device) {
     s.cpu_next_float_normal_ = cpu->next_float_normal_sample();
     s.cpu_next_double_normal_ = cpu->next_double_normal_sample();
   }
-#if MEMRT_TORCH_HAS_CUDA
-  if (device.is_cuda()) {
-    at::Generator gen = at::cuda::detail::getDefaultCUDAGenerator(device.index());
+  if (!device.is_cpu()) {
+    // Through GeneratorImpl's own interface: for CUDA, the seed and the Philox offset.
+    at::Generator gen = at::globalContext().defaultGenerator(device);
     std::lock_guard<std::mutex> lock(gen.mutex());
-    auto* cuda = at::check_generator<at::CUDAGeneratorImpl>(gen);
-    s.has_cuda_ = true;
-    s.cuda_device_ = device.index();
-    s.cuda_seed_ = cuda->current_seed();
-    s.cuda_offset_ = cuda->philox_offset_per_thread();
+    s.device_ = device;
+    s.device_seed_ = gen.current_seed();
+    s.device_offset_ = gen.get_offset();
   }
-#else
-  (void)device;
-#endif
   return s;
 }
 
@@ -127,15 +119,12 @@ void RngState::restore() const {
     cpu->set_next_float_normal_sample(cpu_next_float_normal_);
     cpu->set_next_double_normal_sample(cpu_next_double_normal_);
   }
-#if MEMRT_TORCH_HAS_CUDA
-  if (has_cuda_) {
-    at::Generator gen = at::cuda::detail::getDefaultCUDAGenerator(cuda_device_);
+  if (device_) {
+    at::Generator gen = at::globalContext().defaultGenerator(*device_);
     std::lock_guard<std::mutex> lock(gen.mutex());
-    auto* cuda = at::check_generator<at::CUDAGeneratorImpl>(gen);
-    cuda->set_current_seed(cuda_seed_);  // resets the offset; set it after
-    cuda->set_philox_offset_per_thread(cuda_offset_);
+    gen.set_current_seed(device_seed_);  // resets the offset; set it after
+    gen.set_offset(device_offset_);
   }
-#endif
 }
 
 namespace {

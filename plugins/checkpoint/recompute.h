@@ -28,7 +28,8 @@ namespace checkpoint {
 
 // The default generators' state, captured without allocating tensors (so the capture never shows
 // in the memory report): the CPU generator's Mersenne-Twister engine and cached normal samples;
-// in CUDA builds also the seed and Philox offset of the generator of a CUDA tensor's device.
+// for a tensor on a device (a GPU), also the seed and offset of that device's default generator
+// (CUDA's Philox offset), read through LibTorch's device-generic generator interface.
 class RngState {
  public:
   static RngState capture(const at::Device& device);
@@ -38,10 +39,9 @@ class RngState {
   at::mt19937 cpu_engine_;
   std::optional<float> cpu_next_float_normal_;
   std::optional<double> cpu_next_double_normal_;
-  bool has_cuda_ = false;
-  int cuda_device_ = -1;
-  uint64_t cuda_seed_ = 0;
-  uint64_t cuda_offset_ = 0;
+  std::optional<at::Device> device_;
+  uint64_t device_seed_ = 0;
+  uint64_t device_offset_ = 0;
 };
 
 struct RecomputeOptions {

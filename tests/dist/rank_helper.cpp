@@ -132,9 +132,9 @@ void run_collectives(DistContext& d) {
   // later, so the memory report's peak depended on which thread got there first).
   int held = 0;
   for (int i = 0; i < 200; ++i) {
-    at::Tensor t = at::ones({1 << 14}, at::kFloat);  // (16384,)
-    d.all_reduce_sum(t);
-    held += t.use_count() > 1 ? 1 : 0;
+    at::Tensor x = at::ones({1 << 14}, at::kFloat);  // (16384,)
+    d.all_reduce_sum(x);
+    held += x.use_count() > 1 ? 1 : 0;
   }
   expect(held == 0, "all_reduce_sum: the backend still held the tensor after " + std::to_string(held) +
                         " of 200 collectives returned");

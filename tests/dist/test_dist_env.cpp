@@ -1,6 +1,7 @@
 // Rendezvous environment: which variables are read, the errors for missing or malformed ones,
 // single-process contexts, and bounded rendezvous failures.
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -307,6 +308,16 @@ TEST(DistRendezvous, PortInUse) {
   }
   ::close(fd);
 }
+
+#ifdef MEMRT_NCCL_LIBRARY
+// NCCL's backend stands in a library of its own, which a CUDA rank opens (libmemrt links only
+// LibTorch's CPU libraries): it loads, with LibTorch's CUDA libraries, and exports the factory.
+TEST(DistNccl, BackendLibraryLoadsAndExportsItsFactory) {
+  void* lib = dlopen(MEMRT_NCCL_LIBRARY, RTLD_NOW | RTLD_GLOBAL);
+  ASSERT_NE(lib, nullptr) << dlerror();
+  EXPECT_NE(dlsym(lib, "memrt_nccl_backend"), nullptr) << dlerror();
+}
+#endif
 
 }  // namespace
 }  // namespace memrt

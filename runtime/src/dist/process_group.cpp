@@ -3,11 +3,10 @@
 // data-parallel gradient all-reduce.
 #include "dist/process_group.h"
 
+#include <dlfcn.h>
+
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#if defined(USE_C10D_NCCL)
-#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
-#endif
 
 #include <array>
 #include <charconv>
@@ -286,24 +285,36 @@ DistContext::~DistContext() = default;
 
 namespace {
 
+// c10d's NCCL backend, from libmemrt_nccl.so beside the library holding this code (built where
+// LibTorch has CUDA and NCCL's header was found; see nccl_backend.cpp for why it stands apart).
+c10::intrusive_ptr<c10d::Backend> nccl_backend(const c10::intrusive_ptr<c10d::Store>& store,
+                                               const DistEnvironment& env, std::chrono::milliseconds timeout) {
+  Dl_info self{};
+  dladdr(reinterpret_cast<void*>(&nccl_backend), &self);
+  const std::string dir = self.dli_fname ? std::string(self.dli_fname) : std::string();
+  const std::string path = dir.substr(0, dir.rfind('/') + 1) + "libmemrt_nccl.so";
+  void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);  // never closed: LibTorch's CUDA stays
+  using Make = c10d::Backend* (*)(const c10::intrusive_ptr<c10d::Store>*, int, int, int64_t);
+  const auto make = lib ? reinterpret_cast<Make>(dlsym(lib, "memrt_nccl_backend")) : nullptr;
+  if (!make) {
+    const char* why = dlerror();
+    throw DistributedError("rank " + std::to_string(env.rank) + ": CUDA tensors need the NCCL backend, and " + path +
+                           " cannot be loaded (" + (why ? why : "no memrt_nccl_backend in it") +
+                           "): this memrt was built without NCCL (a CUDA LibTorch and nccl.h) or the "
+                           "library was moved; train on the CPU or rebuild against a CUDA LibTorch");
+  }
+  return c10::intrusive_ptr<c10d::Backend>::reclaim(make(&store, env.rank, env.world_size, timeout.count()));
+}
+
 c10::intrusive_ptr<c10d::Backend> make_backend(const c10::intrusive_ptr<c10d::Store>& store,
                                                const DistEnvironment& env,
                                                std::chrono::seconds timeout,
                                                c10::DeviceType device, std::string& name) {
   auto timeout_ms = std::chrono::duration_cast<std::chrono::milliseconds>(timeout);
   if (device == c10::DeviceType::CUDA) {
-#if defined(USE_C10D_NCCL)
     // The NCCL seam: one CUDA device per rank (LOCAL_RANK), chosen by the caller before this.
     name = "NCCL";
-    auto opts = c10d::ProcessGroupNCCL::Options::create();
-    opts->timeout = timeout_ms;
-    return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, env.rank, env.world_size, opts);
-#else
-    throw DistributedError(
-        "rank " + std::to_string(env.rank) +
-        ": CUDA tensors need the NCCL backend, but this memrt was built without NCCL "
-        "(USE_C10D_NCCL undefined); train on the CPU or rebuild against a CUDA LibTorch");
-#endif
+    return nccl_backend(store, env, timeout_ms);
   }
   if (device != c10::DeviceType::CPU) {
     throw DistributedError("rank " + std::to_string(env.rank) + ": no process-group backend for " +

@@ -62,7 +62,8 @@ class DistContext final : public Communicator {
  public:
   // Reads the environment (read_dist_environment) and, when world_size > 1, rendezvouses with the
   // other ranks. `timeout` bounds the rendezvous and every later collective. `device` selects the
-  // backend: kCPU -> Gloo; kCUDA -> NCCL (only in CUDA builds with NCCL; an error otherwise).
+  // backend: kCPU -> Gloo; kCUDA -> NCCL (libmemrt_nccl.so, built where LibTorch has CUDA and
+  // NCCL's header was found; an error naming it otherwise).
   static std::shared_ptr<DistContext> from_environment(
       std::chrono::seconds timeout = std::chrono::seconds(60),
       c10::DeviceType device = c10::DeviceType::CPU);

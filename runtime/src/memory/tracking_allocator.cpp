@@ -13,13 +13,10 @@
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
 
 #include "memory/block_cache.h"
-#include "memrt/build_info.h"
-#if MEMRT_TORCH_HAS_CUDA
-#include <c10/cuda/CUDACachingAllocator.h>
-#endif
 
 namespace memrt::memory {
 namespace {
@@ -187,18 +184,15 @@ WindowPeaks window_peaks() {
 
 DeviceAllocatorStats device_allocator_stats(const c10::Device& device) {
   DeviceAllocatorStats out;
-#if MEMRT_TORCH_HAS_CUDA
+  // LibTorch's device-generic interface: CUDA's caching allocator registers itself there when
+  // LibTorch's CUDA libraries load, which a CUDA tensor implies (memrt itself links only the CPU ones).
   if (device.is_cuda()) {
-    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
-    const auto& bytes =
-        stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+    const auto stats = c10::getDeviceAllocator(device.type())->getDeviceStats(device.index());
+    const auto& bytes = stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
     out.available = true;
     out.current_bytes = bytes.current;
     out.peak_bytes = bytes.peak;
   }
-#else
-  (void)device;
-#endif
   return out;
 }
 

@@ -32,7 +32,7 @@ struct WindowPeaks {
 void open_window();
 WindowPeaks window_peaks();
 
-// The CUDA caching allocator's own figures for one device (CUDA builds with a visible GPU):
+// The CUDA caching allocator's own figures for one device (a CUDA device; none otherwise):
 // allocated bytes now and at their peak. Device tensors are attributed to cells by the same
 // claims; these figures are the allocator total they reconcile with.
 struct DeviceAllocatorStats {

@@ -9,9 +9,7 @@
 #include "optim/fused_adam.h"
 #include "optim/optimizer_math.h"
 
-#ifdef MEMRT_WITH_CUDA
-#include <c10/cuda/CUDAStream.h>
-#endif
+#include <c10/core/impl/VirtualGuardImpl.h>
 
 namespace memrt {
 
@@ -22,10 +20,11 @@ uint64_t random_bits_seed(uint64_t run_seed, uint64_t slot, uint64_t update) {
   return run_seed * 0x100000001b3ull ^ (slot << 40) ^ update;
 }
 
-// The CUDA stream of a device tensor's step; CPU tensors never get here.
+// The CUDA stream of a device tensor's step (a cudaStream_t, through LibTorch's device-generic
+// guard: memrt links only LibTorch's CPU libraries); CPU tensors never get here.
 void* cuda_stream(const at::Tensor& t) {
 #ifdef MEMRT_WITH_CUDA
-  return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
+  return c10::impl::VirtualGuardImpl(t.device().type()).getStream(t.device()).native_handle();
 #else
   throw Error("optimizer: the parameters are on " + t.device().str() +
               " but this memrt was built without CUDA kernels");
