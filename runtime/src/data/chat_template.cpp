@@ -11,6 +11,7 @@
 #include <optional>
 #include <sstream>
 
+#include "data/tokenizer_config.h"
 #include "memrt/error.h"
 
 namespace memrt {
@@ -1800,11 +1801,10 @@ std::optional<ChatTemplate> load_chat_template(const std::string& dir) {
     return text.str();
   };
   if (std::filesystem::exists(jinja)) return ChatTemplate::parse(slurp(jinja), jinja.string());
-  const std::filesystem::path config = std::filesystem::path(dir) / "tokenizer_config.json";
-  if (!std::filesystem::exists(config)) return std::nullopt;
-  rapidjson::Document d;
-  d.Parse(slurp(config).c_str());
-  if (d.HasParseError() || !d.IsObject()) throw FileError(config.string(), "is not a JSON object");
+  const std::filesystem::path config = tokenizer_config_path(dir);
+  const std::optional<rapidjson::Document> read = read_tokenizer_config(dir);
+  if (!read) return std::nullopt;
+  const rapidjson::Document& d = *read;
   if (!d.HasMember("chat_template") || d["chat_template"].IsNull()) return std::nullopt;
   const rapidjson::Value& t = d["chat_template"];
   const std::string where = config.string() + ": chat_template";

@@ -20,6 +20,7 @@
 #include "data/mapped_file.h"
 #include "data/records.h"
 #include "data/tokenizer.h"
+#include "data/tokenizer_config.h"
 #include "memrt/error.h"
 
 namespace memrt {
@@ -128,7 +129,7 @@ std::string default_cache_dir() {
 // file or another option is another entry.
 std::string cache_key(const std::vector<std::string>& paths, const std::string& tokenizer, const std::string& options) {
   uint64_t h = fnv1a(1469598103934665603ull, kCacheFormat);
-  for (const fs::path& f : {fs::path(tokenizer), fs::path(tokenizer).parent_path() / "tokenizer_config.json",
+  for (const fs::path& f : {fs::path(tokenizer), tokenizer_config_path(fs::path(tokenizer).parent_path()),
                             fs::path(tokenizer).parent_path() / "chat_template.jinja"}) {
     std::ifstream in(f, std::ios::binary);
     if (!in) continue;

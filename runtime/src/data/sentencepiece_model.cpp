@@ -1,11 +1,10 @@
 #include "data/sentencepiece_model.h"
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include <rapidjson/document.h>
 
+#include "data/tokenizer_config.h"
 #include "memrt/error.h"
 
 namespace memrt {
@@ -14,14 +13,11 @@ namespace {
 
 // tokenizer_config.json's add_bos_token / add_eos_token, where the file and the keys exist.
 void read_special_flags(Tokenizer::SentencePiece& sp) {
-  const std::filesystem::path config = std::filesystem::path(sp.path).parent_path() / "tokenizer_config.json";
-  std::ifstream in(config, std::ios::binary);
-  if (!in) return;
-  std::stringstream text;
-  text << in.rdbuf();
-  rapidjson::Document d;
-  d.Parse(text.str().c_str());
-  if (d.HasParseError() || !d.IsObject()) throw FileError(config.string(), "is not a JSON object");
+  const std::filesystem::path dir = std::filesystem::path(sp.path).parent_path();
+  const std::optional<rapidjson::Document> read = read_tokenizer_config(dir);
+  if (!read) return;
+  const rapidjson::Document& d = *read;
+  const std::filesystem::path config = tokenizer_config_path(dir);
   for (auto [key, flag] : {std::pair<const char*, bool*>{"add_bos_token", &sp.add_bos}, {"add_eos_token", &sp.add_eos}}) {
     if (!d.HasMember(key) || d[key].IsNull()) continue;
     if (!d[key].IsBool()) throw FileError(config.string(), std::string(key) + ": is not true or false");

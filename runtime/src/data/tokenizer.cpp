@@ -23,6 +23,7 @@
 #include <rapidjson/document.h>
 
 #include "data/sentencepiece_model.h"
+#include "data/tokenizer_config.h"
 #include "memrt/error.h"
 
 namespace memrt {
@@ -886,6 +887,18 @@ Tokenizer Tokenizer::from_file(const std::string& tokenizer_json) {
   return tok;
 }
 
+std::optional<rapidjson::Document> read_tokenizer_config(const std::filesystem::path& dir) {
+  const std::filesystem::path config = tokenizer_config_path(dir);
+  std::ifstream in(config, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::stringstream text;
+  text << in.rdbuf();
+  rapidjson::Document d;
+  d.Parse(text.str().c_str());
+  if (d.HasParseError() || !d.IsObject()) throw FileError(config.string(), "is not a JSON object");
+  return d;
+}
+
 void Tokenizer::read_special_tokens(const std::string& tokenizer_file) {
   namespace fs = std::filesystem;
   auto set = [&](std::optional<SpecialToken>& out, const std::string& text, const std::string& where) {
@@ -898,14 +911,10 @@ void Tokenizer::read_special_tokens(const std::string& tokenizer_file) {
     if (p.bos_id() >= 0) bos_ = SpecialToken{p.IdToPiece(p.bos_id()), p.bos_id()};
     if (p.eos_id() >= 0) eos_ = SpecialToken{p.IdToPiece(p.eos_id()), p.eos_id()};
   }
-  const fs::path config = fs::path(tokenizer_file).parent_path() / "tokenizer_config.json";
-  std::ifstream in(config, std::ios::binary);
-  if (!in) return;
-  std::stringstream text;
-  text << in.rdbuf();
-  rapidjson::Document d;
-  d.Parse(text.str().c_str());
-  if (d.HasParseError() || !d.IsObject()) throw FileError(config.string(), "is not a JSON object");
+  const fs::path config = tokenizer_config_path(fs::path(tokenizer_file).parent_path());
+  const std::optional<rapidjson::Document> read = read_tokenizer_config(fs::path(tokenizer_file).parent_path());
+  if (!read) return;
+  const rapidjson::Document& d = *read;
   for (auto [key, out] : {std::pair<const char*, std::optional<SpecialToken>*>{"bos_token", &bos_}, {"eos_token", &eos_}}) {
     if (!d.HasMember(key)) continue;
     const rapidjson::Value& v = d[key];
