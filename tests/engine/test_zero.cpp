@@ -257,7 +257,8 @@ TEST(Zero, StageTwoReducesEveryBucketWhenARankGetsNoGradient) {
 // rank: 0.84e-4 on 4 ranks and 1.5e-4 on 2 on an AMD EPYC, 4.0e-4 and 3.1e-4 on an Intel Xeon),
 // so those cases are held to 4x the largest spread stage 0 shows in that precision. Buckets of
 // 20,000 and 12,000 elements still straddle the partitions, in a quarter of the collectives the
-// fp32 test's take (4 ranks on 2 cores wait for each other at every one).
+// fp32 test's take (4 ranks on 2 cores wait for each other at every one). Stage 1 runs on 2 ranks
+// only: its sums are stage 0's on any number, and the fp32 test runs it on 4.
 TEST(Zero, SixteenBitStagesOneAndTwoStayWithinStageZerosSpread) {
   TempDir dir("zero_16bit");
   for (const char* precision : {"bf16", "fp16"}) {
@@ -271,6 +272,7 @@ TEST(Zero, SixteenBitStagesOneAndTwoStayWithinStageZerosSpread) {
     }
     for (int ranks : {2, 4}) {
       for (int stage : {1, 2}) {
+        if (stage == 1 && ranks == 4) continue;
         for (bool offload : {false, true}) {
           Job r{precision, stage, offload, ranks};
           r.reduce_bucket = 20000;
