@@ -68,12 +68,9 @@ std::vector<double> read_losses(const std::string& file, std::vector<std::string
   return losses;
 }
 
-// The model alone, in its own batch.
-fs::path make_model(const TempDir& dir, const std::string& kind) {
-  PythonBatch batch = peft_batch(dir, "make");
-  const fs::path model = queue_model(batch, dir, kind);
-  batch.run();
-  return model;
+// The model and its adapters, shared by the tests (read only).
+fs::path make_model(const std::string& kind) {
+  return shared_reference(std::string(MEMRT_SOURCE_DIR) + "/tests/engine/peft_eval.py", {"make", kind});
 }
 
 // PEFT's losses alone, in their own batch.
@@ -174,7 +171,7 @@ TEST(Eval, GptTwoWithPeftAdaptersAsInPeft) {
 TEST(Eval, QLoraMergedExportIsTheDequantizedBasePlusTheAdapters) {
   TempDir dir("eval_merge4");
   eval_text(dir);
-  const fs::path model = make_model(dir, "llama");
+  const fs::path model = make_model("llama");
   const fs::path out = dir.path() / "run";
   const RunResult r = train_run(dir, model, "adapter_name_or_path: " + (model / "lora").string() +
                                                 "\nload_in_4bit: true\nbnb_4bit_compute_dtype: float32\nmax_steps: 1\n"
@@ -219,7 +216,7 @@ TEST(Eval, QLoraMergedExportIsTheDequantizedBasePlusTheAdapters) {
 TEST(Eval, ModulesToSaveTrainAsEstimatedAndReloadInPeft) {
   TempDir dir("eval_saved");
   eval_text(dir);
-  const fs::path model = make_model(dir, "llama");
+  const fs::path model = make_model("llama");
   const fs::path out = dir.path() / "run";
   const RunResult r = train_run(dir, model, "adapter: lora\nlora_r: 4\nlora_target_linear: true\n"
                                             "additional_target: lm_head,embed_tokens\nmax_steps: 2\n"
@@ -249,7 +246,7 @@ TEST(Eval, ModulesToSaveTrainAsEstimatedAndReloadInPeft) {
 TEST(Eval, BiasModeTrainsAsEstimatedAndReloadsInPeft) {
   TempDir dir("eval_bias");
   eval_text(dir);
-  const fs::path model = make_model(dir, "gpt2");
+  const fs::path model = make_model("gpt2");
   const fs::path out = dir.path() / "run";
   const RunResult r = train_run(dir, model, "lora_model_dir: " + (model / "bias_all").string() +
                                                 "\nlora_dropout: 0.0\nmax_steps: 2\nlearning_rate: 1.0e-2\nsave_steps: 2\n");
@@ -328,7 +325,7 @@ TEST(Eval, LlamaAndQLoraAsInPeftAndBitsandbytes) {
 TEST(Eval, PeriodicEvalLauncherEvalAndPeftAgree) {
   TempDir dir("eval_periodic");
   eval_text(dir);
-  const fs::path model = make_model(dir, "gpt2");
+  const fs::path model = make_model("gpt2");
   const fs::path out = dir.path() / "run";
   const RunResult r = train_run(dir, model, "use_peft: true\nlora_r: 4\nlora_target_modules: all-linear\n"
                                             "max_steps: 5\nlogging_steps: 1\nlearning_rate: 1.0e-2\nsave_steps: 5\n"

@@ -136,7 +136,7 @@ TEST(Zero, Fp32StagesRanksAndOffloadFollowStageZero) {
 // after a dozen steps, which turns the two implementations' last-bit differences into percents).
 TEST(Zero, StagesFollowPyTorchsAdamWOnTheSameBatches) {
   TempDir dir("zero_torch");
-  const fs::path model = torch_model(dir);
+  const fs::path model = torch_model();
   PythonBatch reference = torch_batch(dir, "reference");
   std::map<int, std::string> want;  // ranks -> PyTorch's curves
   std::vector<std::pair<Job, fs::path>> runs;
@@ -174,7 +174,7 @@ TEST(Zero, StagesFollowPyTorchsAdamWOnTheSameBatches) {
 // trained that should not be, or the reverse, moves both curves far more.
 TEST(Zero, FreezeTuningFollowsPyTorchWithTheSameParametersFrozen) {
   TempDir dir("zero_freeze");
-  const fs::path model = torch_model(dir);
+  const fs::path model = torch_model();
   PythonBatch reference = torch_batch(dir, "reference");
   std::vector<std::tuple<Job, fs::path, std::string>> runs;
   for (auto [stage, ranks] : {std::pair{0, 1}, std::pair{2, 2}}) {
@@ -201,7 +201,7 @@ TEST(Zero, FreezeTuningFollowsPyTorchWithTheSameParametersFrozen) {
 // 5e-5 relative over 20 steps; PyTorch without the groups is far from it.
 TEST(Zero, LrGroupsFollowPyTorchsParamGroups) {
   TempDir dir("zero_lr_groups");
-  const fs::path model = torch_model(dir);
+  const fs::path model = torch_model();
   const std::string yaml = "lr_groups:\n  - name: attn\n    modules: [attn.c_attn]\n    lr: 3.0e-3\n"
                            "  - name: mlp\n    modules: [mlp.c_fc]\n    lr: 2.0e-4\n";
   const std::string groups = R"([{"name": "attn", "modules": ["attn.c_attn"], "lr": 3.0e-3},)"

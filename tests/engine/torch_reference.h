@@ -56,13 +56,8 @@ inline int64_t expect_peak_as_estimated(const std::filesystem::path& out) {
 
 const std::string kTorchReference = std::string(MEMRT_SOURCE_DIR) + "/tests/engine/torch_reference_train.py";
 
-// A small GPT-2 with transformers' own initialisation, in dir/gpt2.
-inline std::filesystem::path torch_model(const TempDir& dir) {
-  const std::filesystem::path model = dir.path() / "gpt2";
-  RunResult init = run(std::string(MEMRT_PYTHON) + " " + kTorchReference + " init " + model.string());
-  EXPECT_EQ(init.exit_code, 0) << init.out;
-  return model;
-}
+// A small GPT-2 with transformers' own initialisation (shared by the tests, read only).
+inline std::filesystem::path torch_model() { return shared_reference(kTorchReference, {"init"}); }
 
 // A batch of torch_reference_train.py's commands (see PythonBatch).
 inline PythonBatch torch_batch(const TempDir& dir, const std::string& name) { return {dir, name, kTorchReference}; }
