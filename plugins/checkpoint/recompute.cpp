@@ -14,7 +14,6 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 
-#include <memrt/build_info.h>
 #include <memrt/memory.h>
 
 namespace memrt {

@@ -291,8 +291,8 @@ c10::intrusive_ptr<c10d::Backend> nccl_backend(const c10::intrusive_ptr<c10d::St
                                                const DistEnvironment& env, std::chrono::milliseconds timeout) {
   Dl_info self{};
   dladdr(reinterpret_cast<void*>(&nccl_backend), &self);
-  const std::string dir = self.dli_fname ? std::string(self.dli_fname) : std::string();
-  const std::string path = dir.substr(0, dir.rfind('/') + 1) + "libmemrt_nccl.so";
+  const std::string self_path = self.dli_fname ? std::string(self.dli_fname) : std::string();
+  const std::string path = self_path.substr(0, self_path.rfind('/') + 1) + "libmemrt_nccl.so";
   void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);  // never closed: LibTorch's CUDA stays
   using Make = c10d::Backend* (*)(const c10::intrusive_ptr<c10d::Store>*, int, int, int64_t);
   const auto make = lib ? reinterpret_cast<Make>(dlsym(lib, "memrt_nccl_backend")) : nullptr;
