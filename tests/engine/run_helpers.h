@@ -1,5 +1,5 @@
 // Subprocess helpers of the end-to-end tests: run a command bounded in time, temporary folders,
-// free loopback ports.
+// free loopback ports, reference outputs shared across tests.
 #pragma once
 
 #include <arpa/inet.h>
@@ -8,12 +8,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <gtest/gtest.h>
+
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace memrt_test {
 
@@ -79,5 +84,35 @@ class TempDir {
  private:
   fs::path path_;
 };
+
+// A directory one of a reference script's commands makes from nothing (`args`: the command line
+// before the directory, e.g. {"make", "llama"}: a model with transformers' own initialisation and
+// PEFT adapters for it), made once per build tree, script, interpreter and arguments, and shared
+// by the tests that need the same one: each is a Python start (seconds) saved. Tests only read it.
+// Made under a temporary name and renamed into place, so a test never sees half of one.
+inline std::filesystem::path shared_reference(const std::string& script, const std::vector<std::string>& args) {
+  namespace fs = std::filesystem;
+  std::string key = std::string(MEMRT_PYTHON) + "\n" + slurp(script);
+  std::string name;
+  for (const std::string& a : args) {
+    key += "\n" + a;
+    name += a + "_";
+  }
+  char hash[17];
+  std::snprintf(hash, sizeof(hash), "%016zx", std::hash<std::string>{}(key));
+  const fs::path dir = fs::path(MEMRT_BINARY_DIR) / "test_scratch" / "references" / (name + hash);
+  if (fs::exists(dir)) return dir;
+  const fs::path tmp = dir.string() + ".tmp" + std::to_string(getpid());
+  fs::remove_all(tmp);
+  fs::create_directories(dir.parent_path());
+  std::string command = std::string(MEMRT_PYTHON) + " " + script;
+  for (const std::string& a : args) command += " " + a;
+  const RunResult r = run(command + " " + tmp.string());
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  std::error_code ec;
+  fs::rename(tmp, dir, ec);  // fails when another test made it first: that one is the same
+  fs::remove_all(tmp, ec);
+  return dir;
+}
 
 }  // namespace memrt_test
