@@ -358,6 +358,51 @@ TEST(Eval, PeriodicEvalLauncherEvalAndPeftAgree) {
   EXPECT_LT(relative(evals.back(), peft[1]), 1e-5);
 }
 
+// `launcher eval` of a checkpoint trained in bf16 with fp32 masters and AdamW under ZeRO-2 builds a
+// store of the weights alone: no masters, gradients or optimizer state are planned or allocated
+// (its peak is below what those took in training), and it gives the training's own final eval_loss
+// bit for bit on one rank — the compute copy read from the checkpoint rounds as the step's
+// write-back did — and within rounding on two ranks, each reading its partition.
+TEST(Eval, LauncherEvalOfACheckpointKeepsTheWeightsAlone) {
+  TempDir dir("eval_weights_only");
+  const std::string text = eval_text(dir);
+  const std::string yaml = dir.write("train.yaml",
+      "model: {arch: gpt2, n_layer: 2, n_head: 2, d_model: 64, d_ff: 256, vocab_size: 256, n_ctx: 32}\n"
+      "block_size: 32\ntrain_file: " + text + "\neval_file: " + text + "\nmax_steps: 3\nsave_steps: 3\n");
+  const std::string ds = dir.write("ds.json", R"({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1, )"
+                                              R"("bf16": {"enabled": true}, "zero_optimization": {"stage": 2}})");
+  const fs::path out = dir.path() / "run";
+  const RunResult r = run(kLauncher + " --deepspeed " + ds + " " + yaml + " --output_dir=" + out.string());
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const double trained = read_json(out / "eval.json")["loss"].GetDouble();
+  const rapidjson::Document report = read_json(out / "memory_report.json");
+  const auto& measured = report["ranks"][0]["measured"]["categories"];
+  int64_t optimizer_side = 0;
+  for (const char* cat : {"master_weights", "optimizer_state"}) optimizer_side += measured[cat]["device"].GetInt64();
+  ASSERT_GT(optimizer_side, 0);
+
+  for (int ranks : {1, 2}) {
+    const RunResult e = run(kLauncher + " eval --num_procs " + std::to_string(ranks) + " --master_port " +
+                            std::to_string(free_port()) + " --deepspeed " + ds + " " + yaml + " --output_dir=" +
+                            out.string() + " --resume");
+    ASSERT_EQ(e.exit_code, 0) << e.out;
+    const std::string store = e.out.substr(e.out.find("parameter store:"));
+    const std::string groups = store.substr(0, store.find("model: "));
+    EXPECT_NE(groups.find("compute bf16 full"), std::string::npos) << groups;
+    for (const char* absent : {"master", "grad", "state"}) EXPECT_EQ(groups.find(absent), std::string::npos) << groups;
+    const size_t at = e.out.find("memory: peak ");
+    ASSERT_NE(at, std::string::npos) << e.out;
+    const double peak = std::stod(e.out.substr(at + 13)) * 1e6;
+    EXPECT_LT(peak, static_cast<double>(optimizer_side)) << e.out;
+    const double loss = read_json(out / "eval.json")["loss"].GetDouble();
+    if (ranks == 1) {
+      EXPECT_EQ(loss, trained);
+    } else {
+      EXPECT_LT(relative(loss, trained), 1e-6);
+    }
+  }
+}
+
 // A model directory with a tokenizer.json (Llama-3 kind, trained by `tokenizers` at test time): the
 // train and eval files are tokenized with it, the run says so, evaluation covers exactly the
 // windows of its tokens (as many as Hugging Face's run_clm tokenization of the eval file makes), and

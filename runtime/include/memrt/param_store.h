@@ -293,8 +293,13 @@ class StorePlan {
   // Whether the settings make a store the step can run (the host calls it after every plugin's
   // plan_store): 16-bit compute needs fp32 masters (bf16 may go without, when a plugin set
   // masters off), fp32 has none, gradients are the compute dtype or fp32. Throws memrt::Error
-  // saying what to change.
+  // saying what to change. A weights-only plan takes no step and passes.
   void check() const;
+  // ABI 2.11: the plan of a store that evaluates and takes no step (`launcher eval`): every group
+  // keeps its compute copy as planned and drops its masters, gradients and optimizer state; frozen
+  // slots stay as they are. The host calls it after every plugin's plan_store.
+  void keep_weights_only();
+  bool weights_only() const { return weights_only_; }
 
   // This rank's bytes of every buffer the store allocates, by (category, placement): compute ->
   // its group's weights_category (weights unless set; frozen parameters: their layout's), master ->
@@ -328,6 +333,8 @@ class StorePlan {
   std::vector<FrozenLayout> frozen_;   // per slot (empty for a trainable one)
   // ---- added in ABI 2.8 ----
   std::map<std::string, memory::Category> weights_category_;  // by group name; absent: weights
+  // ---- added in ABI 2.11 ----
+  bool weights_only_ = false;
 };
 
 // The allocated store.

@@ -447,13 +447,12 @@ class Plugin {
 // Plugin::export_model (ExportContext, SavedParameters), StorePlan::set_weights_category,
 // ConfigNode::real. 2.9: Plugin::write_checkpoint_files (CheckpointFilesContext), memrt/safetensors.h
 // in the SDK, model_parameter_shapes (memrt/model.h), ExportContext::merge. 2.10:
-// RunInfo::model_name_or_path. The host refuses a plugin whose ABI major
-// differs, whose ABI minor is newer than the host's, or whose LibTorch version, C++ ABI flag or CUDA
-// flag differ from its own
-// — plugins pass at::Tensor and nn::Module across the boundary, the same contract as PyTorch C++
-// extensions.
+// RunInfo::model_name_or_path. 2.11: StorePlan::keep_weights_only (launcher eval's store). The
+// host refuses a plugin whose ABI major differs, whose ABI minor is newer than the host's, or whose
+// LibTorch version, C++ ABI flag or CUDA flag differ from its own — plugins pass at::Tensor and
+// nn::Module across the boundary, the same contract as PyTorch C++ extensions.
 #define MEMRT_PLUGIN_ABI_MAJOR 2
-#define MEMRT_PLUGIN_ABI_MINOR 10
+#define MEMRT_PLUGIN_ABI_MINOR 11
 #define MEMRT_PLUGIN_ENTRY_SYMBOL "memrt_plugin_entry"
 
 extern "C" {

@@ -499,7 +499,8 @@ int64_t load_store(ParamStore& store, const SavedStore& saved, LoadShare share) 
     return what + ": resume with the model, plugins and optimizer the checkpoint was made with "
                   "(or export it with `launcher export` and start a new run from its weights)";
   };
-  if (saved.state_names() != plan.state_names()) {
+  // A weights-only store (launcher eval) reads the weights of any optimizer's checkpoint.
+  if (!plan.weights_only() && saved.state_names() != plan.state_names()) {
     auto list = [](const std::vector<std::string>& v) {
       std::string s = "{";
       for (const std::string& x : v) s += (s.size() > 1 ? ", " : "") + x;
@@ -548,7 +549,7 @@ int64_t load_store(ParamStore& store, const SavedStore& saved, LoadShare share) 
     // The state's format must be the checkpoint's, or both plain (fp32 and bf16 moments convert).
     const StateFormat& mine = plan.state_format(s.group);
     const StateFormat& theirs = saved.state_format(s.param.name);
-    const bool plain = mine.is_plain() && theirs.is_plain();
+    const bool plain = plan.weights_only() || (mine.is_plain() && theirs.is_plain());
     bool same = plain || (mine.name == theirs.name && mine.block == theirs.block &&
                           mine.tensors.size() == theirs.tensors.size());
     for (size_t k = 0; same && !plain && k < mine.tensors.size(); ++k)

@@ -341,6 +341,7 @@ void Engine::setup() {
                   "nothing to train");
     }
     plugins_.plan_store(plan, run_);
+    if (eval_only_) plan.keep_weights_only();  // launcher eval takes no step: no masters, gradients or state
     plan.check();
     if (main) log_ << "parameter store:\n" << plan.describe();
     store_ = std::make_shared<ParamStore>(std::move(plan), named, buffers, run_.device);
@@ -348,7 +349,9 @@ void Engine::setup() {
       if (store_->plan().slots()[i].group >= 0) trainable_.push_back(store_->param(static_cast<int>(i)));
     const bool frozen = trainable_.size() < store_->plan().slots().size();
     if (frozen && !cfg_.model.name_or_path.empty()) base_ = BaseSource::of(cfg_.model.name_or_path);
-
+  }
+  // The optimizer over the store, and the hooks that hand it gradients: none for launcher eval.
+  if (!eval_only_) {
     memory::Scope optimizer_scope(Category::kOptimizerState);
     auto kernels = std::make_shared<StepKernelTable>();
     optimizer_ = make_optimizer(cfg_.optimizer, store_, kernels);
@@ -792,7 +795,13 @@ EvalResult Engine::evaluate_only() {
     setup();
     if (resume_) load_checkpoint(checkpoint_dir(cfg_.output_dir, *resume_));
     const EvalResult result = evaluate();
-    if (run_.rank == 0) log_ << "written: " << (std::filesystem::path(cfg_.output_dir) / "eval.json").string() << "\n";
+    if (run_.rank == 0) {
+      // The store holds the weights alone (StorePlan::keep_weights_only): no masters, gradients or
+      // optimizer state, whatever the config trains with.
+      log_ << "memory: peak " << megabytes(memory::allocator_stats().peak_bytes) << " allocated (weights and "
+           << "activations; no optimizer state), peak RSS " << mib(peak_rss_bytes()) << "\n"
+           << "written: " << (std::filesystem::path(cfg_.output_dir) / "eval.json").string() << "\n";
+    }
     return result;
   } catch (const std::exception& e) {
     notify_error(e);

@@ -216,7 +216,7 @@ void Engine::load_checkpoint(const std::string& dir) {
                                         "ds_config the checkpoint was made with");
     }
   }
-  optimizer_->load_state_dict(optimizer_state);
+  if (optimizer_) optimizer_->load_state_dict(optimizer_state);  // (launcher eval builds none)
   if (!state.contains("rng/cpu")) throw FileError(state.path(), "lacks the RNG state \"rng/cpu\"");
   at::Generator cpu = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(cpu.mutex());

@@ -540,9 +540,16 @@ void StorePlan::require_alignment(int64_t elements) {
   relayout();
 }
 
+void StorePlan::keep_weights_only() {
+  for (StoreGroup& g : groups_)
+    for (StoreBuffer b : {StoreBuffer::kMaster, StoreBuffer::kGrad, StoreBuffer::kState}) buffer(g, b).present = false;
+  weights_only_ = true;
+}
+
 void StorePlan::check() const {
   for (const StoreGroup& g : groups_) {
     const at::ScalarType c = g.buffer(StoreBuffer::kCompute).dtype;
+    if (weights_only_) continue;  // no step to take: masters need not be there
     const bool master = g.buffer(StoreBuffer::kMaster).present;
     const std::string* set_off = recorded(g, "master weights");
     const bool in_place = c == at::kBFloat16 && set_off && *set_off == "off";
