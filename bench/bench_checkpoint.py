@@ -49,7 +49,7 @@ def memrt(a, env, checkpointing):
             f"model: {{arch: gpt2, n_layer: {m['n_layer']}, n_head: {m['n_head']}, "
             f"d_model: {m['d_model']}, d_ff: {m['d_ff']}, vocab_size: {m['vocab']}, "
             f"n_ctx: {m['block']}}}\nblock_size: {m['block']}\nmax_steps: {a.steps}\n"
-            f"logging_steps: 1\nseed: 0\n")
+            f"logging_steps: 1\nseed: 0\nsave_strategy: \"no\"\n")
         console, rss = run([str(ROOT / a.build / "bin/launcher"), "--deepspeed", str(d / "ds.json"),
                             str(d / "train.yaml"), f"--output_dir={d / 'out'}"], env)
         rows = [json.loads(l) for l in (d / "out/metrics.jsonl").read_text().splitlines()]

@@ -30,12 +30,12 @@ def run(cmd, env):
 
 def launcher(build, ds_config, steps, env, extra=(), train_yaml="configs/train.yaml"):
     """Runs memrt's launcher on ds_config + train_yaml (the main job's by default) for `steps`
-    steps in a temporary output_dir; returns {"console", "rss", "metrics" (metrics.jsonl rows),
+    steps in a temporary output_dir, saving no checkpoint (the peers save none); returns {"console", "rss", "metrics" (metrics.jsonl rows),
     "report" (rank 0 of memory_report.json)}."""
     with tempfile.TemporaryDirectory() as out_dir:
         console, rss = run([str(ROOT / build / "bin" / "launcher"), "--deepspeed",
                             str(ROOT / ds_config), str(ROOT / train_yaml),
-                            f"--max_steps={steps}", f"--output_dir={out_dir}", *extra], env)
+                            f"--max_steps={steps}", f"--output_dir={out_dir}", "--save_strategy=no", *extra], env)
         out = Path(out_dir)
         if not (out / "memory_report.json").exists():
             sys.exit(f"launcher wrote no memory_report.json; its output:\n{console}")

@@ -220,7 +220,7 @@ def memrt(a, cfg):
         r = run_group([[str(launcher), "--num_procs", str(a.ranks), "--master_port", "0",
                         "--deepspeed", str(cfg), str(ROOT / "configs/train.yaml"),
                         f"--max_steps={a.steps}", f"--output_dir={out_dir}",
-                        "--logging_steps=1"]], [env], a.timeout, cwd=ROOT)
+                        "--logging_steps=1", "--save_strategy=no"]], [env], a.timeout, cwd=ROOT)
         if r["error"]:
             return {"error": r["error"]}
         out = Path(out_dir)

@@ -165,6 +165,15 @@ std::vector<BadConfig> bad_configs() {
        {"YAML", "'lr_groups[0]'", "a name of its own", "decay, no_decay and embeddings"}},
       {"embedding_lr_scale_negative", "", "embedding_lr_scale: -1\n", {}, 1,
        {"YAML", "'embedding_lr_scale'", "positive"}},
+      // ---- when to save ----
+      {"save_strategy_best", "", "save_strategy: best\n", {}, 1,
+       {"YAML", "'save_strategy'", "metric_for_best_model", "\"steps\""}},
+      {"save_strategy_unknown", "", "save_strategy: step\n", {}, 1,
+       {"YAML", "'save_strategy'", "expected \"steps\", \"epoch\" or \"no\""}},
+      {"save_steps_negative", "", "save_steps: -5\n", {}, 1,
+       {"YAML", "'save_steps'", ">= 0"}},
+      {"saves_per_epoch_and_save_steps", "", "saves_per_epoch: 2\nsave_steps: 10\n", {}, 1,
+       {"YAML", "'saves_per_epoch'", "'save_steps'", "remove one"}},
   };
 }
 

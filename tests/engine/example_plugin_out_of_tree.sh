@@ -47,10 +47,11 @@ last=$(tail -n 1 "$work/out/metrics.jsonl")
 echo "$last" | grep -q '"loss_guard_skips": 3' || fail "metrics.jsonl last line lacks loss_guard_skips 3: $last"
 echo "$last" | grep -q '"skipped_steps": 3' || fail "metrics.jsonl last line lacks skipped_steps 3: $last"
 
-# The plugin's own hooks, in the order of the loop in memrt/plugin.h, for the first step.
+# The plugin's own hooks, in the order of the loop in memrt/plugin.h, for the first step (and the
+# checkpoint saved after the last: its state and files).
 order=$(grep "^\[hook\] loss_guard/" "$work/trace.log" | sed 's/^\[hook\] loss_guard\///' |
         awk '!seen[$0]++' | tr '\n' ' ')
-want="configure plan_params estimate_memory plan_store estimate_planned_memory on_block_ready transform_model build_optimizer on_train_begin before_forward before_segment_forward after_segment_forward after_forward before_backward before_segment_backward after_segment_backward after_backward after_gradient_accumulation before_optimizer_step after_optimizer_step add_metrics on_train_end "
+want="configure plan_params estimate_memory plan_store estimate_planned_memory on_block_ready transform_model build_optimizer on_train_begin before_forward before_segment_forward after_segment_forward after_forward before_backward before_segment_backward after_segment_backward after_backward after_gradient_accumulation before_optimizer_step after_optimizer_step add_metrics state_dict write_checkpoint_files on_train_end "
 [ "$order" = "$want" ] || fail "hook order
   got:  $order
   want: $want"

@@ -14,6 +14,7 @@
 #include <ATen/ATen.h>
 
 #include "checkpoint/checkpoint_files.h"
+#include "json_helpers.h"
 #include "memrt/safetensors.h"
 #include "models/hf_checkpoint.h"
 #include "models/model_factory.h"
@@ -264,6 +265,68 @@ TEST(Checkpoints, SaveTotalLimitKeepsTheNewest) {
     if (e.path().filename().string().rfind("global_step", 0) == 0) tags.push_back(e.path().filename().string());
   std::sort(tags.begin(), tags.end());
   EXPECT_EQ(tags, (std::vector<std::string>{"global_step6", "global_step8"}));
+}
+
+// Checkpoints land where Hugging Face's Trainer puts them, the last step's included, for each
+// save_strategy and save_steps (an integer, 0, a fraction of the run, HF's default of 500) and for
+// axolotl's saves_per_epoch (which axolotl hands to Trainer as the fraction 1 / (saves_per_epoch x
+// epochs)); the oracle is transformers' own DefaultFlowCallback driven over the same steps and epochs
+// (tests/engine/hf_save_steps.py).
+TEST(Checkpoints, SaveStrategiesSaveWhereHuggingFaceDoes) {
+  TempDir dir("save_strategies");
+  std::string text;
+  for (int i = 0; text.size() < 700; ++i) text += "Saved at line " + std::to_string(i) + ". ";
+  const std::string corpus = dir.write("corpus.txt", text);
+  const std::string ds = dir.write("ds.json", R"({"train_micro_batch_size_per_gpu": 4})");
+  struct Case {
+    std::string name, yaml, hf;  // memrt's keys; the case's keys for TrainingArguments (JSON members)
+    int64_t max_steps;           // 0: two epochs
+  };
+  const std::vector<Case> cases = {
+      {"default", "", "", 7},
+      {"every3", "save_steps: 3\n", R"(, "save_steps": 3)", 7},
+      {"zero", "save_steps: 0\n", R"(, "save_steps": 0)", 4},
+      {"fraction", "save_steps: 0.25\n", R"(, "save_steps": 0.25)", 10},
+      {"epoch", "save_strategy: epoch\n", R"(, "save_strategy": "epoch")", 0},
+      {"saves_per_epoch", "saves_per_epoch: 2\n", R"(, "save_steps": 0.25)", 0},
+      {"no", "save_strategy: \"no\"\n", R"(, "save_strategy": "no")", 4},
+  };
+  int64_t per_epoch = 0;
+  std::map<std::string, std::vector<int64_t>> saved;
+  std::string hf_cases;
+  for (const Case& c : cases) {
+    const fs::path out = dir.path() / c.name;
+    const std::string length = c.max_steps > 0 ? "max_steps: " + std::to_string(c.max_steps) + "\n" : "num_train_epochs: 2\n";
+    const RunResult r = run(kLauncher + " --deepspeed " + ds + " " +
+                            dir.write(c.name + ".yaml", std::string(kTinyModel) + "train_file: " + corpus + "\n" + length + c.yaml) +
+                            " --output_dir=" + out.string());
+    ASSERT_EQ(r.exit_code, 0) << c.name << "\n" << r.out;
+    const size_t at = r.out.find(" steps per epoch");
+    ASSERT_NE(at, std::string::npos) << r.out;
+    per_epoch = std::stoll(r.out.substr(r.out.rfind(", ", at) + 2));
+    for (const auto& e : fs::directory_iterator(out)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind("global_step", 0) == 0) saved[c.name].push_back(std::stoll(name.substr(11)));
+    }
+    std::sort(saved[c.name].begin(), saved[c.name].end());
+    const int64_t steps = c.max_steps > 0 ? c.max_steps : 2 * per_epoch;
+    hf_cases += std::string(hf_cases.empty() ? "[" : ", ") + R"({"name": ")" + c.name + R"(", "max_steps": )" +
+                std::to_string(steps) + R"(, "steps_per_epoch": )" + std::to_string(per_epoch) + c.hf + "}";
+  }
+  ASSERT_GE(per_epoch, 4) << "epochs long enough to save twice in one";
+  ASSERT_NE(per_epoch % 2, 0) << "a share of an odd epoch is rounded up";
+  const fs::path want = dir.path() / "hf.json";
+  const RunResult hf = run(std::string(MEMRT_PYTHON) + " " + MEMRT_SOURCE_DIR + "/tests/engine/hf_save_steps.py " +
+                           dir.write("cases.json", hf_cases + "]") + " " + want.string());
+  ASSERT_EQ(hf.exit_code, 0) << hf.out;
+  const rapidjson::Document d = read_json(want);
+  for (const Case& c : cases) {
+    std::vector<int64_t> expected;
+    for (const auto& v : d[c.name.c_str()].GetArray()) expected.push_back(v.GetInt64());
+    EXPECT_EQ(saved[c.name], expected) << c.name;
+  }
+  EXPECT_EQ(saved["no"], std::vector<int64_t>{}) << "save_strategy no saves nothing";
+  EXPECT_EQ(saved["default"], std::vector<int64_t>{7}) << "the last step is saved";
 }
 
 TEST(Checkpoints, PluginStateNewerThanThePluginIsRefused) {

@@ -125,6 +125,8 @@ const std::vector<std::pair<std::string, std::vector<std::string>>> kYamlKeys = 
     {"seed", {"seed"}},
     {"logging_steps", {"logging_steps"}},
     {"save_steps", {"save_steps"}},
+    {"save_strategy", {"save_strategy"}},
+    {"saves_per_epoch", {"saves_per_epoch"}},
     {"save_total_limit", {"save_total_limit"}},
     {"max_steps", {"max_steps"}},
     {"num_train_epochs", {"num_train_epochs", "num_epochs"}},
@@ -206,9 +208,7 @@ const std::vector<std::pair<const char*, const char*>> kYamlIgnored = {
     {"attn_implementation", "memrt has one attention implementation"},
     {"flash_attention", "memrt has one attention implementation"},
     {"tf32", "TF32 matmul is a GPU setting; memrt keeps fp32 matmul exact"},
-    {"save_strategy", "checkpoints follow save_steps"},
     {"save_only_model", "checkpoints always hold the full training state"},
-    {"saves_per_epoch", "checkpoints follow save_steps"},
     {"overwrite_output_dir", "memrt writes into output_dir"},
     {"do_train", "memrt always trains"},
     {"do_eval", "memrt evaluates eval_file when it is set, after the last step and as eval_steps says"},
@@ -379,6 +379,7 @@ struct Loader {
   void resolve_plugins(const ConfigNode* plugins);
   void resolve_model_and_data();
   void resolve_eval();
+  void resolve_saving();
   void resolve_records();
   int64_t model_width() const;
   void add_plugin(const std::string& name, std::string first_key, std::vector<std::string> keys,
@@ -638,10 +639,7 @@ void Loader::resolve_batch(const ConfigNode* tbs, const ConfigNode* mbs, const C
   }
   cfg.num_train_epochs = ynum("num_train_epochs", 3.0);  // Hugging Face's default
   if (cfg.num_train_epochs <= 0) throw yv("num_train_epochs")->error("must be positive");
-  if (const ConfigNode* x = yv("save_steps")) {
-    cfg.save_steps = x->as_int();
-    if (cfg.save_steps < 0) throw x->error("must be >= 0 (0: no periodic checkpoints)");
-  }
+  resolve_saving();
   if (const ConfigNode* x = yv("save_total_limit"); x && !x->is_null()) {
     cfg.save_total_limit = x->as_int();
     if (cfg.save_total_limit < 0) throw x->error("must be >= 0 (0 or null: keep every checkpoint)");
@@ -1610,6 +1608,39 @@ void Loader::resolve_records() {
   }
 }
 
+// When to save checkpoints: Hugging Face's save_strategy and save_steps (an integer, or a fraction
+// of the run below 1), axolotl's saves_per_epoch.
+void Loader::resolve_saving() {
+  const ConfigNode* strategy = yv("save_strategy");
+  const ConfigNode* steps = yv("save_steps");
+  const ConfigNode* per_epoch = yv("saves_per_epoch");
+  if (strategy) cfg.save_strategy = strategy->as_string();
+  if (cfg.save_strategy == "best") {
+    throw strategy->error("is \"best\", which saves when metric_for_best_model improves; memrt keeps no best "
+                          "model: use \"steps\" (every save_steps and at the end), \"epoch\" or \"no\"");
+  }
+  if (cfg.save_strategy != "steps" && cfg.save_strategy != "epoch" && cfg.save_strategy != "no")
+    throw strategy->error("is \"" + cfg.save_strategy + "\"; expected \"steps\", \"epoch\" or \"no\"");
+  if (steps) {
+    const double v = steps->as_double();
+    if (v < 0) throw steps->error("must be >= 0 (0: a checkpoint after the last step only; below 1: that fraction of the run's steps)");
+    if (v < 1 && v > 0) {
+      cfg.save_fraction = v;
+      cfg.save_steps = 0;
+    } else {
+      cfg.save_steps = steps->as_int();
+    }
+  }
+  if (per_epoch && !per_epoch->is_null()) {
+    cfg.saves_per_epoch = per_epoch->as_int();
+    if (cfg.saves_per_epoch <= 0) throw per_epoch->error("must be positive (checkpoints per epoch)");
+    if (steps) {
+      throw per_epoch->error("says when to save, and so does " + where(*steps) + "; axolotl takes one of them: "
+                             "remove one");
+    }
+  }
+}
+
 // eval_file and when to evaluate it: Hugging Face's eval_strategy (steps: every eval_steps, which
 // defaults to logging_steps; epoch: once an epoch; no: only after the last step), axolotl's
 // eval_steps and evals_per_epoch alone.
@@ -1676,7 +1707,9 @@ std::string resolved_config_json(const TrainConfig& cfg) {
   root.set("steps_per_print", num(static_cast<double>(cfg.steps_per_print)));
   root.set("max_steps", num(static_cast<double>(cfg.max_steps)));
   root.set("num_train_epochs", num(cfg.num_train_epochs));
-  root.set("save_steps", num(static_cast<double>(cfg.save_steps)));
+  root.set("save_strategy", str(cfg.save_strategy));
+  root.set("save_steps", num(cfg.save_fraction > 0 ? cfg.save_fraction : static_cast<double>(cfg.save_steps)));
+  if (cfg.saves_per_epoch > 0) root.set("saves_per_epoch", num(static_cast<double>(cfg.saves_per_epoch)));
   root.set("save_total_limit", num(static_cast<double>(cfg.save_total_limit)));
   root.set("output_dir", str(cfg.output_dir));
   root.set("seed", num(static_cast<double>(cfg.seed)));

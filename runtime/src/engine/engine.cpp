@@ -863,10 +863,28 @@ TrainSummary Engine::train() {
     // eval_file: evaluated every eval_every steps (0: never on the way) and once more at the end.
     // Per epoch, every ceil(steps per epoch / evals per epoch): the eval_steps axolotl derives from
     // evals_per_epoch (a fraction of the run's steps, which Hugging Face rounds up).
-    const int64_t eval_every = cfg_.eval.steps > 0 ? cfg_.eval.steps
-                               : cfg_.eval.per_epoch > 0
-                                   ? (loader_->steps_per_epoch() + cfg_.eval.per_epoch - 1) / cfg_.eval.per_epoch
-                                   : 0;
+    const int64_t per_epoch = loader_->steps_per_epoch();
+    auto share_of_epoch = [per_epoch](int64_t times) { return (per_epoch + times - 1) / times; };
+    const int64_t eval_every = cfg_.eval.steps > 0       ? cfg_.eval.steps
+                               : cfg_.eval.per_epoch > 0 ? share_of_epoch(cfg_.eval.per_epoch)
+                                                         : 0;
+    // Checkpoints where Hugging Face's save_strategy puts them: every save_every steps (steps:
+    // save_steps, or that fraction of the run rounded up; epoch: an epoch's steps; axolotl's
+    // saves_per_epoch: a share of one, as for evals_per_epoch) and after the last step; "no": none.
+    const bool saving = cfg_.save_strategy != "no";
+    int64_t save_every = cfg_.save_steps;
+    if (cfg_.saves_per_epoch > 0) {
+      save_every = share_of_epoch(cfg_.saves_per_epoch);
+    } else if (cfg_.save_strategy == "epoch") {
+      save_every = per_epoch;
+    } else if (cfg_.save_fraction > 0) {
+      save_every = static_cast<int64_t>(std::ceil(cfg_.save_fraction * static_cast<double>(run_.max_steps)));
+    }
+    int64_t saved_step = -1;
+    auto save_now = [&] {
+      summary.last_checkpoint = save_checkpoint();
+      saved_step = step_;
+    };
     double eval_seconds = 0.0;  // not training time: tokens/s leaves it out
     auto evaluate_now = [&] {
       const auto e0 = Clock::now();
@@ -876,9 +894,11 @@ TrainSummary Engine::train() {
     while (step_ < run_.max_steps && !stop_training_agreed_ && !stop_signal_agreed_) {
       train_step(summary);
       if (eval_data_ && eval_every > 0 && step_ % eval_every == 0) evaluate_now();
-      const bool periodic = cfg_.save_steps > 0 && (step_ % cfg_.save_steps == 0 || step_ == run_.max_steps);
-      if (periodic || stop_signal_agreed_) summary.last_checkpoint = save_checkpoint();
+      const bool due = saving && ((save_every > 0 && step_ % save_every == 0) || step_ == run_.max_steps);
+      if (due || stop_signal_agreed_) save_now();
     }
+    // A plugin's stop (Control::stop_training) ends the run early: its last step is saved too.
+    if (saving && stop_training_agreed_ && saved_step != step_) save_now();
     if (stop_signal_agreed_) summary.stop_signal = stop_signal_received() ? stop_signal_received() : SIGTERM;
     if (eval_data_ && !stop_signal_agreed_ && (!summary.eval || summary.eval->step != step_)) evaluate_now();
     summary.seconds = std::chrono::duration<double>(Clock::now() - t0).count() - eval_seconds;
