@@ -155,18 +155,18 @@ class LoraPlugin final : public memrt::Plugin {
     if (freeze_mode_) return;
     memrt::StorePlan& plan = ctx.plan;
     // Adapters sharing a group with other trainable parameters get a group of their own, so that
-    // their weights are counted apart; with LoRA+ (loraplus_lr_ratio) the B matrices get one more,
-    // at the ratio times the group's learning rate. Group by group: groups another plugin split
-    // (8-bit state's 32-bit small tensors) keep their layouts.
+    // their weights are counted apart; with LoRA+ (loraplus_lr_ratio) the B matrices and every 1-d
+    // trainable parameter get one more, at the ratio times the group's learning rate and with its
+    // weight decay — PEFT's create_loraplus_optimizer (and LLaMA-Factory's): DoRA's magnitudes, the
+    // biases of bias "all" / "lora_only", the LayerNorms of modules_to_save. Group by group: groups
+    // another plugin split (8-bit state's 32-bit small tensors) keep their layouts.
     const std::vector<memrt::StoreGroup> groups = plan.groups();  // add_group changes the list
     for (const memrt::StoreGroup& g : groups) {
       std::set<std::string> adapters, bs;
       for (int slot : g.slots) {
-        const std::string& name = plan.slots()[static_cast<size_t>(slot)].param.name;
-        if (!memrt::lora::is_adapter(name)) continue;
-        adapters.insert(name);
-        // LoRA+ (PEFT's create_loraplus_optimizer): B and the 1-d adapters (DoRA's magnitude).
-        if (memrt::lora::is_lora_b(name) || memrt::lora::is_magnitude(name)) bs.insert(name);
+        const memrt::ParamInfo& p = plan.slots()[static_cast<size_t>(slot)].param;
+        if (memrt::lora::is_lora_b(p.name) || p.shape.size() == 1) bs.insert(p.name);
+        if (memrt::lora::is_adapter(p.name)) adapters.insert(p.name);
       }
       if (!adapters.empty() && adapters.size() < g.slots.size())
         plan.add_group({g.name + "_lora", [adapters](const memrt::ParamInfo& p) { return adapters.count(p.name) > 0; },

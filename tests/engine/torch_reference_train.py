@@ -6,10 +6,11 @@ averaging the ranks' gradients as DDP does. It shares no code with memrt.
     torch_reference_train.py init DIR
         writes a small GPT-2 (2 blocks of width 64, vocabulary 256, context 32, no dropout) with
         transformers' own random initialisation to DIR (config.json, model.safetensors)
-    torch_reference_train.py adapter DIR OUT [dora]
+    torch_reference_train.py adapter DIR OUT [dora | bias]
         writes a PEFT LoRA adapter for DIR's GPT-2 to OUT (PeftModel.save_pretrained): r 4, alpha 8,
         c_attn and c_fc, A as PEFT initialises it and B random (normal, std 0.02) so that both train;
-        `dora`: use_dora (the magnitude as PEFT initialises it)
+        `dora`: use_dora (the magnitude as PEFT initialises it); `bias`: bias "all" (every bias of
+        the model trains with the adapters)
     torch_reference_train.py train DIR PREFIX RANKS STEPS ACCUM MICRO T LR WD CLIP OUT [TRAINABLE [LR_GROUPS [ADAPTER [SAVE]]]]
         replays PREFIX<rank r>.bin (memrt's fixture_recorder: per step and micro-step, the
         (MICRO, T) inputs then targets, int64) on RANKS processes with a constant learning rate,
@@ -21,7 +22,9 @@ averaging the ranks' gradients as DDP does. It shares no code with memrt.
         whose name contains one of them train; the others get requires_grad False. LR_GROUPS, a
         JSON list of axolotl's lr_groups ({"name", "modules", "lr"}), puts the decaying parameters
         whose name contains one of a group's modules (the first listed that matches) in a
-        torch.optim param group of that learning rate, as axolotl's trainer does. ADAPTER, a PEFT
+        torch.optim param group of that learning rate, as axolotl's trainer does; a JSON object
+        {"loraplus_lr_ratio": R} instead builds the optimizer with PEFT's own
+        create_loraplus_optimizer (AdamW, weight decay WD). ADAPTER, a PEFT
         adapter directory: the model is PeftModel.from_pretrained(model, ADAPTER, is_trainable=True),
         training its adapters alone; SAVE: where rank 0 saves them after training (save_pretrained)
     torch_reference_train.py compare_merged DIR ADAPTER MERGED OUT
@@ -29,7 +32,8 @@ averaging the ranks' gradients as DDP does. It shares no code with memrt.
         {"tensors": count, "worst": the largest |MERGED - PEFT's| over the largest |PEFT's|} to OUT
     torch_reference_train.py compare_adapter DIR GOT WANT OUT
         loads the adapter directory GOT onto DIR's GPT-2 with PeftModel.from_pretrained and checks
-        that every adapter parameter PEFT made holds GOT's tensor (none missed, none left over);
+        that what PEFT then holds (get_peft_model_state_dict: adapters, biases of its bias mode) is
+        GOT's tensors, none missed, none left over;
         writes {"loaded": count, "worst": the largest |GOT - WANT| over the largest |WANT|, per
         tensor} to OUT
     torch_reference_train.py decay_names OUT
@@ -52,6 +56,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from peft import LoraConfig, PeftModel, get_peft_model
+from peft.optimizers import create_loraplus_optimizer
 from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config,
                           Qwen2ForCausalLM, Trainer)
 
@@ -69,7 +74,8 @@ def adapter(directory, out, variant=""):
     torch.manual_seed(4321)
     model = GPT2LMHeadModel.from_pretrained(directory, dtype=torch.float32)
     config = LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn", "c_fc"], fan_in_fan_out=True,
-                        use_dora=variant == "dora", task_type="CAUSAL_LM")
+                        use_dora=variant == "dora", bias="all" if variant == "bias" else "none",
+                        task_type="CAUSAL_LM")
     peft_model = get_peft_model(model, config)
     with torch.no_grad():
         for n, p in peft_model.named_parameters():
@@ -79,24 +85,21 @@ def adapter(directory, out, variant=""):
 
 
 def compare_adapter(directory, got, want, out):
+    from peft import get_peft_model_state_dict
     from safetensors.torch import load_file
     model = PeftModel.from_pretrained(GPT2LMHeadModel.from_pretrained(directory, dtype=torch.float32), got)
     got_tensors = load_file(os.path.join(got, "adapter_model.safetensors"))
     want_tensors = load_file(os.path.join(want, "adapter_model.safetensors"))
-    loaded = 0
-    for name, p in model.named_parameters():
-        if "lora_" not in name:
-            continue
-        key = name.replace(".default", "").replace("lora_magnitude_vector.weight", "lora_magnitude_vector")
-        assert key in got_tensors, f"PEFT's parameter {name} has no tensor {key} in {got}"
-        assert torch.equal(p.detach(), got_tensors[key]), f"{name} does not hold {key}"
-        loaded += 1
-    assert loaded == len(got_tensors), f"{got} holds {len(got_tensors)} tensors, PEFT loaded {loaded}"
+    # What PEFT holds after loading, as it would save it again: every tensor of the file, in place.
+    loaded = get_peft_model_state_dict(model)
+    assert set(loaded) == set(got_tensors), f"PEFT loaded {sorted(set(loaded) ^ set(got_tensors))} differently from {got}"
+    for key, t in loaded.items():
+        assert torch.equal(t, got_tensors[key]), f"PEFT's {key} does not hold the file's"
     assert set(got_tensors) == set(want_tensors), f"keys differ: {sorted(set(got_tensors) ^ set(want_tensors))}"
-    worst = max(((got_tensors[k] - want_tensors[k]).abs().max() / want_tensors[k].abs().max()).item()
-                for k in want_tensors)
+    worst, key = max((((got_tensors[k] - want_tensors[k]).abs().max() / want_tensors[k].abs().max()).item(), k)
+                     for k in want_tensors)
     with open(out, "w") as f:
-        json.dump({"loaded": loaded, "worst": worst}, f)
+        json.dump({"loaded": len(loaded), "worst": worst, "worst_tensor": key}, f)
 
 
 def compare_merged(directory, adapter_dir, merged_dir, out):
@@ -164,8 +167,12 @@ def worker(rank, args, port):
         for n, p in model.named_parameters():
             p.requires_grad_(any(fragment in n for fragment in trainable))
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    groups = param_groups(named, decay_names(model), wd, lr_groups)
-    opt = torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-8)
+    if isinstance(lr_groups, dict):
+        opt = create_loraplus_optimizer(model, torch.optim.AdamW, lr=lr, loraplus_lr_ratio=lr_groups["loraplus_lr_ratio"],
+                                        loraplus_weight_decay=wd, betas=(0.9, 0.999), eps=1e-8)
+    else:
+        groups = param_groups(named, decay_names(model), wd, lr_groups)
+        opt = torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-8)
     tokens = np.fromfile(f"{prefix}rank{rank}.bin", dtype="<i8").reshape(steps, accum, 2, micro, t)
     params = [p for _, p in named]
     losses, norms = [], []
