@@ -206,6 +206,22 @@ TEST(Auto, DefaultsWhenTrainYamlIsSilent) {
   EXPECT_EQ(c.scheduler.warmup_num_steps, 0);
 }
 
+// Saving and evaluating: Hugging Face's defaults (save_strategy steps, save_steps 500), a fraction of
+// the run, axolotl's saves_per_epoch, and an unquoted `no` (YAML's false) as "no".
+TEST(Saving, StrategiesAndTheirDefaults) {
+  const std::string ds = R"({"train_micro_batch_size_per_gpu": 2})";
+  const TrainConfig d = load(ds, "max_steps: 5\n");
+  EXPECT_EQ(d.save_strategy, "steps");
+  EXPECT_EQ(d.save_steps, 500);
+  const TrainConfig f = load(ds, "max_steps: 5\nsave_steps: 0.1\n");
+  EXPECT_DOUBLE_EQ(f.save_fraction, 0.1);
+  EXPECT_EQ(f.save_steps, 0);
+  EXPECT_EQ(load(ds, "max_steps: 5\nsaves_per_epoch: 4\n").saves_per_epoch, 4);
+  const TrainConfig no = load(ds, "max_steps: 5\nsave_strategy: no\neval_strategy: no\neval_steps: 2\n");
+  EXPECT_EQ(no.save_strategy, "no");
+  EXPECT_EQ(no.eval.steps, 0) << "eval_strategy no: only after the last step";
+}
+
 TEST(Auto, WarmupFromRatioWaitsForEpochSteps) {
   const std::string ds = R"({"train_micro_batch_size_per_gpu": 2,
     "scheduler": {"type": "WarmupCosineLR", "params": {"warmup_num_steps": "auto", "total_num_steps": "auto"}}})";

@@ -289,7 +289,7 @@ TEST(Checkpoints, SaveStrategiesSaveWhereHuggingFaceDoes) {
       {"fraction", "save_steps: 0.25\n", R"(, "save_steps": 0.25)", 10},
       {"epoch", "save_strategy: epoch\n", R"(, "save_strategy": "epoch")", 0},
       {"saves_per_epoch", "saves_per_epoch: 2\n", R"(, "save_steps": 0.25)", 0},
-      {"no", "save_strategy: \"no\"\n", R"(, "save_strategy": "no")", 4},
+      {"no", "save_strategy: no\n", R"(, "save_strategy": "no")", 4},  // YAML: false
   };
   int64_t per_epoch = 0;
   std::map<std::string, std::vector<int64_t>> saved;

@@ -1608,13 +1608,18 @@ void Loader::resolve_records() {
   }
 }
 
+// A save_strategy or eval_strategy: a string; YAML reads an unquoted `no` as false, which means "no".
+std::string strategy_name(const ConfigNode& node) {
+  return node.is_bool() && !node.as_bool() ? std::string("no") : node.as_string();
+}
+
 // When to save checkpoints: Hugging Face's save_strategy and save_steps (an integer, or a fraction
 // of the run below 1), axolotl's saves_per_epoch.
 void Loader::resolve_saving() {
   const ConfigNode* strategy = yv("save_strategy");
   const ConfigNode* steps = yv("save_steps");
   const ConfigNode* per_epoch = yv("saves_per_epoch");
-  if (strategy) cfg.save_strategy = strategy->as_string();
+  if (strategy) cfg.save_strategy = strategy_name(*strategy);
   if (cfg.save_strategy == "best") {
     throw strategy->error("is \"best\", which saves when metric_for_best_model improves; memrt keeps no best "
                           "model: use \"steps\" (every save_steps and at the end), \"epoch\" or \"no\"");
@@ -1660,7 +1665,7 @@ void Loader::resolve_eval() {
   const ConfigNode* steps = yv("eval_steps");
   const ConfigNode* per_epoch = yv("evals_per_epoch");
   const ConfigNode* strategy = yv("eval_strategy");
-  const std::string how = strategy ? strategy->as_string() : steps ? "steps" : per_epoch ? "epoch" : "no";
+  const std::string how = strategy ? strategy_name(*strategy) : steps ? "steps" : per_epoch ? "epoch" : "no";
   if (how == "steps") {
     cfg.eval.steps = steps ? steps->as_int() : cfg.steps_per_print;  // Hugging Face: logging_steps
     if (cfg.eval.steps <= 0) throw steps->error("must be positive (evaluate every eval_steps optimizer steps)");
