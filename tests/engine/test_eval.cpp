@@ -406,7 +406,8 @@ TEST(Eval, LauncherEvalOfACheckpointKeepsTheWeightsAlone) {
 // A model directory with a tokenizer.json (Llama-3 kind, trained by `tokenizers` at test time): the
 // train and eval files are tokenized with it, the run says so, evaluation covers exactly the
 // windows of its tokens (as many as Hugging Face's run_clm tokenization of the eval file makes), and
-// the tokens are cached in dataset_prepared_path.
+// the tokens are cached in dataset_prepared_path; on a terminal each file draws a progress bar while it
+// is tokenized.
 TEST(Eval, TheModelsTokenizerTokenizesTrainAndEvalFiles) {
   TempDir dir("eval_tokenizer");
   const fs::path tok = dir.path() / "tok";
@@ -422,14 +423,18 @@ TEST(Eval, TheModelsTokenizerTokenizesTrainAndEvalFiles) {
   ASSERT_EQ(run(kLauncher + " export " + (dir.path() / "init").string() + " " + base.string()).exit_code, 0);
   fs::copy_file(tok / "llama3" / "tokenizer.json", base / "tokenizer.json");
   const fs::path out = dir.path() / "run";
-  const RunResult r = run(kLauncher + " --deepspeed " + (dir.path() / "ds.json").string() + " " +
+  // On a terminal (util-linux's `script` gives the run one), each file's tokenization draws a bar.
+  const RunResult r = run("script -qec '" + kLauncher + " --deepspeed " + (dir.path() / "ds.json").string() + " " +
                           dir.write("train.yaml", "model_name_or_path: " + base.string() + "\nblock_size: 32\n"
                                                   "dataset_prepared_path: " + (dir.path() / "prepared").string() + "\n"
                                                   "max_steps: 2\ntrain_file: " + (tok / "data.txt").string() +
                                                   "\neval_file: " + (tok / "data.jsonl").string() + "\n") +
-                          " --output_dir=" + out.string());
+                          " --output_dir=" + out.string() + "' /dev/null");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("tokens of " + (base / "tokenizer.json").string() + ": BPE"), std::string::npos) << r.out;
+  for (const char* file : {"data.txt", "data.jsonl"})
+    EXPECT_NE(r.out.find("tokenizing " + (tok / file).string() + " [##############################] 100%"), std::string::npos)
+        << r.out;
   const int64_t eval_tokens = static_cast<int64_t>(read_json(tok / "llama3" / "expected.json")["jsonl_ids"].Size());
   EXPECT_EQ(read_json(out / "eval.json")["windows"].GetInt64(), eval_tokens / 32);
   // Both files tokenized once, into axolotl's dataset_prepared_path: llm.c token files and their notes.

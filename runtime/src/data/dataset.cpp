@@ -21,6 +21,7 @@
 #include "data/records.h"
 #include "data/tokenizer.h"
 #include "data/tokenizer_config.h"
+#include "data/progress.h"
 #include "memrt/error.h"
 
 namespace memrt {
@@ -453,7 +454,10 @@ std::shared_ptr<TokenDataset> TokenDataset::open_tokenized(const std::string& pa
   // Documents encode independently, on the run's threads, and are concatenated in order.
   std::vector<std::vector<int32_t>> encoded;
   try {
-    encoded = tok.encode_batch(docs, /*add_special_tokens=*/true, at::get_num_threads());
+    ProgressCounter progress("tokenizing " + (path.empty() ? std::string("the built-in corpus") : path) + " ",
+                             Tokenizer::text_bytes(docs), /*show=*/true);
+    encoded = tok.encode_batch(docs, /*add_special_tokens=*/true, at::get_num_threads(),
+                               [&](size_t bytes) { progress.add(static_cast<int64_t>(bytes)); });
   } catch (const std::exception& e) {
     throw FileError(path.empty() ? std::string("the built-in corpus") : path, std::string("cannot be tokenized: ") + e.what());
   }

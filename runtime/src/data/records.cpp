@@ -11,6 +11,7 @@
 #include "data/chat_template.h"
 #include "data/mapped_file.h"
 #include "data/tokenizer.h"
+#include "data/progress.h"
 #include "memrt/error.h"
 
 namespace memrt {
@@ -217,7 +218,9 @@ void tokenize_records(const std::string& path, const Tokenizer& tok, const Recor
     for (const std::string& t : r.texts) docs.emplace_back(t);
   std::vector<std::vector<int32_t>> encoded;
   try {  // apply_chat_template tokenizes the rendering without adding special tokens
-    encoded = tok.encode_batch(docs, /*add_special_tokens=*/!chat, threads);
+    ProgressCounter progress("tokenizing " + path + " ", Tokenizer::text_bytes(docs), /*show=*/true);
+    encoded = tok.encode_batch(docs, /*add_special_tokens=*/!chat, threads,
+                               [&](size_t bytes) { progress.add(static_cast<int64_t>(bytes)); });
   } catch (const std::exception& e) {
     throw FileError(path, std::string("cannot be tokenized: ") + e.what());
   }

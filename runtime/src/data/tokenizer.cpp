@@ -970,8 +970,15 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
   return out;
 }
 
+int64_t Tokenizer::text_bytes(const std::vector<std::string_view>& docs) {
+  int64_t bytes = 0;
+  for (std::string_view d : docs) bytes += static_cast<int64_t>(d.size());
+  return bytes;
+}
+
 std::vector<std::vector<int32_t>> Tokenizer::encode_batch(const std::vector<std::string_view>& docs,
-                                                          bool add_special_tokens, int threads) const {
+                                                          bool add_special_tokens, int threads,
+                                                          const std::function<void(size_t)>& encoded) const {
   std::vector<std::vector<int32_t>> out(docs.size());
   size_t total = 0;
   for (std::string_view d : docs) total += d.size() + 1;
@@ -988,7 +995,10 @@ std::vector<std::vector<int32_t>> Tokenizer::encode_batch(const std::vector<std:
   for (size_t k = 0; k < n; ++k) {
     pool.emplace_back([&, k] {
       try {
-        for (size_t i = first[k]; i < first[k + 1]; ++i) out[i] = encode(docs[i], add_special_tokens);
+        for (size_t i = first[k]; i < first[k + 1]; ++i) {
+          out[i] = encode(docs[i], add_special_tokens);
+          if (encoded) encoded(docs[i].size());
+        }
       } catch (...) {
         errors[k] = std::current_exception();
       }

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -41,8 +42,13 @@ class Tokenizer {
   std::vector<int32_t> encode(std::string_view text, bool add_special_tokens = true) const;
   // encode() of each document, on `threads` threads, each taking a contiguous run of documents of
   // about the same number of bytes (`tokenizers`' encode_batch). The first error is rethrown.
+  // `encoded`, when set, is called on the worker threads with each document's size in bytes once it
+  // is encoded (a progress bar's count: data/progress.h).
   std::vector<std::vector<int32_t>> encode_batch(const std::vector<std::string_view>& docs, bool add_special_tokens,
-                                                 int threads) const;
+                                                 int threads,
+                                                 const std::function<void(size_t)>& encoded = nullptr) const;
+  // The bytes of `docs`: what encode_batch's `encoded` calls add up to.
+  static int64_t text_bytes(const std::vector<std::string_view>& docs);
   // Where each token of `ids` = encode(text, false) ends in `text`, in bytes: token i holds bytes
   // [ends[i-1], ends[i]) (tokenizers' offsets, in bytes). Byte-level tokenizers only, on text their
   // normalizer leaves as it is; memrt::Error otherwise, or when the tokens do not spell `text`.

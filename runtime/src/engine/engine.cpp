@@ -21,6 +21,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include "data/dataset.h"
+#include "data/progress.h"
 #include "dist/process_group.h"
 #include "checkpoint/checkpoint_files.h"
 #include "memrt/safetensors.h"
@@ -697,12 +698,10 @@ void Engine::train_step(TrainSummary& summary) {
     Metrics extra;
     plugins_.each("add_metrics", step_, [&](Plugin& p) { p.add_metrics(extra); });
     log_step(step_, loss, lr, grad_norm, tokens / seconds, skip, extra);
-  } else if (run_.rank == 0 && isatty(STDOUT_FILENO)) {
-    const int width = 30;
-    const int done = static_cast<int>(width * step_ / std::max<int64_t>(1, run_.max_steps));
-    std::cout << "\r[" << std::string(done, '#') << std::string(width - done, '.') << "] "
-              << step_ << "/" << run_.max_steps << " loss " << std::fixed << std::setprecision(4)
-              << loss << std::flush;
+  } else if (run_.rank == 0 && stdout_is_terminal()) {
+    std::ostringstream tail;
+    tail << step_ << "/" << run_.max_steps << " loss " << std::fixed << std::setprecision(4) << loss;
+    draw_progress("", step_, run_.max_steps, tail.str());
   }
 }
 
@@ -750,7 +749,7 @@ EvalResult Engine::evaluate() {
 // names) and output_dir/eval.json, which holds the newest evaluation.
 void Engine::report_eval(const EvalResult& r) {
   if (run_.rank != 0) return;
-  if (isatty(STDOUT_FILENO)) std::cout << "\r\033[K" << std::flush;
+  if (stdout_is_terminal()) std::cout << "\r\033[K" << std::flush;
   if (eval_only_) {
     log_ << "eval of the model at step " << r.step;
   } else {
@@ -824,7 +823,7 @@ void Engine::write_memory_report(TrainSummary& summary) {
 void Engine::log_step(int64_t step, double loss, double lr, double grad_norm, double tokens_per_s,
                       bool skipped, const Metrics& extra) {
   if (run_.rank != 0) return;
-  if (isatty(STDOUT_FILENO)) std::cout << "\r\033[K" << std::flush;
+  if (stdout_is_terminal()) std::cout << "\r\033[K" << std::flush;
   const memory::AllocatorStats memory = memory::allocator_stats();
   std::ostringstream line;
   line << "step " << std::setw(5) << step << "/" << run_.max_steps << " | loss " << std::fixed
