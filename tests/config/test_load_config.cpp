@@ -213,9 +213,7 @@ TEST(Saving, StrategiesAndTheirDefaults) {
   const TrainConfig d = load(ds, "max_steps: 5\n");
   EXPECT_EQ(d.save_strategy, "steps");
   EXPECT_EQ(d.save_steps, 500);
-  const TrainConfig f = load(ds, "max_steps: 5\nsave_steps: 0.1\n");
-  EXPECT_DOUBLE_EQ(f.save_fraction, 0.1);
-  EXPECT_EQ(f.save_steps, 0);
+  EXPECT_DOUBLE_EQ(load(ds, "max_steps: 5\nsave_steps: 0.1\n").save_steps, 0.1);
   EXPECT_EQ(load(ds, "max_steps: 5\nsaves_per_epoch: 4\n").saves_per_epoch, 4);
   const TrainConfig no = load(ds, "max_steps: 5\nsave_strategy: no\neval_strategy: no\neval_steps: 2\n");
   EXPECT_EQ(no.save_strategy, "no");

@@ -81,6 +81,24 @@ std::vector<double> metric_values(const fs::path& out, const std::string& key) {
   return values;
 }
 
+// The steps per epoch a run's data line states ("..., N steps per epoch").
+int64_t steps_per_epoch(const std::string& out) {
+  const size_t at = out.find(" steps per epoch");
+  EXPECT_NE(at, std::string::npos) << out;
+  return at == std::string::npos ? 0 : std::stoll(out.substr(out.rfind(", ", at) + 2));
+}
+
+// The steps of the checkpoints in `dir` (its global_step<N> folders), ascending.
+std::vector<int64_t> saved_steps(const fs::path& dir) {
+  std::vector<int64_t> steps;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("global_step", 0) == 0) steps.push_back(std::stoll(name.substr(11)));
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
 struct ResumeCase {
   const char* name;
   const char* ds;      // ds_config body (JSON, without the braces' plugins entry)
@@ -181,10 +199,7 @@ TEST(Checkpoints, ResumeAcrossEpochBoundariesIsExact) {
   const fs::path straight = dir.path() / "straight", stopped = dir.path() / "stopped";
   RunResult a = run(kLauncher + " --deepspeed " + ds + " " + yaml + " --output_dir=" + straight.string());
   ASSERT_EQ(a.exit_code, 0) << a.out;
-  const auto per_epoch = a.out.find(" steps per epoch");
-  ASSERT_NE(per_epoch, std::string::npos) << a.out;
-  const int64_t steps_per_epoch = std::stoll(a.out.substr(a.out.rfind(", ", per_epoch) + 2));
-  ASSERT_LT(steps_per_epoch, 5) << "the corpus should give epochs shorter than the resume point";
+  ASSERT_LT(steps_per_epoch(a.out), 5) << "the corpus should give epochs shorter than the resume point";
   // Stop after step 5 by copying the straight run's checkpoint, as a stopped run would have left it.
   fs::create_directories(stopped);
   fs::copy(straight / "global_step5", stopped / "global_step5", fs::copy_options::recursive);
@@ -260,11 +275,7 @@ TEST(Checkpoints, SaveTotalLimitKeepsTheNewest) {
   const std::string ds = dir.write("ds.json", R"({"train_micro_batch_size_per_gpu": 4})");
   RunResult a = run(kLauncher + " --deepspeed " + ds + " " + yaml + " --output_dir=" + dir.path().string());
   ASSERT_EQ(a.exit_code, 0) << a.out;
-  std::vector<std::string> tags;
-  for (const auto& e : fs::directory_iterator(dir.path()))
-    if (e.path().filename().string().rfind("global_step", 0) == 0) tags.push_back(e.path().filename().string());
-  std::sort(tags.begin(), tags.end());
-  EXPECT_EQ(tags, (std::vector<std::string>{"global_step6", "global_step8"}));
+  EXPECT_EQ(saved_steps(dir.path()), (std::vector<int64_t>{6, 8}));
 }
 
 // Checkpoints land where Hugging Face's Trainer puts them, the last step's included, for each
@@ -301,14 +312,8 @@ TEST(Checkpoints, SaveStrategiesSaveWhereHuggingFaceDoes) {
                             dir.write(c.name + ".yaml", std::string(kTinyModel) + "train_file: " + corpus + "\n" + length + c.yaml) +
                             " --output_dir=" + out.string());
     ASSERT_EQ(r.exit_code, 0) << c.name << "\n" << r.out;
-    const size_t at = r.out.find(" steps per epoch");
-    ASSERT_NE(at, std::string::npos) << r.out;
-    per_epoch = std::stoll(r.out.substr(r.out.rfind(", ", at) + 2));
-    for (const auto& e : fs::directory_iterator(out)) {
-      const std::string name = e.path().filename().string();
-      if (name.rfind("global_step", 0) == 0) saved[c.name].push_back(std::stoll(name.substr(11)));
-    }
-    std::sort(saved[c.name].begin(), saved[c.name].end());
+    per_epoch = steps_per_epoch(r.out);
+    saved[c.name] = saved_steps(out);
     const int64_t steps = c.max_steps > 0 ? c.max_steps : 2 * per_epoch;
     hf_cases += std::string(hf_cases.empty() ? "[" : ", ") + R"({"name": ")" + c.name + R"(", "max_steps": )" +
                 std::to_string(steps) + R"(, "steps_per_epoch": )" + std::to_string(per_epoch) + c.hf + "}";

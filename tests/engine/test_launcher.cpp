@@ -213,8 +213,9 @@ TEST(Launcher, KilledRankMakesTheOtherExitOnItsOwn) {
 // A plugin's Control::stop_training on one rank stops every rank after the same step, and they
 // all exit 0 — on one rank as on two. Set before the host's cross-rank vote (before_optimizer_step
 // of step 2, 0-based) it ends the run after that step (3 steps); set after the vote
-// (after_optimizer_step) it counts in the next step's vote (4 steps). A short process-group
-// timeout bounds a run whose ranks would disagree.
+// (after_optimizer_step) it counts in the next step's vote (4 steps). The step it ended after is
+// saved (docs/checkpoints.md, "When"). A short process-group timeout bounds a run whose ranks would
+// disagree.
 TEST(Launcher, StopTrainingOnOneRankStopsEveryRankAfterTheSameStep) {
   struct Case {
     const char* in;
@@ -247,6 +248,7 @@ TEST(Launcher, StopTrainingOnOneRankStopsEveryRankAfterTheSameStep) {
     EXPECT_NE(r.out.find("stopped after step " + steps + ": a plugin set Control::stop_training"),
               std::string::npos) << r.out;
     EXPECT_EQ(losses(out / "metrics.jsonl").size(), static_cast<size_t>(c.steps)) << r.out;
+    EXPECT_EQ(slurp(out / "latest"), "global_step" + steps + "\n") << r.out;
   }
 }
 

@@ -1627,14 +1627,9 @@ void Loader::resolve_saving() {
   if (cfg.save_strategy != "steps" && cfg.save_strategy != "epoch" && cfg.save_strategy != "no")
     throw strategy->error("is \"" + cfg.save_strategy + "\"; expected \"steps\", \"epoch\" or \"no\"");
   if (steps) {
-    const double v = steps->as_double();
-    if (v < 0) throw steps->error("must be >= 0 (0: a checkpoint after the last step only; below 1: that fraction of the run's steps)");
-    if (v < 1 && v > 0) {
-      cfg.save_fraction = v;
-      cfg.save_steps = 0;
-    } else {
-      cfg.save_steps = steps->as_int();
-    }
+    cfg.save_steps = steps->as_double();
+    if (cfg.save_steps < 0) throw steps->error("must be >= 0 (0: a checkpoint after the last step only; below 1: that fraction of the run's steps)");
+    if (cfg.save_steps >= 1) steps->as_int();  // a whole number of steps, else an error naming the value
   }
   if (per_epoch && !per_epoch->is_null()) {
     cfg.saves_per_epoch = per_epoch->as_int();
@@ -1713,7 +1708,7 @@ std::string resolved_config_json(const TrainConfig& cfg) {
   root.set("max_steps", num(static_cast<double>(cfg.max_steps)));
   root.set("num_train_epochs", num(cfg.num_train_epochs));
   root.set("save_strategy", str(cfg.save_strategy));
-  root.set("save_steps", num(cfg.save_fraction > 0 ? cfg.save_fraction : static_cast<double>(cfg.save_steps)));
+  root.set("save_steps", num(cfg.save_steps));
   if (cfg.saves_per_epoch > 0) root.set("saves_per_epoch", num(static_cast<double>(cfg.saves_per_epoch)));
   root.set("save_total_limit", num(static_cast<double>(cfg.save_total_limit)));
   root.set("output_dir", str(cfg.output_dir));

@@ -162,13 +162,12 @@ struct TrainConfig {
   int64_t max_steps = -1;
   double num_train_epochs = 1.0;
   // Checkpoints, as Hugging Face's Trainer saves them (docs/checkpoints.md, "When"): save_strategy
-  // "steps" (its default) every save_steps optimizer steps (0: none on the way; save_fraction > 0:
-  // its save_steps below 1, that fraction of the run's steps rounded up) and after the last step;
-  // "epoch" at each epoch's last step and the last; "no": none. axolotl's saves_per_epoch: every
+  // "steps" (its default) every save_steps optimizer steps (an integer; 0: none on the way; below 1:
+  // that fraction of the run's steps, rounded up) and after the last step; "epoch" at each epoch's
+  // last step and the last; "no": none. axolotl's saves_per_epoch: every
   // ceil(steps per epoch / saves_per_epoch) steps.
   std::string save_strategy = "steps";
-  int64_t save_steps = 500;
-  double save_fraction = 0.0;
+  double save_steps = 500;
   int64_t saves_per_epoch = 0;
   int64_t save_total_limit = 0;    // > 0: keep at most this many checkpoints (0: all)
   // "fp32", "fp16" or "bf16": what the precision plugin will train in (fp16/bf16 sections or

@@ -871,13 +871,12 @@ TrainSummary Engine::train() {
     // save_steps, or that fraction of the run rounded up; epoch: an epoch's steps; axolotl's
     // saves_per_epoch: a share of one, as for evals_per_epoch) and after the last step; "no": none.
     const bool saving = cfg_.save_strategy != "no";
-    int64_t save_every = cfg_.save_steps;
+    int64_t save_every = cfg_.save_steps < 1 ? static_cast<int64_t>(std::ceil(cfg_.save_steps * static_cast<double>(run_.max_steps)))
+                                             : static_cast<int64_t>(cfg_.save_steps);
     if (cfg_.saves_per_epoch > 0) {
       save_every = share_of_epoch(cfg_.saves_per_epoch);
     } else if (cfg_.save_strategy == "epoch") {
       save_every = per_epoch;
-    } else if (cfg_.save_fraction > 0) {
-      save_every = static_cast<int64_t>(std::ceil(cfg_.save_fraction * static_cast<double>(run_.max_steps)));
     }
     int64_t saved_step = -1;
     auto save_now = [&] {
