@@ -32,8 +32,8 @@ code with memrt.
         against the plain model in MERGED (`launcher export --merge`; with bf16, the reference
         rounded to bf16 against `--merge --dtype bf16`'s): writes {"tensors": count, "worst": the
         largest |MERGED - reference| over the tensor's largest |reference|, "dtypes": MERGED's} to OUT.
-    peft_eval.py batch FILE
-        the commands FILE lists, in this one process (oracle_cli.py)
+    peft_eval.py batch FILE | -
+        the commands FILE (or the file named on standard input) lists, in this one process (oracle_cli.py)
 """
 import json
 import os

@@ -171,6 +171,7 @@ TEST(Eval, GptTwoWithPeftAdaptersAsInPeft) {
 TEST(Eval, QLoraMergedExportIsTheDequantizedBasePlusTheAdapters) {
   TempDir dir("eval_merge4");
   eval_text(dir);
+  PythonBatch peft = peft_batch(dir, "peft");  // imports while memrt trains
   const fs::path model = make_model("llama");
   const fs::path out = dir.path() / "run";
   const RunResult r = train_run(dir, model, "adapter_name_or_path: " + (model / "lora").string() +
@@ -190,7 +191,6 @@ TEST(Eval, QLoraMergedExportIsTheDequantizedBasePlusTheAdapters) {
   ASSERT_EQ(e16.exit_code, 0) << e16.out;
   EXPECT_NE(slurp(merged_bf16 / "config.json").find("\"torch_dtype\": \"bfloat16\""), std::string::npos);
   const std::string compared = (dir.path() / "compared.json").string(), compared16 = (dir.path() / "compared16.json").string();
-  PythonBatch peft = peft_batch(dir, "peft");
   peft.add({"merged4", model.string(), (out / "global_step1").string(), merged.string(), compared});
   peft.add({"merged4", model.string(), (out / "global_step1").string(), merged_bf16.string(), compared16, "bf16"});
   ASSERT_TRUE(peft.run());

@@ -291,6 +291,7 @@ TEST(Lora, DoraAdapterTrainsAsInPeft) {
   setup.add({"init", model.string()});
   setup.add({"adapter", model.string(), adapter, "dora"});
   ASSERT_TRUE(setup.run());
+  PythonBatch reference = torch_batch(dir, "reference");  // imports while memrt trains on one thread
   const std::string prefix = (dir.path() / "dora_").string();
   const std::string ds = dir.write("ds.json", R"({"train_batch_size": 8, "gradient_clipping": 1.0, "plugins": [{"name": )"
                                               R"("fixture_recorder", "library": ")" + std::string(FIXTURE_RECORDER) +
@@ -307,7 +308,6 @@ TEST(Lora, DoraAdapterTrainsAsInPeft) {
   const RunResult m = run(kLauncher + " export " + (out / "global_step20").string() + " " + merged.string() + " --merge");
   ASSERT_EQ(m.exit_code, 0) << m.out;
 
-  PythonBatch reference = torch_batch(dir, "reference");
   const std::string saved_by_peft = prefix + "peft";
   const std::string want = torch_train(reference, model, prefix, 1, "", "", adapter, saved_by_peft);
   const std::string compared = prefix + "compared.json", compared_merge = prefix + "merged.json";

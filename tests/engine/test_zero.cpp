@@ -103,6 +103,8 @@ Job torch_job(const TempDir& dir, const fs::path& model, int stage, int ranks, c
 // accumulating gradients over micro-steps (stage 2 adds each micro-step's into the partition). On
 // 4 ranks the buckets are 20,000 and 12,000 elements, still straddling the partitions: 4 ranks on 2
 // cores wait for each other at every collective, and the small buckets' are four times as many.
+// 4 ranks run stage 1 in place and stage 2 offloaded (where the state lives is what offload
+// changes, and 2 ranks run every placement at both stages).
 TEST(Zero, Fp32StagesRanksAndOffloadFollowStageZero) {
   TempDir dir("zero_fp32");
   const fs::path ref_dir = train(dir, {"fp32", 0, false, 1});
@@ -112,8 +114,7 @@ TEST(Zero, Fp32StagesRanksAndOffloadFollowStageZero) {
   for (const Job& r : std::vector<Job>{{"fp32", 0, false, 2}, {"fp32", 0, false, 4},
                                        {"fp32", 1, false, 1}, {"fp32", 1, false, 2},
                                        {"fp32", 1, false, 4}, {"fp32", 1, true, 2},
-                                       {"fp32", 1, true, 4}, {"fp32", 2, false, 1},
-                                       {"fp32", 2, false, 2}, {"fp32", 2, false, 4},
+                                       {"fp32", 2, false, 1}, {"fp32", 2, false, 2},
                                        {"fp32", 2, true, 2}, {"fp32", 2, true, 4},
                                        {"fp32", 2, false, 2, 2}, {"fp32", 1, false, 2, 2}}) {
     Job job = r;
@@ -206,9 +207,9 @@ TEST(Zero, LrGroupsFollowPyTorchsParamGroups) {
                            "  - name: mlp\n    modules: [mlp.c_fc]\n    lr: 2.0e-4\n";
   const std::string groups = R"([{"name": "attn", "modules": ["attn.c_attn"], "lr": 3.0e-3},)"
                              R"( {"name": "mlp", "modules": ["mlp.c_fc"], "lr": 2.0e-4}])";
+  PythonBatch reference = torch_batch(dir, "reference");
   const Job r = torch_job(dir, model, 2, 2, "_lr_groups", yaml);
   const fs::path out = train(dir, r);
-  PythonBatch reference = torch_batch(dir, "reference");
   const std::string grouped = torch_train(reference, model, recorded(dir, r), 2, "", groups);
   const std::string plain = (dir.path() / "plain_").string();
   fs::copy_file(recorded(dir, r) + "rank0.bin", plain + "rank0.bin");
@@ -258,7 +259,8 @@ TEST(Zero, StageTwoReducesEveryBucketWhenARankGetsNoGradient) {
 // so those cases are held to 4x the largest spread stage 0 shows in that precision. Buckets of
 // 20,000 and 12,000 elements still straddle the partitions, in a quarter of the collectives the
 // fp32 test's take (4 ranks on 2 cores wait for each other at every one). Stage 1 runs on 2 ranks
-// only: its sums are stage 0's on any number, and the fp32 test runs it on 4.
+// only: its sums are stage 0's on any number, and the fp32 test runs it on 4. fp16 runs on 2 ranks
+// only: on 4, its buckets add in the order bf16's do, and only the loss scale is fp16's own.
 TEST(Zero, SixteenBitStagesOneAndTwoStayWithinStageZerosSpread) {
   TempDir dir("zero_16bit");
   for (const char* precision : {"bf16", "fp16"}) {
@@ -266,11 +268,12 @@ TEST(Zero, SixteenBitStagesOneAndTwoStayWithinStageZerosSpread) {
     ASSERT_EQ(one.size(), 20u) << precision;
     std::map<int, std::vector<double>> zero0;
     double spread = 1e-6;
-    for (int ranks : {2, 4}) {
+    const std::vector<int> rank_counts = std::string(precision) == "bf16" ? std::vector<int>{2, 4} : std::vector<int>{2};
+    for (int ranks : rank_counts) {
       zero0[ranks] = losses(train(dir, {precision, 0, false, ranks}));
       spread = std::max(spread, worst_relative(zero0[ranks], one));
     }
-    for (int ranks : {2, 4}) {
+    for (int ranks : rank_counts) {
       for (int stage : {1, 2}) {
         if (stage == 1 && ranks == 4) continue;
         for (bool offload : {false, true}) {

@@ -39,8 +39,8 @@ averaging the ranks' gradients as DDP does. It shares no code with memrt.
     torch_reference_train.py decay_names OUT
         writes {model: {"names": [...], "decay": [...]}} for small GPT-2, Llama and Qwen2 models:
         their parameter names and those Hugging Face Trainer's get_decay_parameter_names decays
-    torch_reference_train.py batch FILE
-        the commands FILE lists, in this one process (oracle_cli.py)
+    torch_reference_train.py batch FILE | -
+        the commands FILE (or the file named on standard input) lists, in this one process (oracle_cli.py)
 
 Rank 0 of a `train` runs in this process and the other ranks in processes forked from it (they
 inherit its imports), each on one thread.
@@ -55,8 +55,6 @@ import sys
 import numpy as np
 import torch
 import torch.distributed as dist
-from peft import LoraConfig, PeftModel, get_peft_model
-from peft.optimizers import create_loraplus_optimizer
 from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config,
                           Qwen2ForCausalLM, Trainer)
 
@@ -71,6 +69,7 @@ def init(directory):
 
 
 def adapter(directory, out, variant=""):
+    from peft import LoraConfig, get_peft_model
     torch.manual_seed(4321)
     model = GPT2LMHeadModel.from_pretrained(directory, dtype=torch.float32)
     config = LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn", "c_fc"], fan_in_fan_out=True,
@@ -85,7 +84,7 @@ def adapter(directory, out, variant=""):
 
 
 def compare_adapter(directory, got, want, out):
-    from peft import get_peft_model_state_dict
+    from peft import PeftModel, get_peft_model_state_dict
     from safetensors.torch import load_file
     model = PeftModel.from_pretrained(GPT2LMHeadModel.from_pretrained(directory, dtype=torch.float32), got)
     got_tensors = load_file(os.path.join(got, "adapter_model.safetensors"))
@@ -103,6 +102,7 @@ def compare_adapter(directory, got, want, out):
 
 
 def compare_merged(directory, adapter_dir, merged_dir, out):
+    from peft import PeftModel
     peft_model = PeftModel.from_pretrained(GPT2LMHeadModel.from_pretrained(directory, dtype=torch.float32), adapter_dir)
     want = peft_model.merge_and_unload().state_dict()
     got = GPT2LMHeadModel.from_pretrained(merged_dir, dtype=torch.float32).state_dict()
@@ -161,6 +161,7 @@ def worker(rank, args, port):
                             timeout=datetime.timedelta(seconds=120))
     model = GPT2LMHeadModel.from_pretrained(directory, dtype=torch.float32)
     if adapter_dir:
+        from peft import PeftModel
         model = PeftModel.from_pretrained(model, adapter_dir, is_trainable=True)
     model.train()
     if trainable:
@@ -168,6 +169,7 @@ def worker(rank, args, port):
             p.requires_grad_(any(fragment in n for fragment in trainable))
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if isinstance(lr_groups, dict):
+        from peft.optimizers import create_loraplus_optimizer
         opt = create_loraplus_optimizer(model, torch.optim.AdamW, lr=lr, loraplus_lr_ratio=lr_groups["loraplus_lr_ratio"],
                                         loraplus_weight_decay=wd, betas=(0.9, 0.999), eps=1e-8)
     else:
@@ -214,6 +216,8 @@ def train(argv):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    if adapter_dir:
+        import peft.optimizers  # noqa: F401 (PEFT, imported only by the runs that use it, before the fork)
     # Forked before this process starts a process group: the other ranks inherit the imports (a
     # spawned process would pay them again) and no Gloo thread.
     others = [multiprocessing.get_context("fork").Process(target=worker, args=(rank, args, port))
