@@ -39,18 +39,34 @@ std::string args_of(const SchedulerConfig& c, double lr) {
          " warmup_min_ratio=" + num(c.warmup_min_ratio) + " cos_min_ratio=" + num(c.cos_min_ratio);
 }
 
-// Compares lr(0..n-1) with the reference protocol run; total_steps is what the engine passes.
-void check_reference(const SchedulerConfig& c, double lr, int64_t total_steps, int n) {
-  SchedulerConfig ref = c;
-  if (ref.total_num_steps <= 0) ref.total_num_steps = total_steps;
+// One schedule against the reference protocol: lr(0..n-1), total_steps being what the engine passes.
+struct Case {
+  SchedulerConfig config;
+  double lr;
+  int64_t total_steps;
+  int n;
+};
+
+// Compares each case's lr(0..n-1) with the reference protocol's, all of them run by one process.
+void check_reference(const std::vector<Case>& cases) {
   TempDir dir;
-  ASSERT_TRUE(run_reference("reference_lr.py", dir.file("lrs.f64") + " " + std::to_string(n) + " " + args_of(ref, lr)));
-  std::vector<double> want = read_raw<double>(dir.file("lrs.f64"));
-  ASSERT_EQ(want.size(), static_cast<size_t>(n));
-  auto s = make_lr_schedule(c, lr, total_steps);
-  for (int k = 0; k < n; ++k)
-    EXPECT_NEAR(s->lr(k), want[static_cast<size_t>(k)], 1e-12 * std::abs(want[static_cast<size_t>(k)]) + 1e-18)
-        << c.type << ": update after " << k << " completed steps";
+  std::string args;
+  for (size_t k = 0; k < cases.size(); ++k) {
+    SchedulerConfig ref = cases[k].config;
+    if (ref.total_num_steps <= 0) ref.total_num_steps = cases[k].total_steps;
+    args += (k ? " -- " : "") + dir.file("lrs" + std::to_string(k) + ".f64") + " " + std::to_string(cases[k].n) + " " +
+            args_of(ref, cases[k].lr);
+  }
+  ASSERT_TRUE(run_reference("reference_lr.py", args));
+  for (size_t k = 0; k < cases.size(); ++k) {
+    const Case& c = cases[k];
+    std::vector<double> want = read_raw<double>(dir.file("lrs" + std::to_string(k) + ".f64"));
+    ASSERT_EQ(want.size(), static_cast<size_t>(c.n));
+    auto s = make_lr_schedule(c.config, c.lr, c.total_steps);
+    for (int i = 0; i < c.n; ++i)
+      EXPECT_NEAR(s->lr(i), want[static_cast<size_t>(i)], 1e-12 * std::abs(want[static_cast<size_t>(i)]) + 1e-18)
+          << c.config.type << " (case " << k << "): update after " << i << " completed steps";
+  }
 }
 
 }  // namespace
@@ -135,38 +151,38 @@ TEST(LrScheduleReference, DeepSpeedWarmupLr) {
   SchedulerConfig c = sched("WarmupLR", 7);
   c.warmup_min_lr = 1e-5;
   c.warmup_max_lr = 3e-4;
-  check_reference(c, 1e-3, 0, 20);
-  c.warmup_type = "linear";
-  check_reference(c, 1e-3, 0, 20);
-  check_reference(sched("WarmupLR", 1), 1e-3, 0, 5);  // W = max(2, 1)
-  check_reference(sched("WarmupLR", 0), 1e-3, 0, 5);  // W = max(2, 0): "auto" without warmup
+  SchedulerConfig linear = c;
+  linear.warmup_type = "linear";
+  check_reference({{c, 1e-3, 0, 20},
+                   {linear, 1e-3, 0, 20},
+                   {sched("WarmupLR", 1), 1e-3, 0, 5},    // W = max(2, 1)
+                   {sched("WarmupLR", 0), 1e-3, 0, 5}});  // W = max(2, 0): "auto" without warmup
 }
 
 TEST(LrScheduleReference, DeepSpeedWarmupDecayLr) {
   SchedulerConfig c = sched("WarmupDecayLR", 5, 30);
   c.warmup_min_lr = 1e-5;
   c.warmup_max_lr = 3e-4;
-  check_reference(c, 1e-3, 0, 40);
   SchedulerConfig follows = sched("WarmupDecayLR", 5, -1);  // total from the run's step count
   follows.warmup_type = "linear";
-  check_reference(follows, 1e-3, 25, 30);
+  check_reference({{c, 1e-3, 0, 40}, {follows, 1e-3, 25, 30}});
 }
 
 TEST(LrScheduleReference, DeepSpeedWarmupCosineLr) {
   SchedulerConfig c = sched("WarmupCosineLR", 6, 40);
   c.warmup_min_ratio = 0.1;
-  check_reference(c, 6e-4, 0, 50);
-  c.warmup_type = "linear";
-  c.cos_min_ratio = 0.05;
-  check_reference(c, 6e-4, 0, 50);
+  SchedulerConfig linear = c;
+  linear.warmup_type = "linear";
+  linear.cos_min_ratio = 0.05;
+  check_reference({{c, 6e-4, 0, 50}, {linear, 6e-4, 0, 50}});
 }
 
 TEST(LrScheduleReference, HuggingFace) {
-  check_reference(sched("linear", 5), 5e-4, 30, 35);
-  check_reference(sched("cosine", 5), 5e-4, 30, 35);
-  check_reference(sched("cosine", 0), 5e-4, 30, 35);
-  check_reference(sched("constant", 0), 5e-4, 30, 5);
-  check_reference(sched("constant_with_warmup", 8), 5e-4, 30, 12);
+  check_reference({{sched("linear", 5), 5e-4, 30, 35},
+                   {sched("cosine", 5), 5e-4, 30, 35},
+                   {sched("cosine", 0), 5e-4, 30, 35},
+                   {sched("constant", 0), 5e-4, 30, 5},
+                   {sched("constant_with_warmup", 8), 5e-4, 30, 12}});
 }
 
 // ---- errors -----------------------------------------------------------------------------------
