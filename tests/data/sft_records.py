@@ -16,6 +16,21 @@ longer than sequence_len dropped) and as TRL's SFTTrainer tokenizes a prompt-com
 (apply_chat_template with the record's tools, return_assistant_tokens_mask for assistant_only_loss,
 truncate_dataset), for the Llama-3 kind (whose template has generation blocks). labels[i] is 1
 where the label is the token (not -100).
+
+For the Llama-3 kind it also writes OUT_DIR/chat_template.jsonl and OUT_DIR/sharegpt.jsonl and, in
+sft.json, "chat_template CASE" for each of CHAT_CASES: axolotl's `type: chat_template` datasets
+(prompt_strategies/chat_template.py, ChatTemplateStrategy) tokenized as its documented algorithm
+does, on transformers' apply_chat_template: the record's messages turned into the template's turns
+(message_property_mappings, roles, the system field, drop_system_message), the whole conversation
+tokenized, and each turn that trains located by rendering the conversation up to it twice — with
+"[[dummy_message]]" in its place and as it is — and taking the tokens where the two differ, from the
+front and from the back; the EOT/EOS token at most 3 tokens past a turn trained as train_on_eot /
+train_on_eos say (turn, all, last); with nothing chosen to train, the legacy path (the conversation
+but its last turn with the generation prompt; the rest trained). "chat_template cases" holds each
+case's file, its train.yaml keys (the dataset entry's and the run's: eot_tokens, train_on_inputs) and
+its sequence length.
+A message's keys beyond the mapped ones are all kept (axolotl keeps those the template reads, which
+renders the same for a template that reads keys by name).
 """
 import json
 import os
@@ -24,6 +39,7 @@ import sys
 from transformers import AutoTokenizer
 
 MAX_LENGTH = 256
+CHAT_MAX_LENGTH = 512  # chat_template cases: room for the tool conversation (~300 tokens)
 
 ALPACA = [
     {"instruction": "Give three tips for staying healthy.", "input": "", "output": "Eat well, sleep, move."},
@@ -58,6 +74,44 @@ MESSAGES = [
     {"messages": [{"role": "user", "content": "Long: " + "blah " * 300}, {"role": "assistant", "content": "cut off"}]},
     {"messages": [{"role": "user", "content": "Say it"}, {"role": "assistant", "content": "It " * 300}]},
 ]
+
+# axolotl chat_template datasets: "train" overrides a message's role (message_field_training: train).
+CHAT_TEMPLATE = [
+    {"messages": [{"role": "user", "content": "Hello!"}, {"role": "assistant", "content": "Hi there."}]},
+    {"messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "2+2?"},
+                  {"role": "assistant", "content": " 4 ", "train": False}, {"role": "user", "content": "和 3+3？ 👍🏽"},
+                  {"role": "assistant", "content": "6"}]},
+    {"messages": [{"role": "user", "content": "Weather in Paris?", "train": True},
+                  {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+                  {"role": "tool", "content": "{\"temp\": 21}"}, {"role": "assistant", "content": "21 degrees."}],
+     "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": "{\"type\": \"object\"}"}}]},
+    {"messages": [{"role": "user", "content": "Long: " + "blah " * 300}, {"role": "assistant", "content": "dropped"}]},
+    {"messages": [{"role": "user", "content": "Only the user speaks"}]},
+    {"system": "Be kind.", "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello, friend."}]},
+]
+
+SHAREGPT = [
+    {"conversations": [{"from": "human", "value": "Name a color."}, {"from": "gpt", "value": "Teal."},
+                       {"from": "human", "value": "Another?"}, {"from": "gpt", "value": "Ochre 🎨"}]},
+    {"system": "Answer in French.", "conversations": [{"from": "human", "value": "Hello"}, {"from": "gpt", "value": "Bonjour"}]},
+    {"conversations": [{"from": "system", "value": "Dropped or kept."}, {"from": "human", "value": "x"},
+                       {"from": "gpt", "value": "y"}]},
+]
+
+EOT = {"eot_tokens": ["<|eot_id|>"]}
+SHAREGPT_KEYS = {"field_messages": "conversations", "message_property_mappings": {"role": "from", "content": "value"}}
+CHAT_CASES = {
+    "default": ("chat_template.jsonl", {}, {}),
+    "eot": ("chat_template.jsonl", {}, EOT),
+    "eot_all": ("chat_template.jsonl", {"train_on_eos": "all"}, EOT),
+    "last_and_users": ("chat_template.jsonl", {"train_on_eot": "last", "roles_to_train": ["user", "assistant"]}, EOT),
+    "inputs": ("chat_template.jsonl", {}, {**EOT, "train_on_inputs": True}),
+    "training_field": ("chat_template.jsonl", {"message_field_training": "train"}, EOT),
+    "legacy": ("sharegpt.jsonl", {**SHAREGPT_KEYS, "roles_to_train": [], "train_on_eos": None}, {}),
+    "sharegpt": ("sharegpt.jsonl", SHAREGPT_KEYS, EOT),
+    "sharegpt_roles": ("sharegpt.jsonl", {**SHAREGPT_KEYS, "roles": {"user": ["human"], "assistant": ["gpt"], "system": ["system"]},
+                                          "roles_to_train": ["gpt"], "drop_system_message": True}, EOT),
+}
 
 TEMPLATES = {"llama3": "llama3.jinja", "llama2": "mistral.jinja"}
 
@@ -131,6 +185,99 @@ def messages(tok, records, assistant_only):
     return out
 
 
+def axolotl_chat(tok, records, keys, run, max_length):
+    mappings = keys.get("message_property_mappings") or {k: k for k in ("role", "content", "tool", "reasoning_content")}
+    roles = ({source: role for role, sources in keys["roles"].items() for source in sources} if keys.get("roles") else
+             {"human": "user", "user": "user", "assistant": "assistant", "gpt": "assistant", "system": "system", "tool": "tool"})
+    roles_to_train = [roles.get(r, r) for r in keys.get("roles_to_train", ["assistant"])]
+    on_eos = keys.get("train_on_eos", "turn")
+    on_eot = keys["train_on_eot"] if keys.get("train_on_eot") is not None else on_eos
+    eot_ids = [tok.encode(t, add_special_tokens=False)[0] for t in run.get("eot_tokens", [tok.eos_token])]
+    training_field = keys.get("message_field_training")
+    train_on_inputs = run.get("train_on_inputs", False)
+
+    def transform(m):
+        t = {k: m[v] for k, v in mappings.items() if m.get(v) is not None}
+        t["role"] = roles.get(t["role"], t["role"])
+        t.update({k: v for k, v in m.items() if k not in mappings.values() and v is not None and k != training_field})
+        for call in t.get("tool_calls") or []:
+            if isinstance(call["function"].get("arguments"), str):
+                call["function"]["arguments"] = json.loads(call["function"]["arguments"])
+        return t
+
+    def render(conversation, tools=None, generation_prompt=False, real_last_index=None):
+        kwargs = {"add_generation_prompt": generation_prompt}
+        if tools:
+            kwargs["tools"] = tools
+        if real_last_index:
+            kwargs["real_last_index"] = real_last_index
+        return list(tok.apply_chat_template(conversation, tokenize=True, return_dict=False, **kwargs))
+
+    def find_turn(turns, i, tools):
+        dummy = render(turns[:i] + [{"role": turns[i]["role"], "content": "[[dummy_message]]"}], tools, False, len(turns) - 1)
+        full = render(turns[:i + 1], tools, False, len(turns) - 1)
+        n = min(len(dummy), len(full))
+        start = next((k for k in range(n) if dummy[k] != full[k]), None)
+        end = next((len(full) - k for k in range(n) if dummy[len(dummy) - 1 - k] != full[len(full) - 1 - k]), None)
+        if start is None or end is None or end <= start:
+            return -1, -1
+        return start, end
+
+    def first(ids, start, targets):
+        for k in range(start, len(ids)):
+            if ids[k] in targets:
+                return k
+        return -1
+
+    out = {"ids": [], "labels": [], "dropped": 0, "truncated": 0}
+    for r in records:
+        r = {k: v for k, v in r.items() if v is not None}
+        messages = r[keys.get("field_messages", "messages")]
+        turns = []
+        if transform(messages[0])["role"] != "system" and "system" in r:
+            turns.append({"role": "system", "content": r["system"]})
+        trains = [None] * len(turns)
+        for m in messages:
+            turns.append(transform(m))
+            trains.append(m.get(training_field) if training_field else None)
+        if keys.get("drop_system_message") and turns[0]["role"] == "system":
+            turns, trains = turns[1:], trains[1:]
+        tools = r.get("tools")
+        for tool in tools or []:
+            if isinstance(tool["function"].get("parameters"), str):
+                tool["function"]["parameters"] = json.loads(tool["function"]["parameters"])
+        if not roles_to_train and not on_eos and not on_eot and not training_field:  # the legacy path
+            prompt = render(turns[:-1], generation_prompt=True)
+            ids = prompt + render(turns)[len(prompt):]
+            labels = [1] * len(ids) if train_on_inputs else [0] * len(prompt) + [1] * (len(ids) - len(prompt))
+        else:
+            ids = render(turns, tools)
+            labels = [0] * len(ids)
+            last = {"eot": -1, "eos": -1}
+            for i, turn in enumerate(turns):
+                should = trains[i] if trains[i] is not None else (train_on_inputs or turn["role"] in roles_to_train)
+                if not should and on_eos != "all" and on_eot != "all":
+                    continue
+                start, end = find_turn(turns, i, tools)
+                if should and start != -1 and end != -1:
+                    labels[start:end] = [1] * len(labels[start:end])
+                for kind, targets, mode in (("eot", eot_ids, on_eot), ("eos", [tok.eos_token_id], on_eos)):
+                    at = first(ids, end, targets)
+                    if at != -1 and abs(at - end) <= 3:
+                        last[kind] = at
+                        if mode == "all" or (mode == "turn" and should):
+                            labels[at] = 1
+            for kind, mode in (("eot", on_eot), ("eos", on_eos)):
+                if mode == "last" and last[kind] != -1:
+                    labels[last[kind]] = 1
+        if len(ids) > max_length or not any(labels[1:]):  # axolotl drops what does not fit or trains nothing
+            out["dropped"] += 1
+            continue
+        out["ids"].append(ids)
+        out["labels"].append(labels)
+    return out
+
+
 def main():
     out = sys.argv[1]
     os.makedirs(out, exist_ok=True)
@@ -158,6 +305,14 @@ def main():
             expected["prompt_completion %d" % train] = prompt_completion(tok, fix(PROMPT_COMPLETION), train)
             if kind == "llama3":  # (Mistral's template refuses the tool conversation: an error there)
                 expected["messages %d" % train] = messages(tok, MESSAGES, train)
+        if kind == "llama3":
+            data = {"chat_template.jsonl": CHAT_TEMPLATE, "sharegpt.jsonl": SHAREGPT}
+            expected["chat_template cases"] = {}
+            for name, (file, keys, run) in CHAT_CASES.items():
+                expected["chat_template cases"][name] = {"file": file, "dataset": keys, "run": run,
+                                                         "max_length": CHAT_MAX_LENGTH}
+                expected["chat_template " + name] = axolotl_chat(tok, json.loads(json.dumps(data[file])), keys, run,
+                                                                 CHAT_MAX_LENGTH)
         with open(os.path.join(tok_dir, "sft.json"), "w") as f:
             json.dump(expected, f)
     with open(os.path.join(out, "alpaca.jsonl"), "w", encoding="utf-8") as f:
@@ -168,6 +323,10 @@ def main():
     with open(os.path.join(out, "messages.jsonl"), "w", encoding="utf-8") as f:
         for r in MESSAGES:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    for name, records in (("chat_template.jsonl", CHAT_TEMPLATE), ("sharegpt.jsonl", SHAREGPT)):
+        with open(os.path.join(out, name), "w", encoding="utf-8") as f:
+            for r in records:
+                f.write(json.dumps(r, ensure_ascii=False) + "\n")
     with open(os.path.join(out, "prompt_completion.jsonl"), "w", encoding="utf-8") as f:
         for r in fix(PROMPT_COMPLETION):
             f.write(json.dumps(r, ensure_ascii=False) + "\n")

@@ -6,12 +6,15 @@
 #include <gtest/gtest.h>
 
 #include <rapidjson/document.h>
+#include <rapidjson/stringbuffer.h>
+#include <rapidjson/writer.h>
 
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "config/load_config.h"
 #include "data/dataset.h"
 #include "data/records.h"
 #include "data/tokenizer.h"
@@ -239,6 +242,65 @@ TEST(Records, BatchPerSampleWithTheirMasks) {
   EXPECT_GT(all->sample_labels(0), response_only);
 }
 
+// axolotl's type: chat_template datasets as a user writes them — train.yaml's dataset entry and run
+// keys, read by the loader — against axolotl's algorithm run on transformers' apply_chat_template
+// (sft_records.py, CHAT_CASES): the default (the assistant's turns, the EOS after each), eot_tokens
+// with train_on_eos turn, all and last, roles_to_train, train_on_inputs, a message_field_training
+// flag overriding the role, the legacy path, and sharegpt records through message_property_mappings
+// and roles with drop_system_message; tool calls and tools given as JSON strings, a system field,
+// a conversation too long (dropped) and one with nothing to train (dropped).
+TEST(Records, AxolotlChatTemplateDatasetsTokenizeAsAxolotlDoes) {
+  Fixture f;
+  ASSERT_TRUE(f.made);
+  const rapidjson::Document want = read_json(f.dir.file("tok/llama3/sft.json"));
+  const rapidjson::Value& cases = want["chat_template cases"];
+  ASSERT_EQ(cases.MemberCount(), 9u);
+  for (const auto& c : cases.GetObject()) {
+    const std::string name = c.name.GetString();
+    SCOPED_TRACE(name);
+    // train.yaml, written as JSON (which YAML reads): datasets: [{path, type: chat_template, ...}] + run keys.
+    rapidjson::Document yaml(rapidjson::kObjectType);
+    auto& a = yaml.GetAllocator();
+    rapidjson::Value entry(c.value["dataset"], a);
+    entry.AddMember("path", rapidjson::Value(f.dir.file(c.value["file"].GetString()).c_str(), a), a);
+    entry.AddMember("type", "chat_template", a);
+    rapidjson::Value datasets(rapidjson::kArrayType);
+    datasets.PushBack(entry, a);
+    yaml.AddMember("datasets", datasets, a);
+    for (const auto& k : c.value["run"].GetObject()) yaml.AddMember(rapidjson::Value(k.name, a), rapidjson::Value(k.value, a), a);
+    rapidjson::StringBuffer text;
+    rapidjson::Writer<rapidjson::StringBuffer> w(text);
+    yaml.Accept(w);
+    const std::string path = f.dir.file(name + ".yaml");
+    std::ofstream(path) << text.GetString();
+    ConfigSources sources;
+    sources.train_yaml_path = path;
+    DataConfig cfg = load_train_config(sources).data;
+    ASSERT_EQ(cfg.datasets.size(), 1u);
+    cfg.tokenizer = f.dir.file("tok/llama3/tokenizer.json");
+    cfg.cache_dir = f.dir.file("cache");
+    cfg.block_size = c.value["max_length"].GetInt64();
+    const std::shared_ptr<TokenDataset> d = TokenDataset::open(cfg);
+    const rapidjson::Value& w_case = want[("chat_template " + name).c_str()];
+    const auto ids = lists_of<int64_t>(w_case["ids"]);
+    const auto labels = lists_of<int>(w_case["labels"]);
+    ASSERT_EQ(d->num_samples(), static_cast<int64_t>(ids.size())) << d->description();
+    for (int64_t k = 0; k < d->num_samples(); ++k) {
+      std::vector<int64_t> got(static_cast<size_t>(d->sample_length(k)));
+      d->copy_tokens(d->sample_begin(k), d->sample_length(k), got.data());
+      EXPECT_EQ(got, ids[static_cast<size_t>(k)]) << "sample " << k;
+      std::vector<int> trained;
+      for (size_t i = 0; i < got.size(); ++i) trained.push_back(d->trained(d->sample_begin(k) + static_cast<int64_t>(i)) ? 1 : 0);
+      EXPECT_EQ(trained, labels[static_cast<size_t>(k)]) << "sample " << k;
+    }
+    const int64_t dropped = w_case["dropped"].GetInt64();
+    if (dropped) {
+      EXPECT_NE(d->description().find(std::to_string(dropped) + " records dropped"), std::string::npos)
+          << d->description();
+    }
+  }
+}
+
 // A JSONL train_file of prompt/completion records is read as TRL reads it; records of other shapes
 // and bad records are errors naming the file, the line and what to do.
 TEST(Records, BadRecordsNameTheFileAndLine) {
@@ -277,7 +339,31 @@ TEST(Records, BadRecordsNameTheFileAndLine) {
   cfg.train_file.clear();
   cfg.datasets = {{f.dir.file("bad_alpaca.json"), "alpaca"}};
   expect_error<FileError>([&] { TokenDataset::open(cfg); }, {"bad_alpaca.json", "record 2", "no \"instruction\""});
-  cfg.datasets = {{f.dir.file("alpaca.jsonl"), "alpaca"}};
+  // axolotl chat_template records: the messages' field missing, a message without a role, a tool
+  // call's arguments that are not JSON, eot_tokens of several tokens, or of the EOS training
+  // otherwise than the EOT.
+  const std::vector<Case> chats = {
+      {"chat1.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n{\"turns\": []}\n", {"chat1.jsonl", "line 2", "\"messages\"", "field_messages"}},
+      {"chat2.jsonl", "{\"messages\": [{\"content\": \"hi\"}]}\n", {"chat2.jsonl", "line 1", "no string role", "message_property_mappings"}},
+      {"chat3.jsonl", "{\"messages\": [{\"role\": \"assistant\", \"content\": \"\", \"tool_calls\": [{\"function\": {\"name\": \"f\", \"arguments\": \"{city\"}}]}]}\n",
+       {"chat3.jsonl", "line 1", "arguments", "not valid JSON"}},
+  };
+  for (const Case& c : chats) {
+    std::ofstream(f.dir.file(c.name), std::ios::binary) << c.text;
+    cfg.datasets = {{f.dir.file(c.name), "chat_template", {}}};
+    expect_error<FileError>([&] { TokenDataset::open(cfg); }, c.says);
+  }
+  cfg.datasets = {{f.dir.file("chat_template.jsonl"), "chat_template", {}}};
+  cfg.eot_tokens = std::vector<std::string>{"Cutting Knowledge"};  // in the template, and not one token
+  expect_error<FileError>([&] { TokenDataset::open(cfg); }, {"eot_tokens", "\"Cutting Knowledge\"", "must be one"});
+  cfg.eot_tokens = std::vector<std::string>{"<|eot_id|>", "<|end_of_text|>"};
+  cfg.datasets[0].chat.train_on_eot = "all";
+  cfg.chat_template = "{% for m in messages %}{{ m.role }}: {{ m.content }}<|eot_id|>{% endfor %}<|end_of_text|>";
+  cfg.chat_template_where = "train.yaml: chat_template";
+  expect_error<FileError>([&] { TokenDataset::open(cfg); }, {"EOS token", "train_on_eos (\"turn\")", "train_on_eot (\"all\")"});
+  cfg.chat_template.clear();
+  cfg.eot_tokens.reset();
+  cfg.datasets = {{f.dir.file("alpaca.jsonl"), "alpaca", {}}};
   cfg.tokenizer = f.dir.file("tok/gpt2/tokenizer.json");  // no tokenizer_config.json beside it
   expect_error<FileError>([&] { TokenDataset::open(cfg); }, {"EOS token", "tokenizer_config.json", "eos_token"});
   cfg.tokenizer.clear();

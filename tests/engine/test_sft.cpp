@@ -127,6 +127,26 @@ TEST(Sft, AxolotlAndTrlConfigsTrainOnTheirRecords) {
   EXPECT_EQ(losses(axolotl).size(), 6u) << "6 samples, 2 a step, 2 epochs";
   EXPECT_TRUE(fs::exists(axolotl / "adapter" / "adapter_model.safetensors"));
 
+  // axolotl's type: chat_template on sharegpt records, with the keys its docs spell for them.
+  const fs::path axolotl_chat = dir.path() / "axolotl_chat";
+  const RunResult ac = run(
+      kLauncher + " --deepspeed " + dir.write("ac.json", ds(2, 1)) + " " +
+      dir.write("axolotl_chat.yaml", "base_model: " + base.string() + "\nadapter: lora\nlora_r: 8\nlora_alpha: 16\n"
+                                     "lora_target_linear: true\nsequence_len: 256\ndataset_prepared_path: " +
+                                     (dir.path() / "prepared").string() + "\neot_tokens: [\"<|eot_id|>\"]\n"
+                                     "datasets:\n  - path: " + (dir.path() / "sharegpt.jsonl").string() +
+                                     "\n    type: chat_template\n    field_messages: conversations\n"
+                                     "    message_property_mappings: {role: from, content: value}\n"
+                                     "max_steps: 2\nlogging_steps: 1\n") +
+      " --output_dir=" + axolotl_chat.string());
+  ASSERT_EQ(ac.exit_code, 0) << ac.out;
+  int64_t chat_trained = 0;
+  for (const auto& sample : want["chat_template sharegpt"]["labels"].GetArray())
+    for (const auto& l : sample.GetArray()) chat_trained += l.GetInt();
+  EXPECT_NE(ac.out.find("3 records, 3 samples"), std::string::npos) << ac.out;
+  EXPECT_NE(ac.out.find(std::to_string(chat_trained) + " trained"), std::string::npos) << chat_trained << "\n" << ac.out;
+  EXPECT_EQ(losses(axolotl_chat).size(), 2u);
+
   const fs::path trl = dir.path() / "trl";
   const std::string pc = (dir.path() / "prompt_completion.jsonl").string();
   const std::string yaml = dir.write("trl.yaml", "model_name_or_path: " + base.string() + "\nuse_peft: true\n"

@@ -112,6 +112,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>> kYamlKeys = 
     {"completion_only_loss", {"completion_only_loss"}},
     {"assistant_only_loss", {"assistant_only_loss"}},
     {"chat_template", {"chat_template"}},
+    {"eot_tokens", {"eot_tokens"}},
     {"pad_to_sequence_len", {"pad_to_sequence_len"}},
     {"sample_packing", {"sample_packing", "packing"}},
     {"dataset_prepared_path", {"dataset_prepared_path", "tokenized_path"}},
@@ -224,7 +225,6 @@ const std::vector<std::pair<const char*, const char*>> kYamlIgnored = {
     {"plot_loss", "metrics.jsonl holds the loss curve"},
     {"low_cpu_mem_usage", "memrt always materialises models one block at a time"},
     {"special_tokens", "memrt tokenizes with model_name_or_path's tokenizer.json as saved (bytes without one)"},
-    {"eot_tokens", "memrt tokenizes with model_name_or_path's tokenizer.json as saved (bytes without one)"},
     {"tokenizer_type", "memrt tokenizes with model_name_or_path's tokenizer.json (bytes without one)"},
     {"model_type", "the architecture comes from the model block or the checkpoint's config.json"},
     {"torchdistx_path", "not needed"},
@@ -1544,6 +1544,54 @@ void Loader::resolve_model_and_data() {
   resolve_eval();
 }
 
+// One key of an axolotl `type: chat_template` dataset entry, read into `chat` with axolotl's meaning;
+// false when `key` is not one of them.
+bool read_chat_dataset_key(const std::string& key, const ConfigNode& value, ChatTemplateDataset& chat) {
+  auto members = [](const ConfigNode& object, const char* what) {
+    if (!object.is_object()) throw object.error(std::string("expected ") + what + ", found " + object.describe());
+    return object.members();
+  };
+  auto eos_mode = [](const ConfigNode& v) -> std::string {
+    if (v.is_null() || (v.is_bool() && !v.as_bool())) return "";
+    const std::string& mode = v.as_string();
+    if (mode != "turn" && mode != "all" && mode != "last")
+      throw v.error("is \"" + mode + "\"; expected turn (the EOS/EOT token after each trained turn), all, last or null");
+    return mode;
+  };
+  if (key == "field_messages") {
+    chat.field_messages = value.as_string();
+  } else if (key == "field_system") {
+    chat.field_system = value.as_string();
+  } else if (key == "field_tools") {
+    chat.field_tools = value.as_string();
+  } else if (key == "message_property_mappings") {
+    for (const auto& [name, from] : members(value, "{role: FIELD, content: FIELD, ...}"))
+      chat.property_mappings.emplace_back(name, from.as_string());
+  } else if (key == "message_field_role" || key == "message_field_content") {  // axolotl's older spelling
+    chat.property_mappings.emplace_back(key == "message_field_role" ? "role" : "content", value.as_string());
+  } else if (key == "roles") {
+    for (const auto& [role, sources] : members(value, "{user: [human, user], assistant: [gpt, assistant], ...}"))
+      for (const std::string& from : sources.as_names()) chat.roles.emplace_back(from, role);
+  } else if (key == "roles_to_train") {
+    chat.roles_to_train = value.is_null() ? std::vector<std::string>{} : value.as_names();
+  } else if (key == "train_on_eos") {
+    chat.train_on_eos = eos_mode(value);
+  } else if (key == "train_on_eot") {
+    chat.train_on_eot = eos_mode(value);
+  } else if (key == "message_field_training") {
+    chat.message_field_training = value.as_string();
+  } else if (key == "drop_system_message") {
+    chat.drop_system_message = value.as_bool();
+  } else if (key == "chat_template") {
+    if (value.as_string() != "tokenizer_default")
+      throw value.error("is \"" + value.as_string() + "\"; a dataset renders with the run's chat template "
+                        "(tokenizer_default, or train.yaml's chat_template): leave it out");
+  } else {
+    return false;
+  }
+  return true;
+}
+
 // Fine-tuning records: axolotl's datasets: [{path, type}] of local files (docs/tokenizers.md), and
 // which of their tokens the loss counts.
 void Loader::resolve_records() {
@@ -1555,25 +1603,35 @@ void Loader::resolve_records() {
     for (const ConfigNode& item : list->as_array()) {
       if (!item.is_object()) throw item.error("expected {path: FILE, type: alpaca}, found " + item.describe());
       DatasetSource src;
+      const ConfigNode* type = item.find("type");
+      if (!type) throw item.error("has no type; memrt reads type: alpaca and type: chat_template records (prompt/completion JSONL as train_file)");
+      src.type = type->as_string();
+      if (src.type == "sharegpt")
+        throw type->error("is \"sharegpt\", which axolotl replaced by chat_template: write type: chat_template, "
+                          "field_messages: conversations, message_property_mappings: {role: from, content: value}");
+      if (src.type != "alpaca" && src.type != "chat_template")
+        throw type->error("is \"" + src.type + "\"; memrt reads type: alpaca and type: chat_template here "
+                          "(prompt/completion JSONL goes in train_file)");
+      const ConfigNode* chat_key = nullptr;  // the first key that only a chat_template dataset takes
       for (const auto& [key, value] : item.members()) {
         if (key == "path") {
           src.path = value.as_string();
         } else if (key == "type") {
-          src.type = value.as_string();
         } else if (key == "ds_type" || key == "split") {
           const std::string v = value.as_string();
           if ((key == "ds_type" && v != "json") || (key == "split" && v != "train"))
             throw value.error("is \"" + v + "\"; memrt reads local JSON/JSONL files whole (ds_type: json, split: train)");
+        } else if (read_chat_dataset_key(key, value, src.chat)) {
+          if (!chat_key) chat_key = &value;
         } else {
           throw value.error("is not supported in a dataset entry; memrt reads {path, type} (ds_type: json and "
-                            "split: train allowed)");
+                            "split: train allowed), and for type: chat_template axolotl's field_messages, "
+                            "message_property_mappings, roles, roles_to_train, train_on_eos, train_on_eot, "
+                            "message_field_training, drop_system_message, field_system and field_tools");
         }
       }
-      const ConfigNode* type = item.find("type");
-      if (!type) throw item.error("has no type; memrt reads type: alpaca records (prompt/completion JSONL as train_file)");
-      if (src.type != "alpaca")
-        throw type->error("is \"" + src.type + "\"; memrt reads type: alpaca here (chat_template and sharegpt "
-                          "types are not supported yet; prompt/completion JSONL goes in train_file)");
+      if (chat_key && src.type != "chat_template")
+        throw chat_key->error("applies to type: chat_template datasets, and this one is type: " + src.type);
       const ConfigNode* path = item.find("path");
       if (!path) throw item.error("has no path; expected {path: FILE, type: alpaca}");
       std::error_code ec;
@@ -1584,6 +1642,7 @@ void Loader::resolve_records() {
       cfg.data.datasets.push_back(src);
     }
   }
+  if (const ConfigNode* eot = yv("eot_tokens")) cfg.data.eot_tokens = eot->as_names();
   const ConfigNode* inputs = yv("train_on_inputs");
   const ConfigNode* completion_only = yv("completion_only_loss");
   if (inputs && completion_only && inputs->as_bool() == completion_only->as_bool())

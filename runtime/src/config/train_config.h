@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "memrt/config_node.h"
@@ -78,10 +79,29 @@ struct ModelConfig {
   double init_std = 0.02;
 };
 
+// How the conversations of an axolotl `type: chat_template` dataset are read and which of their
+// tokens train: its dataset keys, with axolotl's defaults (docs/tokenizers.md, "Datasets").
+struct ChatTemplateDataset {
+  std::string field_messages = "messages", field_system = "system", field_tools = "tools";
+  // message_property_mappings: the template's message key -> the record's. Empty: role, content,
+  // tool and reasoning_content as they are.
+  std::vector<std::pair<std::string, std::string>> property_mappings;
+  // roles: the record's role -> the template's. Empty: human/user -> user, gpt/assistant ->
+  // assistant, system, tool.
+  std::vector<std::pair<std::string, std::string>> roles;
+  std::vector<std::string> roles_to_train{"assistant"};
+  // "turn" | "all" | "last" | "" (none); train_on_eot unset: train_on_eos's.
+  std::string train_on_eos = "turn";
+  std::optional<std::string> train_on_eot;
+  std::string message_field_training;  // a message's key saying whether it trains, overriding its role
+  bool drop_system_message = false;
+};
+
 // A file of fine-tuning records (axolotl's `datasets:` entry; docs/tokenizers.md, "Datasets").
 struct DatasetSource {
   std::string path;
-  std::string type;  // "alpaca" | "prompt_completion" | "messages" (data/records.h)
+  std::string type;  // "alpaca" | "prompt_completion" | "messages" | "chat_template" (data/records.h)
+  ChatTemplateDataset chat{};  // type chat_template
 };
 
 struct DataConfig {
@@ -99,6 +119,8 @@ struct DataConfig {
   // Conversations: only the assistant's text (the chat template's {% generation %} blocks) is
   // trained (TRL's assistant_only_loss); else every token.
   bool assistant_only = false;
+  // axolotl's eot_tokens: the tokens that end a turn in a chat_template dataset. Unset: the EOS token.
+  std::optional<std::vector<std::string>> eot_tokens;
   // A chat template's Jinja source given in train.yaml (alignment-handbook's and TRL's chat_template),
   // rendering conversations instead of the model's own; where it was given, for its errors.
   std::string chat_template, chat_template_where;

@@ -1044,7 +1044,7 @@ class Parser {
 }  // namespace
 
 struct ChatTemplate::Program {
-  std::string where;
+  std::string where, source;
   Body body;
   bool generation = false;
 };
@@ -1762,6 +1762,7 @@ ChatTemplate::~ChatTemplate() = default;
 ChatTemplate ChatTemplate::parse(const std::string& source, const std::string& where) {
   auto program = std::make_unique<Program>();
   program->where = where;
+  program->source = source;
   try {
     // Jinja's keep_trailing_newline=False: the template's last newline is not part of it.
     std::string src = source;
@@ -1777,6 +1778,8 @@ ChatTemplate ChatTemplate::parse(const std::string& source, const std::string& w
 }
 
 bool ChatTemplate::has_generation() const { return program_->generation; }
+
+const std::string& ChatTemplate::source() const { return program_->source; }
 
 ChatTemplate::Rendered ChatTemplate::render(const rapidjson::Value& variables) const {
   Rendered out;

@@ -36,6 +36,8 @@ class ChatTemplate {
   Rendered render(const rapidjson::Value& variables) const;
   // Whether the template has {% generation %} blocks (which assistant-only masks need).
   bool has_generation() const;
+  // The template's Jinja source, as given to parse().
+  const std::string& source() const;
 
   ChatTemplate(ChatTemplate&&) noexcept;
   ChatTemplate& operator=(ChatTemplate&&) noexcept;

@@ -491,6 +491,28 @@ std::shared_ptr<TokenDataset> TokenDataset::open_tokenized(const std::string& pa
   return d;
 }
 
+namespace {
+
+// What of an axolotl chat_template dataset's keys changes its samples, for the cache's key.
+std::string describe_chat_options(const RecordOptions& o) {
+  const ChatTemplateDataset& c = o.chat;
+  std::string s = "{" + c.field_messages + " " + c.field_system + " " + c.field_tools + " train_on_eos " + c.train_on_eos +
+                  " train_on_eot " + c.train_on_eot.value_or("(eos)") + " training " + c.message_field_training +
+                  (c.drop_system_message ? " drop_system" : "") + " mappings";
+  for (const auto& [k, v] : c.property_mappings) s += " " + k + "=" + v;
+  s += " roles";
+  for (const auto& [k, v] : c.roles) s += " " + k + "=" + v;
+  s += " train";
+  for (const std::string& r : c.roles_to_train) s += " " + r;
+  if (o.eot_tokens) {
+    s += " eot";
+    for (const std::string& t : *o.eot_tokens) s += " " + t;
+  }
+  return s + "}";
+}
+
+}  // namespace
+
 std::shared_ptr<TokenDataset> TokenDataset::open_records(const DataConfig& cfg) {
   const std::vector<DatasetSource>& sources = cfg.datasets;
   const std::string& tokenizer_json = cfg.tokenizer;
@@ -507,8 +529,8 @@ std::shared_ptr<TokenDataset> TokenDataset::open_records(const DataConfig& cfg) 
       o.type = RecordType::kAlpaca;
     } else if (src.type == "prompt_completion") {
       o.type = RecordType::kPromptCompletion;
-    } else if (src.type == "messages") {
-      o.type = RecordType::kMessages;
+    } else if (src.type == "messages" || src.type == "chat_template") {
+      o.type = src.type == "messages" ? RecordType::kMessages : RecordType::kChatTemplate;
       if (!chat_template)
         chat_template = cfg.chat_template.empty()
                             ? load_chat_template(fs::path(tokenizer_json).parent_path().string())
@@ -518,7 +540,8 @@ std::shared_ptr<TokenDataset> TokenDataset::open_records(const DataConfig& cfg) 
                                       fs::path(tokenizer_json).parent_path().string() +
                                       " has none (tokenizer_config.json's \"chat_template\", or chat_template.jinja)");
     } else {
-      throw FileError(src.path, "has type \"" + src.type + "\"; memrt reads alpaca, prompt_completion and messages records");
+      throw FileError(src.path, "has type \"" + src.type +
+                                    "\"; memrt reads alpaca, prompt_completion, messages and chat_template records");
     }
     if (cfg.assistant_only && o.type != RecordType::kMessages)
       throw FileError(src.path, std::string("assistant_only_loss applies to conversations (\"messages\"); these are ") +
@@ -526,10 +549,13 @@ std::shared_ptr<TokenDataset> TokenDataset::open_records(const DataConfig& cfg) 
     o.max_length = block_size;
     o.train_on_prompt = cfg.train_on_prompt;
     o.assistant_only = cfg.assistant_only;
+    o.chat = src.chat;
+    o.eot_tokens = cfg.eot_tokens;
     per_source.push_back(o);
     paths.push_back(src.path);
     what += (what.empty() ? "" : " + ") + src.path;
     options += std::string(" ") + record_type_name(o.type);
+    if (o.type == RecordType::kChatTemplate) options += " " + describe_chat_options(o);
   }
   for (RecordOptions& o : per_source) o.chat_template = chat_template ? &*chat_template : nullptr;
   const std::string dir = cfg.cache_dir.empty() ? default_cache_dir() : cfg.cache_dir;
@@ -574,6 +600,7 @@ std::shared_ptr<TokenDataset> TokenDataset::open_records(const DataConfig& cfg) 
       counts += "; " + sources[i].path + ": " + std::to_string(rec.truncated - truncated) + " records cut to block_size " +
                 std::to_string(block_size);
   }
+  for (const std::string& note : rec.notes) counts += "; " + note;
   if (rec.offsets.size() < 2)
     throw FileError(what, "holds no sample to train on (" + std::to_string(rec.records) + " records, " +
                               std::to_string(rec.dropped) + " dropped: longer than block_size " +

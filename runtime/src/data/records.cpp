@@ -1,9 +1,11 @@
 #include "data/records.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string_view>
+#include <tuple>
 
 #include <rapidjson/document.h>
 #include <rapidjson/error/en.h>
@@ -24,18 +26,32 @@ const char* record_type_name(RecordType type) {
       return "prompt_completion";
     case RecordType::kMessages:
       return "messages";
+    case RecordType::kChatTemplate:
+      return "chat_template";
   }
   return "?";
 }
 
 namespace {
 
+// An axolotl chat_template turn that find_turn looks for: whether it trains, and the index in its
+// record's texts of the conversation rendered up to it with a dummy message in its place (the next
+// text: up to it as it is).
+struct Turn {
+  bool trains = false;
+  size_t dummy = 0;
+};
+
 // The texts one record is tokenized from, and where it is in its file ("line 3", "record 3");
-// a conversation's one text is its rendering, with the byte spans of its generation blocks.
+// a conversation's first text is its rendering, with the byte spans of its generation blocks.
+// axolotl's chat_template: the rendering and the turns it locates; on its legacy path (nothing
+// chosen to train by role, turn or EOS), the prompt rendered with the generation prompt, then the whole.
 struct Record {
   std::string where;
   std::vector<std::string> texts;
   std::vector<std::pair<size_t, size_t>> generation;
+  std::vector<Turn> turns;
+  bool legacy = false;
 };
 
 bool ends_with(const std::string& s, const std::string& suffix) {
@@ -77,14 +93,191 @@ std::string alpaca_prompt(const std::string& instruction, const std::string& inp
          "\n\n### Input:\n" + input + "\n\n### Response:\n";
 }
 
+// A message's text content must be UTF-8, as the tokenizer takes it.
+void check_content(const std::string& path, const std::string& where, const rapidjson::Value& m) {
+  const auto c = m.FindMember("content");
+  if (c == m.MemberEnd() || !c->value.IsString()) return;
+  const std::string content(c->value.GetString(), c->value.GetStringLength());
+  if (const std::optional<size_t> bad = first_invalid_utf8(content))
+    throw FileError(path, where + ": a message's \"content\" is not valid UTF-8 (byte " + std::to_string(*bad) +
+                              "); convert the file (e.g. iconv -t UTF-8)");
+}
+
+// The chat template's rendering of `messages` as transformers' apply_chat_template renders it:
+// tools (when given), add_generation_prompt, the BOS and EOS texts, and axolotl's real_last_index
+// (when non-zero, as axolotl passes it). The template's errors name the record.
+ChatTemplate::Rendered render(const std::string& path, const std::string& where, const RecordOptions& o,
+                              const Tokenizer& tok, const rapidjson::Value& messages, const rapidjson::Value* tools,
+                              bool add_generation_prompt, int64_t real_last_index) {
+  rapidjson::Document vars(rapidjson::kObjectType);
+  auto& a = vars.GetAllocator();
+  vars.AddMember("messages", rapidjson::Value(messages, a), a);
+  vars.AddMember("tools", tools ? rapidjson::Value(*tools, a) : rapidjson::Value(), a);
+  vars.AddMember("add_generation_prompt", add_generation_prompt, a);
+  for (const auto& [name, token] : {std::pair<const char*, const std::optional<Tokenizer::SpecialToken>*>{"bos_token", &tok.bos_token()},
+                                    {"eos_token", &tok.eos_token()}})
+    if (*token) vars.AddMember(rapidjson::StringRef(name), rapidjson::Value((*token)->text.c_str(), a), a);
+  if (real_last_index) vars.AddMember("real_last_index", real_last_index, a);
+  try {
+    return o.chat_template->render(vars);
+  } catch (const Error& e) {
+    throw FileError(path, where + ": " + e.what());
+  }
+}
+
+// A JSON value given as a string where the template wants the object (tool calls' arguments,
+// tools' parameters), parsed as axolotl parses it.
+void parse_json_string(const std::string& path, const std::string& where, rapidjson::Value& v, const char* what,
+                       rapidjson::Document::AllocatorType& a) {
+  if (!v.IsString()) return;
+  rapidjson::Document parsed(&a);
+  parsed.Parse(v.GetString(), v.GetStringLength());
+  if (parsed.HasParseError())
+    throw FileError(path, where + ": " + what + " is a string that is not valid JSON (" +
+                              rapidjson::GetParseError_En(parsed.GetParseError()) + "); write it as a JSON object");
+  v.CopyFrom(parsed, a);
+}
+
+// axolotl's ChatTemplateStrategy (type: chat_template): the record's messages as the template's
+// turns (message_property_mappings, roles, the system field, drop_system_message, tool calls'
+// arguments parsed), rendered whole and, for each turn that trains (or whose EOS/EOT may), up to it
+// with "[[dummy_message]]" in its place and as it is: find_turn's two renderings.
+Record read_axolotl_conversation(const std::string& path, Record r, const rapidjson::Value& rec,
+                                 const RecordOptions& o, const Tokenizer& tok) {
+  const ChatTemplateDataset& c = o.chat;
+  const char* field = c.field_messages.c_str();
+  const auto messages = rec.FindMember(field);
+  if (messages == rec.MemberEnd() || messages->value.IsNull())
+    throw FileError(path, r.where + ": the record has no \"" + c.field_messages + "\" list of messages (the dataset's "
+                              "field_messages names the field that holds them)");
+  if (!messages->value.IsArray() || messages->value.Empty())
+    throw FileError(path, r.where + ": \"" + c.field_messages + "\" must be a non-empty list of messages");
+  const std::vector<std::pair<std::string, std::string>> defaults = {
+      {"role", "role"}, {"content", "content"}, {"tool", "tool"}, {"reasoning_content", "reasoning_content"}};
+  const auto& mappings = c.property_mappings.empty() ? defaults : c.property_mappings;
+  const std::vector<std::pair<std::string, std::string>> default_roles = {
+      {"human", "user"}, {"user", "user"}, {"assistant", "assistant"}, {"gpt", "assistant"}, {"system", "system"},
+      {"tool", "tool"}};
+  const auto& roles = c.roles.empty() ? default_roles : c.roles;
+  auto template_role = [&](const std::string& role) {
+    for (const auto& [from, to] : roles)
+      if (from == role) return to;
+    return role;
+  };
+  rapidjson::Document doc(rapidjson::kObjectType);
+  auto& a = doc.GetAllocator();
+  // transform_message: the mapped keys, the role renamed, then the message's other keys.
+  auto transform = [&](const rapidjson::Value& m) {
+    if (!m.IsObject()) throw FileError(path, r.where + ": every message must be a JSON object");
+    rapidjson::Value out(rapidjson::kObjectType);
+    auto set = [&](const std::string& key, const rapidjson::Value& v) {
+      rapidjson::Value copy(v, a);
+      if (out.HasMember(key.c_str())) out[key.c_str()] = copy;
+      else out.AddMember(rapidjson::Value(key.c_str(), a), copy, a);
+    };
+    for (const auto& [key, from] : mappings) {
+      const auto it = m.FindMember(from.c_str());
+      if (it != m.MemberEnd() && !it->value.IsNull()) set(key, it->value);
+    }
+    if (!out.HasMember("role") || !out["role"].IsString())
+      throw FileError(path, r.where + ": a message has no string role (message_property_mappings' \"role\" names "
+                                      "the field that holds it)");
+    out["role"].SetString(template_role(out["role"].GetString()).c_str(), a);
+    for (const auto& [name, value] : m.GetObject()) {
+      const std::string key(name.GetString(), name.GetStringLength());
+      const bool mapped = std::any_of(mappings.begin(), mappings.end(), [&](const auto& kv) { return kv.second == key; });
+      if (!mapped && !value.IsNull() && key != c.message_field_training) set(key, value);
+    }
+    check_content(path, r.where, out);
+    if (out.HasMember("tool_calls") && out["tool_calls"].IsArray())
+      for (auto& call : out["tool_calls"].GetArray())
+        if (call.IsObject() && call.HasMember("function") && call["function"].IsObject() &&
+            call["function"].HasMember("arguments"))
+          parse_json_string(path, r.where, call["function"]["arguments"], "a tool call's \"arguments\"", a);
+    return out;
+  };
+  rapidjson::Value turns(rapidjson::kArrayType);
+  std::vector<std::optional<bool>> training;
+  const auto system = rec.FindMember(c.field_system.c_str());
+  if (system != rec.MemberEnd() && !system->value.IsNull() &&
+      std::string(transform(messages->value[0])["role"].GetString()) != "system") {
+    rapidjson::Value turn(rapidjson::kObjectType);
+    turn.AddMember("role", "system", a);
+    turn.AddMember("content", rapidjson::Value(system->value, a), a);
+    turns.PushBack(turn, a);
+    training.emplace_back();
+  }
+  for (const auto& m : messages->value.GetArray()) {
+    turns.PushBack(transform(m), a);
+    training.emplace_back();
+    const auto t = c.message_field_training.empty() ? m.MemberEnd() : m.FindMember(c.message_field_training.c_str());
+    if (t != m.MemberEnd() && !t->value.IsNull()) {
+      if (!t->value.IsBool())
+        throw FileError(path, r.where + ": \"" + c.message_field_training + "\" (message_field_training) must be "
+                                  "true or false");
+      training.back() = t->value.GetBool();
+    }
+  }
+  if (c.drop_system_message && std::string(turns[0]["role"].GetString()) == "system") {
+    turns.Erase(turns.Begin());
+    training.erase(training.begin());
+    if (turns.Empty()) throw FileError(path, r.where + ": the conversation holds only its system message");
+  }
+  rapidjson::Value tools;
+  const auto t = rec.FindMember(c.field_tools.c_str());
+  if (t != rec.MemberEnd() && !t->value.IsNull()) {
+    if (!t->value.IsArray())
+      throw FileError(path, r.where + ": \"" + c.field_tools + "\" must be a list of tools (field_tools)");
+    tools.CopyFrom(t->value, a);
+    for (auto& tool : tools.GetArray())
+      if (tool.IsObject() && tool.HasMember("function") && tool["function"].IsObject() &&
+          tool["function"].HasMember("parameters"))
+        parse_json_string(path, r.where, tool["function"]["parameters"], "a tool's \"parameters\"", a);
+  }
+  const rapidjson::Value* tools_or_none = tools.IsArray() && !tools.Empty() ? &tools : nullptr;
+  auto prefix = [&](size_t n) {
+    rapidjson::Value v(rapidjson::kArrayType);
+    for (size_t i = 0; i < n; ++i) v.PushBack(rapidjson::Value(turns[static_cast<rapidjson::SizeType>(i)], a), a);
+    return v;
+  };
+  const std::string eot_mode = c.train_on_eot.value_or(c.train_on_eos);
+  const size_t n = turns.Size();
+  r.legacy = c.roles_to_train.empty() && c.train_on_eos.empty() && eot_mode.empty() && c.message_field_training.empty();
+  if (r.legacy) {  // the conversation but its last turn with the generation prompt, then the whole
+    r.texts = {render(path, r.where, o, tok, prefix(n - 1), nullptr, true, 0).text,
+               render(path, r.where, o, tok, turns, nullptr, false, 0).text};
+    return r;
+  }
+  r.texts = {render(path, r.where, o, tok, turns, tools_or_none, false, 0).text};
+  for (size_t i = 0; i < n; ++i) {
+    const std::string role = turns[static_cast<rapidjson::SizeType>(i)]["role"].GetString();
+    bool trains = o.train_on_prompt;
+    for (const std::string& name : c.roles_to_train) trains = trains || template_role(name) == role;
+    if (training[i]) trains = *training[i];
+    if (!trains && c.train_on_eos != "all" && eot_mode != "all") continue;
+    rapidjson::Value with_dummy = prefix(i);
+    rapidjson::Value dummy(rapidjson::kObjectType);
+    dummy.AddMember("role", rapidjson::Value(role.c_str(), a), a);
+    dummy.AddMember("content", "[[dummy_message]]", a);
+    with_dummy.PushBack(dummy, a);
+    const auto last = static_cast<int64_t>(n) - 1;
+    r.turns.push_back({trains, r.texts.size()});
+    r.texts.push_back(render(path, r.where, o, tok, with_dummy, tools_or_none, false, last).text);
+    r.texts.push_back(render(path, r.where, o, tok, prefix(i + 1), tools_or_none, false, last).text);
+  }
+  return r;
+}
+
 Record read_record(const std::string& path, std::string where, const rapidjson::Value& rec, const RecordOptions& o,
                    const Tokenizer& tok) {
   if (!rec.IsObject())
     throw FileError(path, where + ": expected a JSON object (a " + record_type_name(o.type) + " record)");
-  Record r{std::move(where), {}, {}};
+  Record r;
+  r.where = std::move(where);
+  if (o.type == RecordType::kChatTemplate) return read_axolotl_conversation(path, std::move(r), rec, o, tok);
   if (o.type == RecordType::kMessages) {  // TRL: apply_chat_template(messages, tools=record's tools)
-    rapidjson::Document vars(rapidjson::kObjectType);
-    auto& a = vars.GetAllocator();
+    rapidjson::Document copy;
+    auto& a = copy.GetAllocator();
     auto messages = rec.FindMember("messages");
     rapidjson::Value converted(rapidjson::kArrayType);
     if (messages == rec.MemberEnd() && rec.HasMember("conversations")) {
@@ -115,26 +308,11 @@ Record read_record(const std::string& path, std::string where, const rapidjson::
     for (const auto& m : list.GetArray()) {
       if (!m.IsObject() || !m.HasMember("role") || !m["role"].IsString())
         throw FileError(path, r.where + ": every message needs a string \"role\" (and its \"content\")");
-      if (m.HasMember("content") && m["content"].IsString()) {
-        const std::string content(m["content"].GetString(), m["content"].GetStringLength());
-        if (const std::optional<size_t> bad = first_invalid_utf8(content))
-          throw FileError(path, r.where + ": a message's \"content\" is not valid UTF-8 (byte " + std::to_string(*bad) +
-                                    "); convert the file (e.g. iconv -t UTF-8)");
-      }
+      check_content(path, r.where, m);
     }
-    vars.AddMember("messages", rapidjson::Value(list, a), a);
     const auto tools = rec.FindMember("tools");
-    vars.AddMember("tools", tools == rec.MemberEnd() ? rapidjson::Value() : rapidjson::Value(tools->value, a), a);
-    vars.AddMember("add_generation_prompt", false, a);
-    for (const auto& [name, token] : {std::pair<const char*, const std::optional<Tokenizer::SpecialToken>*>{"bos_token", &tok.bos_token()},
-                                      {"eos_token", &tok.eos_token()}})
-      if (*token) vars.AddMember(rapidjson::StringRef(name), rapidjson::Value((*token)->text.c_str(), a), a);
-    ChatTemplate::Rendered rendered;
-    try {
-      rendered = o.chat_template->render(vars);
-    } catch (const Error& e) {
-      throw FileError(path, r.where + ": " + e.what());
-    }
+    ChatTemplate::Rendered rendered =
+        render(path, r.where, o, tok, list, tools == rec.MemberEnd() ? nullptr : &tools->value, false, 0);
     r.texts = {std::move(rendered.text)};
     r.generation = std::move(rendered.generation);
     return r;
@@ -198,13 +376,104 @@ std::vector<int32_t> axolotl_tokenize(std::vector<int32_t> ids, const Tokenizer&
   return ids;
 }
 
+// axolotl's find_turn on a turn's two renderings, tokenized: the tokens [start, end) where they
+// differ, compared from the front and from the back; (-1, -1) where they do not, or empty.
+std::pair<int64_t, int64_t> find_turn(const std::vector<int32_t>& dummy, const std::vector<int32_t>& full) {
+  if (dummy.empty() || full.empty()) return {-1, -1};
+  const size_t n = std::min(dummy.size(), full.size());
+  int64_t start = -1, end = -1;
+  for (size_t i = 0; i < n && start < 0; ++i)
+    if (dummy[i] != full[i]) start = static_cast<int64_t>(i);
+  for (size_t i = 0; i < n && end < 0; ++i)
+    if (dummy[dummy.size() - 1 - i] != full[full.size() - 1 - i]) end = static_cast<int64_t>(full.size() - i);
+  if (start < 0 || end < 0 || end <= start) return {-1, -1};
+  return {start, end};
+}
+
+// axolotl's find_first_eot_token / find_first_eos_token: the first of `ids` from `from` on that is one
+// of `targets`, -1 for none — as Python's range(from, len) reads it: from -1 (a turn not found)
+// looks at the last token first, and finding it there reads as not found.
+int64_t find_first(const std::vector<int32_t>& ids, int64_t from, const std::vector<int32_t>& targets) {
+  auto is_target = [&](int32_t id) { return std::find(targets.begin(), targets.end(), id) != targets.end(); };
+  if (from < 0 && !ids.empty() && is_target(ids.back())) return -1;
+  for (size_t i = static_cast<size_t>(std::max<int64_t>(from, 0)); i < ids.size(); ++i)
+    if (is_target(ids[i])) return static_cast<int64_t>(i);
+  return -1;
+}
+
+// axolotl's _validate_eot_and_eos_tokens: the ids of the tokens that end a turn — the EOS token by
+// default; given ones that the template never writes are left out (axolotl warns), each of the
+// others must be one token, and the EOS among them must train as the EOT does.
+std::vector<int32_t> turn_end_tokens(const std::string& path, const Tokenizer& tok, const RecordOptions& o,
+                                     std::vector<std::string>& notes) {
+  const std::optional<Tokenizer::SpecialToken>& eos = tok.eos_token();
+  std::vector<std::string> names = o.eot_tokens ? *o.eot_tokens : std::vector<std::string>{};
+  if (!o.eot_tokens && eos) names = {eos->text};
+  std::vector<int32_t> ids;
+  if (eos && names.size() == 1 && names[0] == eos->text) return {eos->id};
+  bool has_eos = false;
+  for (const std::string& name : names) {
+    if (o.chat_template->source().find(name) == std::string::npos) {
+      notes.push_back("eot_tokens: the chat template never writes \"" + name + "\", so it ends no turn (as in axolotl)");
+      continue;
+    }
+    const std::vector<int32_t> one = tok.encode(name, /*add_special_tokens=*/false);
+    if (one.size() != 1)
+      throw FileError(path, "eot_tokens: \"" + name + "\" is " + std::to_string(one.size()) +
+                                " tokens for this tokenizer; a token that ends a turn must be one (an added token of "
+                                "tokenizer.json)");
+    ids.push_back(one[0]);
+    has_eos = has_eos || (eos && name == eos->text);
+  }
+  const std::string eot_mode = o.chat.train_on_eot.value_or(o.chat.train_on_eos);
+  if (has_eos && o.chat.train_on_eos != eot_mode)
+    throw FileError(path, "the EOS token is one of eot_tokens, and train_on_eos (\"" + o.chat.train_on_eos +
+                              "\") and train_on_eot (\"" + eot_mode + "\") differ: give them the same value");
+  return ids;
+}
+
+// axolotl's ChatTemplateStrategy._tokenize_single_prompt, on the tokenized texts of read_axolotl_conversation:
+// the conversation's ids, trained where a trained turn's tokens are, and the EOT/EOS token ending each
+// turn (within 3 tokens of it) as train_on_eot/train_on_eos say.
+void axolotl_labels(const Record& rec, const std::vector<std::vector<int32_t>>& encoded, size_t first,
+                    const RecordOptions& o, const std::vector<int32_t>& eot, const std::vector<int32_t>& eos,
+                    std::vector<int32_t>& ids, std::vector<uint8_t>& labels) {
+  if (rec.legacy) {  // the prompt's ids, then the whole's past them; trained past the prompt
+    const std::vector<int32_t>& prompt = encoded[first];
+    const std::vector<int32_t>& full = encoded[first + 1];
+    ids = prompt;
+    if (full.size() > prompt.size()) ids.insert(ids.end(), full.begin() + static_cast<std::ptrdiff_t>(prompt.size()), full.end());
+    labels.assign(ids.size(), 1);
+    if (!o.train_on_prompt) std::fill(labels.begin(), labels.begin() + static_cast<std::ptrdiff_t>(prompt.size()), 0);
+    return;
+  }
+  ids = encoded[first];
+  labels.assign(ids.size(), 0);
+  const std::string eot_mode = o.chat.train_on_eot.value_or(o.chat.train_on_eos);
+  int64_t last_eot = -1, last_eos = -1;
+  const auto n = static_cast<int64_t>(ids.size());
+  for (const Turn& turn : rec.turns) {
+    const auto [start, end] = find_turn(encoded[first + turn.dummy], encoded[first + turn.dummy + 1]);
+    if (turn.trains && start >= 0)
+      for (int64_t i = start; i < std::min(end, n); ++i) labels[static_cast<size_t>(i)] = 1;
+    for (auto [targets, mode, last] : {std::tuple{&eot, &eot_mode, &last_eot}, std::tuple{&eos, &o.chat.train_on_eos, &last_eos}}) {
+      const int64_t at = find_first(ids, end, *targets);
+      if (at < 0 || std::abs(at - end) > 3) continue;
+      *last = at;
+      if (*mode == "all" || (*mode == "turn" && turn.trains)) labels[static_cast<size_t>(at)] = 1;
+    }
+  }
+  for (auto [mode, last] : {std::pair{&eot_mode, last_eot}, std::pair{&o.chat.train_on_eos, last_eos}})
+    if (*mode == "last" && last >= 0) labels[static_cast<size_t>(last)] = 1;
+}
+
 }  // namespace
 
 void tokenize_records(const std::string& path, const Tokenizer& tok, const RecordOptions& o, TokenizedRecords& out,
                       int threads) {
-  const bool chat = o.type == RecordType::kMessages;
+  const bool chat = o.type == RecordType::kMessages || o.type == RecordType::kChatTemplate;
   if (chat && !o.chat_template) throw Error("tokenize_records: conversations need the model's chat template");
-  if (chat && o.assistant_only && !o.chat_template->has_generation())
+  if (o.type == RecordType::kMessages && o.assistant_only && !o.chat_template->has_generation())
     throw FileError(path, "assistant_only_loss needs the chat template to mark the assistant's text with "
                           "{% generation %} ... {% endgeneration %} (as TRL requires); this one has no such block: use a "
                           "template that has them, or leave assistant_only_loss out to train on every token");
@@ -212,10 +481,17 @@ void tokenize_records(const std::string& path, const Tokenizer& tok, const Recor
     throw FileError(path, std::string(record_type_name(o.type)) +
                               " records end with the EOS token, and the tokenizer has none: name it as "
                               "tokenizer_config.json's \"eos_token\" beside the tokenizer");
+  const std::vector<int32_t> eot = o.type == RecordType::kChatTemplate ? turn_end_tokens(path, tok, o, out.notes)
+                                                                      : std::vector<int32_t>{};
+  std::vector<int32_t> eos;  // the EOS token's id, where the tokenizer has one
+  if (tok.eos_token()) eos.push_back(tok.eos_token()->id);
   const std::vector<Record> records = read_records(path, o, tok);
   std::vector<std::string_view> docs;
-  for (const Record& r : records)
+  std::vector<size_t> first_text;  // record k's texts are docs[first_text[k]...]
+  for (const Record& r : records) {
+    first_text.push_back(docs.size());
     for (const std::string& t : r.texts) docs.emplace_back(t);
+  }
   std::vector<std::vector<int32_t>> encoded;
   try {  // apply_chat_template tokenizes the rendering without adding special tokens
     ProgressCounter progress("tokenizing " + path + " ", Tokenizer::text_bytes(docs), /*show=*/true);
@@ -224,14 +500,19 @@ void tokenize_records(const std::string& path, const Tokenizer& tok, const Recor
   } catch (const std::exception& e) {
     throw FileError(path, std::string("cannot be tokenized: ") + e.what());
   }
-  const size_t texts = chat ? 1 : 2;
   for (size_t k = 0; k < records.size(); ++k) {
     std::vector<int32_t> ids;
     std::vector<uint8_t> labels;
-    std::vector<int32_t>& first = encoded[texts * k];
-    std::vector<int32_t>& second = encoded[texts * k + texts - 1];
-    if (chat) {  // every token, or TRL's assistant mask: the tokens from the one holding a span's
-                 // first byte to the one holding its last (transformers' char_to_token)
+    std::vector<int32_t>& first = encoded[first_text[k]];
+    std::vector<int32_t>& second = encoded[first_text[k] + records[k].texts.size() - 1];
+    if (o.type == RecordType::kChatTemplate) {
+      axolotl_labels(records[k], encoded, first_text[k], o, eot, eos, ids, labels);
+      if (static_cast<int64_t>(ids.size()) > o.max_length) {  // axolotl drops what does not fit
+        ++out.dropped;
+        continue;
+      }
+    } else if (chat) {  // every token, or TRL's assistant mask: the tokens from the one holding a span's
+                        // first byte to the one holding its last (transformers' char_to_token)
       ids = std::move(first);
       labels.assign(ids.size(), o.assistant_only ? 0 : 1);
       if (o.assistant_only) {
@@ -265,7 +546,8 @@ void tokenize_records(const std::string& path, const Tokenizer& tok, const Recor
       labels.assign(ids.size(), 1);
       if (!o.train_on_prompt) std::fill(labels.begin(), labels.begin() + static_cast<std::ptrdiff_t>(prompt), 0);
     }
-    if (o.type != RecordType::kAlpaca && static_cast<int64_t>(ids.size()) > o.max_length) {  // TRL's truncate_dataset
+    if ((o.type == RecordType::kPromptCompletion || o.type == RecordType::kMessages) &&
+        static_cast<int64_t>(ids.size()) > o.max_length) {  // TRL's truncate_dataset
       ids.resize(static_cast<size_t>(o.max_length));
       labels.resize(ids.size());
       ++out.truncated;

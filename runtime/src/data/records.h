@@ -1,7 +1,7 @@
 // Fine-tuning records (docs/tokenizers.md, "Datasets"): JSONL or JSON files of instruction records
 // or conversations, each tokenized into one sample with a label mask, exactly as the tool whose keys
-// name the file tokenizes it — axolotl's `datasets: [{path, type: alpaca}]`, TRL's prompt-completion
-// and conversational (`messages`, rendered with the model's chat template) datasets.
+// name the file tokenizes it — axolotl's `datasets: [{path, type: alpaca | chat_template}]`, TRL's
+// prompt-completion and conversational (`messages`, rendered with the model's chat template) datasets.
 //
 //   TokenizedRecords out;
 //   tokenize_records("train.jsonl", tokenizer, {RecordType::kAlpaca, 2048, false}, out, threads);
@@ -9,8 +9,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "config/train_config.h"
 
 namespace memrt {
 
@@ -21,9 +24,10 @@ enum class RecordType {
   kAlpaca,            // instruction, input (optional), output: axolotl's type: alpaca
   kPromptCompletion,  // prompt, completion: TRL's prompt-completion dataset
   kMessages,          // messages (and tools): TRL's conversational dataset, through the chat template
+  kChatTemplate,      // conversations: axolotl's type: chat_template, each turn's tokens found by rendering
 };
 
-// "alpaca", "prompt_completion", "messages".
+// "alpaca", "prompt_completion", "messages", "chat_template".
 const char* record_type_name(RecordType type);
 
 struct RecordOptions {
@@ -34,6 +38,9 @@ struct RecordOptions {
   // template's {% generation %} blocks write is trained (else every token).
   const ChatTemplate* chat_template = nullptr;
   bool assistant_only = false;
+  // kChatTemplate: the dataset's keys, and the tokens that end a turn (unset: the EOS token).
+  ChatTemplateDataset chat{};
+  std::optional<std::vector<std::string>> eot_tokens{};
 };
 
 // Samples in file order, each whole: a record too long for max_length is dropped (axolotl) or cut
@@ -43,6 +50,7 @@ struct TokenizedRecords {
   std::vector<uint8_t> labels;       // per token: 1 where the loss counts its prediction
   std::vector<int64_t> offsets{0};   // sample k is [offsets[k], offsets[k + 1])
   int64_t records = 0, dropped = 0, truncated = 0;
+  std::vector<std::string> notes;  // what the tool would warn about, e.g. an eot_token the template never writes
 };
 
 // Appends the samples of `path` (JSONL: one object per line; .json: an array of objects) to `out`,
