@@ -4,12 +4,15 @@
 renders each template of tests/data/chat_templates/ (authored here in the shape of the Llama-3.1,
 Qwen3, Mistral, Phi-3 and Gemma templates, plus one exercising whitespace control and expressions)
 on a set of conversations with transformers' own renderer (render_jinja_template, as
-apply_chat_template renders), with and without add_generation_prompt, and writes
+apply_chat_template renders), with and without add_generation_prompt; and axolotl's templates of the names memrt ships
+(chatml, llama3, phi_3: read from the installed axolotl package, never imported) as "axolotl:NAME"
+with "named": NAME; and writes
     {"<family>": {"template": "...", "cases": [{"variables": {...}, "text": "...",
                   "generation": [[begin, end]...]} or {"variables": {...}, "error": "..."}]}}
 where generation holds the UTF-8 byte ranges of {% generation %} blocks (transformers gives
 character offsets).
 """
+import importlib.util
 import json
 import os
 import sys
@@ -51,15 +54,30 @@ FAMILIES = {
 }
 
 
+# axolotl's named templates memrt ships its own of, and the conversations each takes.
+AXOLOTL_NAMED = {"chatml": [0, 1, 2, 5], "llama3": [0, 1, 2, 4, 5], "phi_3": [0, 1, 2, 5]}
+
+
+def axolotl_template(name):
+    package = importlib.util.find_spec("axolotl").submodule_search_locations[0]
+    with open(os.path.join(package, "utils", "chat_templates", "templates", name + ".jinja"), encoding="utf-8") as f:
+        return f.read()
+
+
 def byte_ranges(text, ranges):
     return [[len(text[:b].encode()), len(text[:e].encode())] for b, e in ranges]
 
 
 def main():
     out = {}
-    for family, picks in FAMILIES.items():
-        with open(os.path.join(HERE, family + ".jinja"), encoding="utf-8") as f:
-            template = f.read()
+    families = [(family, picks, None) for family, picks in FAMILIES.items()]
+    families += [("axolotl:" + name, picks, name) for name, picks in AXOLOTL_NAMED.items()]
+    for family, picks, named in families:
+        if named:
+            template = axolotl_template(named)
+        else:
+            with open(os.path.join(HERE, family + ".jinja"), encoding="utf-8") as f:
+                template = f.read()
         cases = []
         for k in picks:
             for gen in (False, True):
@@ -78,6 +96,8 @@ def main():
                 except Exception as e:  # the template's raise_exception
                     cases.append({"variables": variables, "error": str(e)})
         out[family] = {"template": template, "cases": cases}
+        if named:
+            out[family]["named"] = named
     with open(sys.argv[1], "w", encoding="utf-8") as f:
         json.dump(out, f, ensure_ascii=False)
 

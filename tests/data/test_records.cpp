@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "config/load_config.h"
+#include "data/chat_template.h"
 #include "data/dataset.h"
 #include "data/records.h"
 #include "data/tokenizer.h"
@@ -299,6 +300,50 @@ TEST(Records, AxolotlChatTemplateDatasetsTokenizeAsAxolotlDoes) {
           << d->description();
     }
   }
+}
+
+// A template named as axolotl names it (chat_template: chatml) renders the conversations instead of
+// the model's own; tokenizer_default_fallback_chatml keeps the model's own where it has one;
+// chat_template: jinja reads chat_template_jinja's file; a name memrt does not ship is an error
+// naming the key and the names it has.
+TEST(Records, NamedTemplatesAndTheModelsOwn) {
+  Fixture f;
+  ASSERT_TRUE(f.made);
+  const Tokenizer tok = Tokenizer::from_file(f.dir.file("tok/llama3/tokenizer.json"));
+  auto first_sample = [&](const std::string& yaml) {
+    const std::string path = f.dir.file("named.yaml");
+    std::ofstream(path) << yaml << "train_file: " << f.dir.file("messages.jsonl") << "\n";
+    ConfigSources sources;
+    sources.train_yaml_path = path;
+    DataConfig cfg = load_train_config(sources).data;
+    cfg.tokenizer = f.dir.file("tok/llama3/tokenizer.json");
+    cfg.cache_dir = f.dir.file("cache");
+    cfg.block_size = 256;
+    const std::shared_ptr<TokenDataset> d = TokenDataset::open(cfg);
+    std::vector<int64_t> ids(static_cast<size_t>(d->sample_length(0)));
+    d->copy_tokens(d->sample_begin(0), d->sample_length(0), ids.data());
+    return ids;
+  };
+  // What a template renders of the file's first conversation, tokenized as apply_chat_template does.
+  auto rendered = [&](const ChatTemplate& t) {
+    rapidjson::Document vars;
+    vars.Parse(R"({"messages": [{"role": "user", "content": "Hello!"}, {"role": "assistant", "content": "Hi there."}],
+                   "tools": null, "add_generation_prompt": false, "bos_token": "<|begin_of_text|>",
+                   "eos_token": "<|end_of_text|>"})");
+    const std::vector<int32_t> ids = tok.encode(t.render(vars).text, /*add_special_tokens=*/false);
+    return std::vector<int64_t>(ids.begin(), ids.end());
+  };
+  const ChatTemplate chatml = ChatTemplate::parse(*named_chat_template("chatml"), "chatml");
+  const std::optional<ChatTemplate> own = load_chat_template(f.dir.file("tok/llama3"));
+  ASSERT_TRUE(own);
+  EXPECT_EQ(first_sample(""), rendered(*own));
+  EXPECT_EQ(first_sample("chat_template: chatml\n"), rendered(chatml));
+  EXPECT_NE(rendered(chatml), rendered(*own));
+  EXPECT_EQ(first_sample("chat_template: tokenizer_default_fallback_chatml\n"), rendered(*own));
+  std::ofstream(f.dir.file("mine.jinja")) << *named_chat_template("chatml");  // axolotl's chat_template: jinja
+  EXPECT_EQ(first_sample("chat_template: jinja\nchat_template_jinja: " + f.dir.file("mine.jinja") + "\n"), rendered(chatml));
+  expect_error<FileError>([&] { first_sample("chat_template: qwen_25\n"); },
+                          {"named.yaml: chat_template", "qwen_25", "chatml, llama3, phi_3", "tokenizer_default"});
 }
 
 // A JSONL train_file of prompt/completion records is read as TRL reads it; records of other shapes

@@ -7,6 +7,8 @@
 #include <cctype>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <set>
@@ -112,6 +114,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>> kYamlKeys = 
     {"completion_only_loss", {"completion_only_loss"}},
     {"assistant_only_loss", {"assistant_only_loss"}},
     {"chat_template", {"chat_template"}},
+    {"chat_template_jinja", {"chat_template_jinja"}},
     {"eot_tokens", {"eot_tokens"}},
     {"pad_to_sequence_len", {"pad_to_sequence_len"}},
     {"sample_packing", {"sample_packing", "packing"}},
@@ -1653,17 +1656,40 @@ void Loader::resolve_records() {
   if (const ConfigNode* pack = yv("sample_packing")) cfg.data.pack = pack->as_bool();
   if (const ConfigNode* assistant = yv("assistant_only_loss")) cfg.data.assistant_only = assistant->as_bool();
   // chat_template: a template's source (alignment-handbook, TRL) replaces the model's; axolotl's
-  // tokenizer_default is the model's own; axolotl's named templates are not built in (yet).
-  if (const ConfigNode* t = yv("chat_template")) {
-    const std::string& v = t->as_string();
-    if (v.find("{{") != std::string::npos || v.find("{%") != std::string::npos) {
+  // tokenizer_default is the model's own, `jinja` takes chat_template_jinja (a file or the source),
+  // tokenizer_default_fallback_NAME the model's own or else NAME, and another name one memrt ships
+  // (checked where the data is read: data/chat_template.h).
+  const ConfigNode* t = yv("chat_template");
+  const ConfigNode* jinja = yv("chat_template_jinja");
+  const std::string choice = t ? t->as_string() : jinja ? "jinja" : "tokenizer_default";
+  const std::string fallback = "tokenizer_default_fallback_";
+  if (choice.find("{{") != std::string::npos || choice.find("{%") != std::string::npos) {
+    cfg.data.chat_template = choice;
+    cfg.data.chat_template_where = t->file() + ": chat_template";
+  } else if (choice == "jinja") {
+    if (!jinja)
+      throw t->error("is jinja, which takes its template from chat_template_jinja: set it to a .jinja file or the "
+                     "template's source");
+    const std::string& v = jinja->as_string();
+    std::error_code ec;
+    const bool file = v.find("{{") == std::string::npos && v.find("{%") == std::string::npos;
+    if (file && !fs::is_regular_file(v, ec))
+      throw jinja->error("is \"" + v + "\", neither a file nor a template's source ({{ ... }} or {% ... %})");
+    if (file) {
+      std::ifstream in(v, std::ios::binary);
+      cfg.data.chat_template.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    } else {
       cfg.data.chat_template = v;
-      cfg.data.chat_template_where = t->file() + ": chat_template";
-    } else if (v != "tokenizer_default") {
-      throw t->error("is \"" + v + "\"; memrt renders conversations with the model's own chat template "
-                     "(chat_template: tokenizer_default) or with a template given as its Jinja source here: named "
-                     "templates are not supported yet");
     }
+    cfg.data.chat_template_where = file ? v : jinja->file() + ": chat_template_jinja";
+  } else if (choice != "tokenizer_default") {
+    if (jinja)
+      throw jinja->error("is given, and " + where(*t) + " is " + choice + ": chat_template_jinja is read with "
+                         "chat_template: jinja; keep one");
+    const bool falls_back = choice.rfind(fallback, 0) == 0;
+    cfg.data.chat_template_name = falls_back ? choice.substr(fallback.size()) : choice;
+    cfg.data.chat_template_fallback = falls_back;
+    cfg.data.chat_template_where = t->file() + ": chat_template";
   }
 }
 

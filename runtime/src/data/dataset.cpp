@@ -493,6 +493,31 @@ std::shared_ptr<TokenDataset> TokenDataset::open_tokenized(const std::string& pa
 
 namespace {
 
+// A template memrt ships, for the cache's key (a changed template is another entry).
+std::string named_source(const std::string& name) {
+  const std::string* source = named_chat_template(name);
+  return source ? *source : std::string();
+}
+
+// The template conversations are rendered with: train.yaml's source, a template memrt ships by name
+// (with the fallback, only where the model has none), or the model's own; nullopt for none.
+std::optional<ChatTemplate> run_chat_template(const DataConfig& cfg) {
+  if (!cfg.chat_template.empty()) return ChatTemplate::parse(cfg.chat_template, cfg.chat_template_where);
+  const std::string model = fs::path(cfg.tokenizer).parent_path().string();
+  if (cfg.chat_template_name.empty() || cfg.chat_template_fallback) {
+    std::optional<ChatTemplate> own = load_chat_template(model);
+    if (own || cfg.chat_template_name.empty()) return own;
+  }
+  const std::string* source = named_chat_template(cfg.chat_template_name);
+  if (!source)
+    throw FileError(cfg.chat_template_where, "is " + (cfg.chat_template_fallback ? "tokenizer_default_fallback_" : std::string()) +
+                                                 cfg.chat_template_name + ", a template memrt does not ship (it has " +
+                                                 named_chat_template_names() + "); use tokenizer_default for the "
+                                                 "model's own, or give the template (chat_template: jinja with "
+                                                 "chat_template_jinja: FILE)");
+  return ChatTemplate::parse(*source, "memrt's " + cfg.chat_template_name + " chat template");
+}
+
 // What of an axolotl chat_template dataset's keys changes its samples, for the cache's key.
 std::string describe_chat_options(const RecordOptions& o) {
   const ChatTemplateDataset& c = o.chat;
@@ -520,7 +545,10 @@ std::shared_ptr<TokenDataset> TokenDataset::open_records(const DataConfig& cfg) 
   std::vector<std::string> paths;
   std::string what, options = "records block_size " + std::to_string(block_size) +
                               (cfg.train_on_prompt ? " prompt" : "") + (cfg.assistant_only ? " assistant" : "") +
-                              (cfg.chat_template.empty() ? "" : " template " + cfg.chat_template);
+                              (cfg.chat_template.empty() ? "" : " template " + cfg.chat_template) +
+                              (cfg.chat_template_name.empty() ? "" : " named template " + cfg.chat_template_name +
+                                                                         (cfg.chat_template_fallback ? " fallback " : " ") +
+                                                                         named_source(cfg.chat_template_name));
   std::vector<RecordOptions> per_source;
   std::optional<ChatTemplate> chat_template;
   for (const DatasetSource& src : sources) {
@@ -531,10 +559,7 @@ std::shared_ptr<TokenDataset> TokenDataset::open_records(const DataConfig& cfg) 
       o.type = RecordType::kPromptCompletion;
     } else if (src.type == "messages" || src.type == "chat_template") {
       o.type = src.type == "messages" ? RecordType::kMessages : RecordType::kChatTemplate;
-      if (!chat_template)
-        chat_template = cfg.chat_template.empty()
-                            ? load_chat_template(fs::path(tokenizer_json).parent_path().string())
-                            : ChatTemplate::parse(cfg.chat_template, cfg.chat_template_where);
+      if (!chat_template) chat_template = run_chat_template(cfg);
       if (!chat_template)
         throw FileError(src.path, "holds conversations, rendered with the model's chat template, and " +
                                       fs::path(tokenizer_json).parent_path().string() +
