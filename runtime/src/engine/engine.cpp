@@ -687,6 +687,7 @@ void Engine::train_step(TrainSummary& summary) {
 
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   const double tokens = static_cast<double>(step_tokens_ * run_.world_size);
+  summary.tokens += step_tokens_ * run_.world_size;
   if (summary.steps == 0) summary.first_loss = loss;
   summary.last_loss = loss;
   summary.steps = step_;
@@ -858,7 +859,6 @@ TrainSummary Engine::train() {
     TrainContext tctx{*model_, *optimizer_, run_, *dist_, step_};
     plugins_.each("on_train_begin", -1, [&](Plugin& p) { p.on_train_begin(tctx); });
     const auto t0 = Clock::now();
-    const int64_t first_step = step_;
     // eval_file: evaluated every eval_every steps (0: never on the way) and once more at the end.
     // Per epoch, every ceil(steps per epoch / evals per epoch): the eval_steps axolotl derives from
     // evals_per_epoch (a fraction of the run's steps, which Hugging Face rounds up).
@@ -900,9 +900,7 @@ TrainSummary Engine::train() {
     if (stop_signal_agreed_) summary.stop_signal = stop_signal_received() ? stop_signal_received() : SIGTERM;
     if (eval_data_ && !stop_signal_agreed_ && (!summary.eval || summary.eval->step != step_)) evaluate_now();
     summary.seconds = std::chrono::duration<double>(Clock::now() - t0).count() - eval_seconds;
-    summary.tokens_per_s = static_cast<double>((step_ - first_step) * cfg_.train_batch_size *
-                                               cfg_.data.block_size) /
-                           std::max(1e-9, summary.seconds);
+    summary.tokens_per_s = static_cast<double>(summary.tokens) / std::max(1e-9, summary.seconds);
     summary.peak_rss_bytes = peak_rss_bytes();
     TrainContext ectx{*model_, *optimizer_, run_, *dist_, step_};
     plugins_.each_reversed("on_train_end", -1, [&](Plugin& p) { p.on_train_end(ectx); });

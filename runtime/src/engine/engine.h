@@ -41,7 +41,8 @@ struct TrainSummary {
   double first_loss = 0.0;    // mean loss of the first step, over ranks
   double last_loss = 0.0;     // mean loss of the last step, over ranks
   double seconds = 0.0;       // wall time of the loop
-  double tokens_per_s = 0.0;  // all ranks together
+  int64_t tokens = 0;         // input tokens trained on, all ranks together (padding not counted)
+  double tokens_per_s = 0.0;  // those per second of the loop
   int64_t peak_rss_bytes = 0; // this process
   RankMemoryReport memory;     // this rank's estimate and measurement
   int stop_signal = 0;         // SIGTERM/SIGINT that stopped the run early (0: ran to the end)
