@@ -1,6 +1,6 @@
-// The chat templates a run can name (axolotl's `chat_template: chatml | llama3 | phi_3`), written
+// The chat templates a run can name (axolotl's `chat_template: chatml | llama3 | phi_3 | qwen_25`), written
 // here to render what axolotl's templates of those names render, byte for byte
-// (ChatTemplate.NamedTemplatesRenderAsAxolotlsDo checks them against axolotl's own files).
+// (ChatTemplate.RendersAsTransformersDoes checks them against axolotl's own files).
 #include <utility>
 
 #include "data/chat_template.h"
@@ -28,6 +28,29 @@ const std::vector<std::pair<std::string, std::string>>& named() {
        "{% if m['role'] == 'system' %}{{ '<|system|>\\n' + m['content'] + '<|end|>\\n' }}"
        "{% elif m['role'] == 'user' %}{{ '<|user|>\\n' + m['content'] + '<|end|>\\n<|assistant|>\\n' }}"
        "{% elif m['role'] == 'assistant' %}{{ m['content'] + '<|end|>\\n' }}{% endif %}{% endfor %}"},
+      // Qwen2.5: ChatML with a default system prompt, the tools' signatures in it, tool calls as
+      // <tool_call> JSON and consecutive tool results in one user turn.
+      {"qwen_25",
+       "{% set system = messages[0]['content'] if messages[0]['role'] == 'system' else "
+       "'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' %}"
+       "{% if tools %}{{ '<|im_start|>system\\n' ~ system ~ '\\n\\n# Tools\\n\\nYou may call one or more functions to "
+       "assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML "
+       "tags:\\n<tools>' }}{% for tool in tools %}{{ '\\n' + tool | tojson }}{% endfor %}"
+       "{{ '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within "
+       "<tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"name\\\": <function-name>, \\\"arguments\\\": "
+       "<args-json-object>}\\n</tool_call><|im_end|>\\n' }}"
+       "{% else %}{{ '<|im_start|>system\\n' + system + '<|im_end|>\\n' }}{% endif %}"
+       "{% for m in messages %}"
+       "{% if m.role == 'user' or (m.role == 'system' and not loop.first) or (m.role == 'assistant' and not m.tool_calls) %}"
+       "{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}"
+       "{% elif m.role == 'assistant' %}{{ '<|im_start|>assistant' }}{% if m.content %}{{ '\\n' + m.content }}{% endif %}"
+       "{% for call in m.tool_calls %}{% set f = call.function if call.function is defined else call %}"
+       "{{ '\\n<tool_call>\\n{\\\"name\\\": \\\"' ~ f.name ~ '\\\", \\\"arguments\\\": ' ~ f.arguments | tojson ~ "
+       "'}\\n</tool_call>' }}{% endfor %}{{ '<|im_end|>\\n' }}"
+       "{% elif m.role == 'tool' %}{% if loop.first or loop.previtem.role != 'tool' %}{{ '<|im_start|>user' }}{% endif %}"
+       "{{ '\\n<tool_response>\\n' ~ m.content ~ '\\n</tool_response>' }}"
+       "{% if loop.last or loop.nextitem.role != 'tool' %}{{ '<|im_end|>\\n' }}{% endif %}{% endif %}{% endfor %}"
+       "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"},
   };
   return templates;
 }
