@@ -342,8 +342,9 @@ TEST(Records, NamedTemplatesAndTheModelsOwn) {
   EXPECT_EQ(first_sample("chat_template: tokenizer_default_fallback_chatml\n"), rendered(*own));
   std::ofstream(f.dir.file("mine.jinja")) << *named_chat_template("chatml");  // axolotl's chat_template: jinja
   EXPECT_EQ(first_sample("chat_template: jinja\nchat_template_jinja: " + f.dir.file("mine.jinja") + "\n"), rendered(chatml));
-  expect_error<FileError>([&] { first_sample("chat_template: gemma3\n"); },
-                          {"named.yaml: chat_template", "gemma3", "chatml, llama3, phi_3, qwen_25", "tokenizer_default"});
+  expect_error<FileError>([&] { first_sample("chat_template: mistral_v1\n"); },
+                          {"named.yaml: chat_template", "mistral_v1", "chatml, llama3, phi_3, qwen_25, gemma3",
+                           "tokenizer_default"});
 }
 
 // A JSONL train_file of prompt/completion records is read as TRL reads it; records of other shapes

@@ -1,5 +1,5 @@
-// The chat templates a run can name (axolotl's `chat_template: chatml | llama3 | phi_3 | qwen_25`), written
-// here to render what axolotl's templates of those names render, byte for byte
+// The chat templates a run can name (axolotl's `chat_template: chatml | llama3 | phi_3 | qwen_25 |
+// gemma3`), written here to render what axolotl's templates of those names render, byte for byte
 // (ChatTemplate.RendersAsTransformersDoes checks them against axolotl's own files).
 #include <utility>
 
@@ -51,6 +51,22 @@ const std::vector<std::pair<std::string, std::string>>& named() {
        "{{ '\\n<tool_response>\\n' ~ m.content ~ '\\n</tool_response>' }}"
        "{% if loop.last or loop.nextitem.role != 'tool' %}{{ '<|im_end|>\\n' }}{% endif %}{% endif %}{% endfor %}"
        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"},
+      // Gemma 3: BOS; the system prompt opens the first turn; user and model (the assistant) must
+      // alternate; a list's images as <start_of_image> and its texts trimmed.
+      {"gemma3",
+       "{{ bos_token }}{% if messages[0]['role'] == 'system' %}"
+       "{% set system = messages[0]['content'] if messages[0]['content'] is string else "
+       "messages[0]['content'] | selectattr('text', 'defined') | map(attribute='text') | join('') %}"
+       "{% set prefix = system + '\\n\\n' %}{% set turns = messages[1:] %}"
+       "{% else %}{% set prefix = '' %}{% set turns = messages %}{% endif %}"
+       "{% for m in turns %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+       "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+       "{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else m['role']) + '\\n' + (prefix if loop.first else '') }}"
+       "{% if m['content'] is string %}{{ m['content'] | trim }}{% elif m['content'] is iterable %}"
+       "{% for item in m['content'] %}{% if item['type'] == 'image' %}{{ '<start_of_image>' }}"
+       "{% elif item['type'] == 'text' %}{{ item['text'] | trim }}{% endif %}{% endfor %}"
+       "{% else %}{{ raise_exception('Invalid content type') }}{% endif %}{{ '<end_of_turn>\\n' }}{% endfor %}"
+       "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}"},
   };
   return templates;
 }
