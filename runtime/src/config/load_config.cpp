@@ -1663,6 +1663,9 @@ void Loader::resolve_records() {
   const ConfigNode* jinja = yv("chat_template_jinja");
   const std::string choice = t ? t->as_string() : jinja ? "jinja" : "tokenizer_default";
   const std::string fallback = "tokenizer_default_fallback_";
+  if (jinja && choice != "jinja")
+    throw jinja->error("is given, and " + where(*t) + " is " + choice + ": chat_template_jinja is read with "
+                       "chat_template: jinja; keep one");
   if (choice.find("{{") != std::string::npos || choice.find("{%") != std::string::npos) {
     cfg.data.chat_template = choice;
     cfg.data.chat_template_where = t->file() + ": chat_template";
@@ -1683,9 +1686,6 @@ void Loader::resolve_records() {
     }
     cfg.data.chat_template_where = file ? v : jinja->file() + ": chat_template_jinja";
   } else if (choice != "tokenizer_default") {
-    if (jinja)
-      throw jinja->error("is given, and " + where(*t) + " is " + choice + ": chat_template_jinja is read with "
-                         "chat_template: jinja; keep one");
     const bool falls_back = choice.rfind(fallback, 0) == 0;
     cfg.data.chat_template_name = falls_back ? choice.substr(fallback.size()) : choice;
     cfg.data.chat_template_fallback = falls_back;
