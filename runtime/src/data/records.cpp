@@ -196,19 +196,10 @@ Record read_axolotl_conversation(const std::string& path, Record r, const rapidj
           parse_json_string(path, r.where, call["function"]["arguments"], "a tool call's \"arguments\"", a);
     return out;
   };
-  rapidjson::Value turns(rapidjson::kArrayType);
+  rapidjson::Value said(rapidjson::kArrayType);  // the messages as turns
   std::vector<std::optional<bool>> training;
-  const auto system = rec.FindMember(c.field_system.c_str());
-  if (system != rec.MemberEnd() && !system->value.IsNull() &&
-      std::string(transform(messages->value[0])["role"].GetString()) != "system") {
-    rapidjson::Value turn(rapidjson::kObjectType);
-    turn.AddMember("role", "system", a);
-    turn.AddMember("content", rapidjson::Value(system->value, a), a);
-    turns.PushBack(turn, a);
-    training.emplace_back();
-  }
   for (const auto& m : messages->value.GetArray()) {
-    turns.PushBack(transform(m), a);
+    said.PushBack(transform(m), a);
     training.emplace_back();
     const auto t = c.message_field_training.empty() ? m.MemberEnd() : m.FindMember(c.message_field_training.c_str());
     if (t != m.MemberEnd() && !t->value.IsNull()) {
@@ -218,6 +209,17 @@ Record read_axolotl_conversation(const std::string& path, Record r, const rapidj
       training.back() = t->value.GetBool();
     }
   }
+  // The record's system field opens the conversation when its first message is not a system one.
+  const auto system = rec.FindMember(c.field_system.c_str());
+  rapidjson::Value turns(rapidjson::kArrayType);
+  if (system != rec.MemberEnd() && !system->value.IsNull() && std::string(said[0]["role"].GetString()) != "system") {
+    rapidjson::Value turn(rapidjson::kObjectType);
+    turn.AddMember("role", "system", a);
+    turn.AddMember("content", rapidjson::Value(system->value, a), a);
+    turns.PushBack(turn, a);
+    training.insert(training.begin(), std::nullopt);
+  }
+  for (auto& turn : said.GetArray()) turns.PushBack(turn, a);  // moved
   if (c.drop_system_message && std::string(turns[0]["role"].GetString()) == "system") {
     turns.Erase(turns.Begin());
     training.erase(training.begin());
