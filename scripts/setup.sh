@@ -71,6 +71,8 @@ touch "$stamp"
 # come with transformers). accelerate (with psutil) is what transformers needs to load a model
 # quantized by bitsandbytes, as the pre-quantized checkpoint test makes one. axolotl is never imported:
 # the chat template tests read its template files (utils/chat_templates/templates) from the package.
+# LLaMA-Factory's data modules (parser, converter, template, supervised processor) are imported by
+# tests/data/llamafactory_records.py alone, without its package's __init__ files.
 MEMRT_BNB_VERSION=0.50.2
 MEMRT_TORCHAO_VERSION=0.18.0
 MEMRT_ACCELERATE_VERSION=1.15.0
@@ -79,16 +81,18 @@ MEMRT_PEFT_VERSION=0.21.2
 MEMRT_TOKENIZERS_VERSION=0.23.3
 MEMRT_SENTENCEPIECE_VERSION=0.2.0
 MEMRT_AXOLOTL_VERSION=0.19.0
-test_stamp="$venv/.memrt-test-deps-bnb$MEMRT_BNB_VERSION-ao$MEMRT_TORCHAO_VERSION-acc$MEMRT_ACCELERATE_VERSION-peft$MEMRT_PEFT_VERSION-tok$MEMRT_TOKENIZERS_VERSION-sp$MEMRT_SENTENCEPIECE_VERSION-ax$MEMRT_AXOLOTL_VERSION"
+MEMRT_LLAMAFACTORY_VERSION=0.9.5
+test_stamp="$venv/.memrt-test-deps-bnb$MEMRT_BNB_VERSION-ao$MEMRT_TORCHAO_VERSION-acc$MEMRT_ACCELERATE_VERSION-peft$MEMRT_PEFT_VERSION-tok$MEMRT_TOKENIZERS_VERSION-sp$MEMRT_SENTENCEPIECE_VERSION-ax$MEMRT_AXOLOTL_VERSION-lf$MEMRT_LLAMAFACTORY_VERSION"
 if [ "$with_test" -eq 1 ] && [ ! -f "$test_stamp" ]; then
-  log "installing bitsandbytes==$MEMRT_BNB_VERSION, torchao==$MEMRT_TORCHAO_VERSION, accelerate==$MEMRT_ACCELERATE_VERSION, peft==$MEMRT_PEFT_VERSION, tokenizers==$MEMRT_TOKENIZERS_VERSION, sentencepiece==$MEMRT_SENTENCEPIECE_VERSION and axolotl==$MEMRT_AXOLOTL_VERSION into $venv (test oracles)"
+  log "installing bitsandbytes==$MEMRT_BNB_VERSION, torchao==$MEMRT_TORCHAO_VERSION, accelerate==$MEMRT_ACCELERATE_VERSION, peft==$MEMRT_PEFT_VERSION, tokenizers==$MEMRT_TOKENIZERS_VERSION, sentencepiece==$MEMRT_SENTENCEPIECE_VERSION, axolotl==$MEMRT_AXOLOTL_VERSION and llamafactory==$MEMRT_LLAMAFACTORY_VERSION into $venv (test oracles)"
   "$venv/bin/pip" install -q --disable-pip-version-check --no-deps \
       "bitsandbytes==${MEMRT_BNB_VERSION}" "torchao==${MEMRT_TORCHAO_VERSION}" \
       "accelerate==${MEMRT_ACCELERATE_VERSION}" "psutil==${MEMRT_PSUTIL_VERSION}" \
       "peft==${MEMRT_PEFT_VERSION}" "tokenizers==${MEMRT_TOKENIZERS_VERSION}" \
-      "sentencepiece==${MEMRT_SENTENCEPIECE_VERSION}" "axolotl==${MEMRT_AXOLOTL_VERSION}" >&2
-  "$venv/bin/python" -c "import importlib.util, bitsandbytes, torchao, accelerate, peft, tokenizers, sentencepiece; assert importlib.util.find_spec('axolotl')" >/dev/null 2>&1 ||
-    { log "bitsandbytes, torchao, accelerate, peft, tokenizers, sentencepiece or axolotl did not import from $venv"; exit 1; }
+      "sentencepiece==${MEMRT_SENTENCEPIECE_VERSION}" "axolotl==${MEMRT_AXOLOTL_VERSION}" \
+      "llamafactory==${MEMRT_LLAMAFACTORY_VERSION}" >&2
+  "$venv/bin/python" -c "import importlib.util, bitsandbytes, torchao, accelerate, peft, tokenizers, sentencepiece; assert importlib.util.find_spec('axolotl') and importlib.util.find_spec('llamafactory')" >/dev/null 2>&1 ||
+    { log "bitsandbytes, torchao, accelerate, peft, tokenizers, sentencepiece, axolotl or llamafactory did not import from $venv"; exit 1; }
   touch "$test_stamp"
 fi
 echo "$venv/bin/python"

@@ -20,6 +20,8 @@ struct BadConfig {
 
 const std::string kMbs = R"("train_micro_batch_size_per_gpu": 4)";
 const std::string kReadme = std::string(MEMRT_SOURCE_DIR) + "/README.md";  // a file that exists
+// A LLaMA-Factory dataset_dir whose dataset_info.json describes a good dataset and bad ones.
+const std::string kLlamaFactory = "dataset_dir: " + std::string(MEMRT_SOURCE_DIR) + "/tests/config/llamafactory\n";
 
 std::vector<BadConfig> bad_configs() {
   return {
@@ -128,14 +130,47 @@ std::vector<BadConfig> bad_configs() {
        {"YAML", "'datasets'", "train_file", "keep one"}},
       {"dataset_entry_key", "", "datasets:\n  - path: " + kReadme + "\n    type: alpaca\n    shards: 4\n", {}, 1,
        {"YAML", "'datasets[0].shards'", "{path, type}"}},
+      // ---- LLaMA-Factory's dataset + dataset_dir ----
+      {"llamafactory_no_dataset_info", "", "dataset: alpaca_en_demo\ndataset_dir: ./no/such/dir\n", {}, 1,
+       {"YAML", "'dataset'", "no/such/dir/dataset_info.json is not a file", "relative to the current directory"}},
+      {"llamafactory_unknown_dataset", "", kLlamaFactory + "dataset: records, alpaca_en_demo\n", {}, 1,
+       {"YAML", "'dataset'", "\"alpaca_en_demo\"", "does not describe", "records, hub"}},
+      {"llamafactory_hub_dataset", "", kLlamaFactory + "dataset: hub\n", {}, 1,
+       {"dataset_info.json", "'hub.hf_hub_url'", "does not download", "file_name"}},
+      {"llamafactory_openai", "", kLlamaFactory + "dataset: openai\n", {}, 1,
+       {"dataset_info.json", "'openai.formatting'", "\"openai\"", "formatting: sharegpt"}},
+      {"llamafactory_ranking", "", kLlamaFactory + "dataset: ranked\n", {}, 1,
+       {"dataset_info.json", "'ranked.ranking'", "DPO"}},
+      {"llamafactory_images", "", kLlamaFactory + "dataset: images\n", {}, 1,
+       {"dataset_info.json", "'images.columns.images'", "multimodal"}},
+      {"llamafactory_num_samples", "", kLlamaFactory + "dataset: sampled\n", {}, 1,
+       {"dataset_info.json", "'sampled.num_samples'", "max_samples"}},
+      {"llamafactory_missing_file", "", kLlamaFactory + "dataset: missing_file\n", {}, 1,
+       {"dataset_info.json", "'missing_file.file_name'", "nope.json", "relative to dataset_dir"}},
+      {"llamafactory_csv", "", kLlamaFactory + "dataset: csv\n", {}, 1,
+       {"dataset_info.json", "'csv.file_name'", "records.csv", ".json and .jsonl"}},
+      {"llamafactory_typo", "", kLlamaFactory + "dataset: typo\n", {}, 1,
+       {"dataset_info.json", "'typo.colums'", "did you mean 'columns'?"}},
+      {"llamafactory_and_datasets", "", kLlamaFactory + "dataset: records\ndatasets:\n  - path: " + kReadme + "\n    type: alpaca\n", {}, 1,
+       {"YAML", "'dataset'", "'datasets'", "keep one"}},
+      {"llamafactory_template_alone", "", "template: llama3\n", {}, 1,
+       {"YAML", "'template'", "LLaMA-Factory's dataset:"}},
+      {"llamafactory_mask_history_and_prompt", "", kLlamaFactory + "dataset: records\nmask_history: true\ntrain_on_prompt: true\n", {}, 1,
+       {"YAML", "'train_on_prompt'", "mask_history", "keep one"}},
+      {"llamafactory_max_samples", "", kLlamaFactory + "dataset: records\nmax_samples: 0\n", {}, 1,
+       {"YAML", "'max_samples'", "positive"}},
+      {"llamafactory_mix_strategy", "", kLlamaFactory + "dataset: records\nmix_strategy: interleave_under\n", {}, 1,
+       {"YAML", "'mix_strategy'", "concat"}},
+      {"llamafactory_stage_sft_without_dataset", "", "stage: sft\n", {}, 1,
+       {"YAML", "'stage'", "\"sft\"", "set dataset"}},
+      {"llamafactory_stage_pt_with_dataset", "", kLlamaFactory + "dataset: records\nstage: pt\n", {}, 1,
+       {"YAML", "'stage'", "\"pt\"", "stage: sft"}},
       {"chat_template_jinja_missing", "", "chat_template: jinja\n", {}, 1,
        {"YAML", "'chat_template'", "jinja", "chat_template_jinja", ".jinja file"}},
       {"chat_template_jinja_not_a_file", "", "chat_template_jinja: ./no/such.jinja\n", {}, 1,
        {"YAML", "'chat_template_jinja'", "./no/such.jinja", "neither a file nor"}},
       {"chat_template_jinja_with_a_name", "", "chat_template: chatml\nchat_template_jinja: \"{{ x }}\"\n", {}, 1,
        {"YAML", "'chat_template_jinja'", "chatml", "chat_template: jinja", "keep one"}},
-      {"llama_factory_template", "", "template: qwen3\n", {}, 1,
-       {"YAML", "'template'", "model's own chat template", "chat_template.jinja"}},
       {"train_on_inputs_against_completion_only", "", "train_on_inputs: true\ncompletion_only_loss: true\n", {}, 1,
        {"YAML", "'train_on_inputs'", "completion_only_loss", "opposite"}},
       {"gradient_allreduce_sum", "{" + kMbs + R"(, "gradient_allreduce_op": "sum"})", "", {}, 1,

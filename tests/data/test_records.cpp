@@ -9,6 +9,7 @@
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -300,6 +301,82 @@ TEST(Records, AxolotlChatTemplateDatasetsTokenizeAsAxolotlDoes) {
           << d->description();
     }
   }
+}
+
+// LLaMA-Factory's dataset + dataset_dir (dataset_info.json's files, columns and tags) and its keys —
+// template (named, or parsed from the model's chat template), cutoff_len, train_on_prompt,
+// mask_history, default_system, enable_thinking, max_samples — read from train.yaml by the loader,
+// against what LLaMA-Factory's own parser, converters, templates and supervised processor make of the
+// same files with transformers' tokenizer (llamafactory_records.py): 15 named templates on five
+// tokenizer kinds, alpaca with history and a system column, sharegpt with observation turns and
+// broken records, reasoning turns, a directory dataset; the configs LLaMA-Factory refuses, or where
+// it would add a token to the vocabulary, are errors here too. memrt drops the samples with nothing to
+// train (LLaMA-Factory keeps them, contributing no loss).
+TEST(Records, LlamaFactoryDatasetsTokenizeAsLlamaFactoryDoes) {
+  memrt::test::TempDir dir;
+  ASSERT_TRUE(memrt::test::run_reference("hf_tokenizers.py", dir.file("tok") + " > /dev/null") &&
+              memrt::test::run_reference("llamafactory_records.py", dir.file("lf") + " " + dir.file("tok") +
+                                                                        " > /dev/null 2>&1"));
+  const rapidjson::Document want = read_json(dir.file("lf/expected.json"));
+  const rapidjson::Value& cases = want["cases"];
+  ASSERT_EQ(cases.MemberCount(), 28u);
+  int errors = 0;
+  for (const auto& c : cases.GetObject()) {
+    const std::string name = c.name.GetString();
+    SCOPED_TRACE(name);
+    rapidjson::Document yaml(rapidjson::kObjectType);  // train.yaml, written as JSON (which YAML reads)
+    auto& a = yaml.GetAllocator();
+    yaml.CopyFrom(c.value["yaml"], a);
+    yaml.AddMember("dataset_dir", rapidjson::Value(dir.file("lf/data").c_str(), a), a);
+    yaml.AddMember("stage", "sft", a);
+    rapidjson::StringBuffer text;
+    rapidjson::Writer<rapidjson::StringBuffer> w(text);
+    yaml.Accept(w);
+    const std::string path = dir.file("lf.yaml");
+    std::ofstream(path) << text.GetString();
+    ConfigSources sources;
+    sources.train_yaml_path = path;
+    DataConfig cfg = load_train_config(sources).data;
+    cfg.tokenizer = dir.file("lf/" + std::string(c.value["kind"].GetString()) + "/tokenizer.json");
+    cfg.cache_dir = dir.file("cache");
+    if (c.value.HasMember("error")) {  // LLaMA-Factory refuses it (or would add a token): an error naming the file
+      ++errors;
+      try {
+        TokenDataset::open(cfg);
+        ADD_FAILURE() << "no error; LLaMA-Factory: " << c.value["error"].GetString();
+      } catch (const FileError& e) {
+        EXPECT_NE(std::string(e.what()).find(dir.file("lf/data")), std::string::npos) << e.what();
+      }
+      continue;
+    }
+    const std::shared_ptr<TokenDataset> d = TokenDataset::open(cfg);
+    const auto ids = lists_of<int64_t>(c.value["ids"]);
+    const auto labels = lists_of<int>(c.value["labels"]);
+    int64_t dropped = c.value["dropped"].GetInt64();
+    int64_t k = 0;
+    for (size_t j = 0; j < ids.size(); ++j) {
+      if (std::find(labels[j].begin() + 1, labels[j].end(), 1) == labels[j].end()) {  // nothing to train
+        ++dropped;
+        continue;
+      }
+      ASSERT_LT(k, d->num_samples()) << d->description();
+      std::vector<int64_t> got(static_cast<size_t>(d->sample_length(k)));
+      d->copy_tokens(d->sample_begin(k), d->sample_length(k), got.data());
+      EXPECT_EQ(got, ids[j]) << "sample " << j;
+      std::vector<int> trained;
+      for (size_t i = 0; i < got.size(); ++i) trained.push_back(d->trained(d->sample_begin(k) + static_cast<int64_t>(i)) ? 1 : 0);
+      EXPECT_EQ(trained, labels[j]) << "sample " << j;
+      ++k;
+    }
+    EXPECT_EQ(d->num_samples(), k) << d->description();
+    int64_t said = 0;  // the dropped records each file's part of the description counts
+    const std::string& description = d->description();
+    for (size_t at = description.find(" records dropped"); at != std::string::npos;
+         at = description.find(" records dropped", at + 1))
+      said += std::stoll(description.substr(description.rfind(' ', at - 1) + 1));
+    EXPECT_EQ(said, dropped) << description;
+  }
+  EXPECT_EQ(errors, 3);
 }
 
 // A template named as axolotl names it (chat_template: chatml) renders the conversations instead of

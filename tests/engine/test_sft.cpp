@@ -1,12 +1,13 @@
 // Fine-tuning on records through the launcher (docs/tokenizers.md, "Datasets"): a small Llama saved
 // with its own tokenizer, alpaca and prompt/completion records, the loss over the step's trained
-// tokens, and the configs users bring from axolotl and TRL.
+// tokens, and the configs users bring from axolotl, LLaMA-Factory and TRL.
 #include <gtest/gtest.h>
 
 #include <rapidjson/document.h>
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -107,7 +108,7 @@ TEST(Sft, TheLossIsTheMeanOverTheStepsTrainedTokens) {
 // shapes — a prompt/completion JSONL as train_file with completion_only_loss, and a conversational
 // (messages) one through the model's chat template with assistant_only_loss — train, and
 // evaluating each file counts exactly the tokens TRL trains on.
-TEST(Sft, AxolotlAndTrlConfigsTrainOnTheirRecords) {
+TEST(Sft, AxolotlLlamaFactoryAndTrlConfigsTrainOnTheirRecords) {
   TempDir dir("sft_configs");
   const fs::path base = make_base(dir, "n_layer: 2, n_head: 4, n_kv_head: 2, d_model: 64, d_ff: 128");
   const rapidjson::Document want = read_json(dir.path() / "tok" / "llama3" / "sft.json");
@@ -146,6 +147,29 @@ TEST(Sft, AxolotlAndTrlConfigsTrainOnTheirRecords) {
   EXPECT_NE(ac.out.find("3 records, 3 samples"), std::string::npos) << ac.out;
   EXPECT_NE(ac.out.find(std::to_string(chat_trained) + " trained"), std::string::npos) << chat_trained << "\n" << ac.out;
   EXPECT_EQ(losses(axolotl_chat).size(), 2u);
+
+  // LLaMA-Factory's LoRA example, as its users write it: dataset names in dataset_dir's
+  // dataset_info.json (alpaca, and sharegpt with a system column), template: llama3.
+  std::ofstream(dir.path() / "dataset_info.json")
+      << R"({"alpaca_demo": {"file_name": "alpaca.jsonl"},
+             "chat_demo": {"file_name": "sharegpt.jsonl", "formatting": "sharegpt", "columns": {"messages": "conversations", "system": "system"}}})";
+  const fs::path llamafactory = dir.path() / "llamafactory";
+  const RunResult lf = run(
+      kLauncher + " --deepspeed " + dir.write("lf.json", ds(2, 1)) + " " +
+      dir.write("llamafactory.yaml", "model_name_or_path: " + base.string() + "\nstage: sft\ndo_train: true\n"
+                                     "finetuning_type: lora\nlora_rank: 8\nlora_target: all\n"
+                                     "dataset: alpaca_demo,chat_demo\ndataset_dir: " + dir.path().string() +
+                                     "\ntemplate: llama3\ncutoff_len: 256\nmax_samples: 1000\noverwrite_cache: true\n"
+                                     "preprocessing_num_workers: 16\ntokenized_path: " + (dir.path() / "prepared").string() +
+                                     "\nlogging_steps: 1\nsave_steps: 3\nplot_loss: true\noverwrite_output_dir: true\n"
+                                     "per_device_train_batch_size: 2\ngradient_accumulation_steps: 1\n"
+                                     "learning_rate: 1.0e-3\nmax_steps: 3\nlr_scheduler_type: cosine\nwarmup_ratio: 0.1\n"
+                                     "report_to: none\n") +
+      " --output_dir=" + llamafactory.string());
+  ASSERT_EQ(lf.exit_code, 0) << lf.out;
+  EXPECT_NE(lf.out.find("11 records, 11 samples"), std::string::npos) << lf.out;
+  EXPECT_EQ(losses(llamafactory).size(), 3u);
+  EXPECT_TRUE(fs::exists(llamafactory / "adapter" / "adapter_model.safetensors"));
 
   const fs::path trl = dir.path() / "trl";
   const std::string pc = (dir.path() / "prompt_completion.jsonl").string();

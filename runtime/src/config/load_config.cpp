@@ -110,14 +110,22 @@ const std::vector<std::pair<std::string, std::vector<std::string>>> kYamlKeys = 
     {"model", {"model"}},
     {"train_file", {"train_file"}},
     {"datasets", {"datasets"}},
-    {"train_on_inputs", {"train_on_inputs"}},
+    {"train_on_inputs", {"train_on_inputs", "train_on_prompt"}},
+    {"dataset", {"dataset"}},
+    {"dataset_dir", {"dataset_dir"}},
+    {"template", {"template"}},
+    {"mask_history", {"mask_history"}},
+    {"default_system", {"default_system"}},
+    {"enable_thinking", {"enable_thinking"}},
+    {"max_samples", {"max_samples"}},
+    {"mix_strategy", {"mix_strategy"}},
     {"completion_only_loss", {"completion_only_loss"}},
     {"assistant_only_loss", {"assistant_only_loss"}},
     {"chat_template", {"chat_template"}},
     {"chat_template_jinja", {"chat_template_jinja"}},
     {"eot_tokens", {"eot_tokens"}},
     {"pad_to_sequence_len", {"pad_to_sequence_len"}},
-    {"sample_packing", {"sample_packing", "packing"}},
+    {"sample_packing", {"sample_packing", "packing", "neat_packing"}},
     {"dataset_prepared_path", {"dataset_prepared_path", "tokenized_path"}},
     {"eval_file", {"eval_file", "validation_file"}},
     {"eval_steps", {"eval_steps"}},
@@ -234,19 +242,19 @@ const std::vector<std::pair<const char*, const char*>> kYamlIgnored = {
     {"loss_watchdog_threshold", "not implemented; see the loss-spike guard example plugin"},
     {"loss_watchdog_patience", "not implemented; see the loss-spike guard example plugin"},
     {"disable_tqdm", "the progress bar shows only on a terminal"},
+    {"overwrite_cache", "the tokenized cache is keyed by the data, the tokenizer and the options: a change tokenizes again"},
 };
 
 // Keys of other tools whose meaning memrt cannot honour: ignoring them would change the training.
 const std::vector<std::pair<const char*, const char*>> kYamlRejected = {
-    {"dataset", "memrt reads a local train_file (text, .bin tokens or JSONL with a \"text\" field); set train_file"},
     {"dataset_name", "memrt reads a local train_file (text, .bin tokens or JSONL with a \"text\" field); set train_file"},
     {"dataset_mixer", "memrt reads a local train_file (text, .bin tokens or JSONL with a \"text\" field); set train_file"},
     {"dataset_mixture", "memrt reads a local train_file (text, .bin tokens or JSONL with a \"text\" field); set train_file"},
     {"dataset_splits", "memrt reads a local train_file; set train_file"},
-    {"max_samples", "memrt trains on the whole train_file; cut the file instead, or set max_steps"},
-    {"template", "LLaMA-Factory's named templates are not supported yet: memrt renders conversations with the "
-                 "model's own chat template (tokenizer_config.json's chat_template, or chat_template.jinja); remove "
-                 "template to use it"},
+    {"val_size", "memrt does not split the training data; put the held-out records in eval_file"},
+    {"eval_dataset", "LLaMA-Factory's eval datasets are not read yet; set eval_file"},
+    {"tool_format", "LLaMA-Factory's tool formats are not built; records with tools are refused"},
+    {"interleave_probs", "LLaMA-Factory's datasets are concatenated (mix_strategy: concat)"},
     {"unfrozen_parameters", "memrt trains every parameter, the layers finetuning_type: freeze chooses (freeze_trainable_layers, freeze_trainable_modules, freeze_extra_modules), or LoRA adapters"},
     {"beta", "DPO is not supported: memrt trains causal language modelling"},
     {"max_prompt_length", "DPO is not supported: memrt trains causal language modelling"},
@@ -384,6 +392,7 @@ struct Loader {
   void resolve_eval();
   void resolve_saving();
   void resolve_records();
+  void read_llamafactory_datasets();
   int64_t model_width() const;
   void add_plugin(const std::string& name, std::string first_key, std::vector<std::string> keys,
                   ConfigNode options);
@@ -659,11 +668,18 @@ void Loader::resolve_batch(const ConfigNode* tbs, const ConfigNode* mbs, const C
                      "checkpoint in output_dir) or `--resume=TAG`");
     }
   }
-  if (const ConfigNode* x = yv("stage")) {
-    if (x->as_string() != "pt") {
-      throw x->error("is \"" + x->as_string() + "\", which memrt does not support: memrt trains causal "
-                     "language modelling on the whole text (LLaMA-Factory's stage: pt)");
-    }
+  if (const ConfigNode* x = yv("stage")) {  // LLaMA-Factory's: pt on text, sft on its datasets
+    const std::string stage = x->as_string();
+    const bool records = yv("dataset") || yv("datasets");
+    if (stage == "pt" && yv("dataset"))
+      throw x->error("is \"pt\", and LLaMA-Factory's pretraining on dataset: is not built: use stage: sft, or put the "
+                     "text in train_file");
+    if (stage == "sft" && !records)
+      throw x->error("is \"sft\", supervised fine-tuning on a dataset: (dataset_info.json's), which this config does "
+                     "not set; set dataset, or stage: pt to train on train_file's text");
+    if (stage != "pt" && stage != "sft")
+      throw x->error("is \"" + stage + "\", which memrt does not support: memrt trains causal language modelling, "
+                     "on text (stage: pt) or on a dataset's responses (stage: sft)");
   }
   if (const ConfigNode* x = yv("val_set_size")) {
     if (x->as_double() != 0)
@@ -1645,6 +1661,7 @@ void Loader::resolve_records() {
       cfg.data.datasets.push_back(src);
     }
   }
+  read_llamafactory_datasets();
   if (const ConfigNode* eot = yv("eot_tokens")) cfg.data.eot_tokens = eot->as_names();
   const ConfigNode* inputs = yv("train_on_inputs");
   const ConfigNode* completion_only = yv("completion_only_loss");
@@ -1691,6 +1708,146 @@ void Loader::resolve_records() {
     cfg.data.chat_template_fallback = falls_back;
     cfg.data.chat_template_where = t->file() + ": chat_template";
   }
+}
+
+// A dataset of dataset_info.json (`entry`, under the key `name`): LLaMA-Factory's DatasetAttr, its
+// file or the files of its directory, each one source of records.
+std::vector<DatasetSource> llamafactory_sources(const ConfigNode& entry, const std::string& name, const std::string& dir,
+                                               ConfigDiagnostics& diag) {
+  if (!entry.is_object()) throw entry.error("expected an object describing the dataset, found " + entry.describe());
+  ConfigReader r(entry, diag);
+  for (const char* hub : {"hf_hub_url", "ms_hub_url", "om_hub_url", "script_url", "cloud_file_name"})
+    r.reject(hub, "memrt does not download datasets: download it (e.g. huggingface-cli download --repo-type dataset "
+                  "NAME) into dataset_dir and describe it with file_name");
+  for (const char* key : {"num_samples", "subset", "folder"})
+    r.reject(key, "memrt reads a local dataset's file whole; cut the file, or set max_samples (its first records)");
+  LlamaFactoryDataset d;
+  d.name = name;
+  const ConfigNode* file = r.child("file_name");
+  const ConfigNode* formatting = r.child("formatting");
+  if (formatting) d.formatting = formatting->as_string();
+  if (d.formatting == "openai")
+    throw formatting->error("is \"openai\", which memrt does not read yet: describe the records as "
+                                        "formatting: sharegpt with tags {role_tag: role, content_tag: content, user_tag: "
+                                        "user, assistant_tag: assistant, system_tag: system}");
+  if (d.formatting != "alpaca" && d.formatting != "sharegpt")
+    throw formatting->error("is \"" + d.formatting + "\"; expected alpaca or sharegpt");
+  if (const ConfigNode* ranking = r.child("ranking"); ranking && ranking->as_bool())
+    throw ranking->error("is true: ranked (DPO, reward model) datasets are not supported; memrt fine-tunes on responses");
+  if (const ConfigNode* split = r.child("split"); split && split->as_string() != "train")
+    throw split->error("is \"" + split->as_string() + "\"; a local file has one split, train");
+  if (const ConfigNode* columns = r.child("columns")) {  // given: the columns it omits are unset
+    if (!columns->is_object()) throw columns->error("expected an object of column names, found " + columns->describe());
+    ConfigReader c(*columns, diag);
+    for (auto [key, field] : {std::pair{"prompt", &d.prompt}, {"query", &d.query}, {"response", &d.response},
+                              {"history", &d.history}, {"messages", &d.messages}, {"system", &d.system}, {"tools", &d.tools}}) {
+      const ConfigNode* n = c.child(key);
+      *field = n && !n->is_null() ? n->as_string() : "";
+    }
+    for (const char* media : {"images", "videos", "audios"})
+      c.reject(media, "multimodal datasets are not supported; memrt trains language models");
+    for (const char* pref : {"chosen", "rejected", "kto_tag"})
+      c.reject(pref, "preference datasets (DPO, KTO) are not supported; memrt fine-tunes on responses");
+    c.finish();
+  }
+  if (const ConfigNode* tags = r.child("tags")) {
+    if (!tags->is_object()) throw tags->error("expected an object of tags, found " + tags->describe());
+    ConfigReader t(*tags, diag);
+    for (auto [key, field] : {std::pair{"role_tag", &d.role_tag}, {"content_tag", &d.content_tag}, {"user_tag", &d.user_tag},
+                              {"assistant_tag", &d.assistant_tag}, {"observation_tag", &d.observation_tag},
+                              {"function_tag", &d.function_tag}, {"system_tag", &d.system_tag}}) {
+      const ConfigNode* n = t.child(key);
+      *field = n && !n->is_null() ? n->as_string() : "";
+    }
+    t.finish();
+  }
+  r.finish();
+  if (!file) throw entry.error("has no file_name; memrt reads local datasets: {\"file_name\": \"data.json\", ...}");
+  const fs::path at = fs::path(dir) / file->as_string();
+  std::vector<std::string> paths;
+  std::error_code ec;
+  if (fs::is_directory(at, ec)) {  // its files, in name order
+    for (const auto& e : fs::directory_iterator(at, ec))
+      if (e.is_regular_file()) paths.push_back(e.path().string());
+    std::sort(paths.begin(), paths.end());
+  } else if (fs::is_regular_file(at, ec)) {
+    paths.push_back(at.string());
+  } else {
+    throw file->error("is \"" + file->as_string() + "\", and " + at.string() + " is neither a file nor a directory "
+                      "(file_name is relative to dataset_dir)");
+  }
+  if (paths.empty()) throw file->error("is the directory " + at.string() + ", which holds no file");
+  std::vector<DatasetSource> sources;
+  for (const std::string& path : paths) {
+    const std::string ext = fs::path(path).extension().string();
+    if (ext != ".json" && ext != ".jsonl")
+      throw file->error("names " + path + "; memrt reads LLaMA-Factory datasets from .json and .jsonl files (convert "
+                        "csv, parquet or arrow to JSON lines)");
+    DatasetSource src;
+    src.path = path;
+    src.type = "llamafactory";
+    src.llamafactory = d;
+    src.llamafactory.part = static_cast<int64_t>(sources.size());
+    sources.push_back(src);
+  }
+  return sources;
+}
+
+// LLaMA-Factory's dataset: names in dataset_dir's dataset_info.json, and the keys of its template
+// and supervised processor (docs/tokenizers.md, "Datasets").
+void Loader::read_llamafactory_datasets() {
+  const ConfigNode* names = yv("dataset");
+  if (!names) {
+    for (const char* key : {"dataset_dir", "template", "mask_history", "default_system", "enable_thinking", "max_samples",
+                            "mix_strategy"})
+      if (const ConfigNode* n = yv(key))
+        throw n->error("applies to LLaMA-Factory's dataset: (names in dataset_dir's dataset_info.json), which this "
+                       "config does not set");
+    return;
+  }
+  for (const char* other : {"datasets", "train_file"})
+    if (const ConfigNode* n = yv(other))
+      throw names->error("and " + where(*n) + " both name the training data; keep one");
+  const ConfigNode* dir_key = yv("dataset_dir");
+  const std::string dir = dir_key ? dir_key->as_string() : "data";
+  if (dir == "ONLINE" || dir.rfind("REMOTE:", 0) == 0)
+    throw dir_key->error("is \"" + dir + "\": memrt does not download datasets; download them into a directory with "
+                         "their dataset_info.json and set dataset_dir to it");
+  const std::string info_path = (fs::path(dir) / "dataset_info.json").string();
+  std::error_code ec;
+  if (!fs::is_regular_file(info_path, ec))
+    throw names->error("names datasets of dataset_dir's dataset_info.json, and " + info_path + " is not a file (dataset_dir " +
+                       (dir_key ? "is \"" + dir + "\"" : std::string("defaults to \"data\"")) +
+                       ", relative to the current directory)");
+  const ConfigNode info = parse_json_file(info_path);
+  if (!info.is_object()) throw info.error("expected an object of datasets by name, found " + info.describe());
+  int64_t max_samples = -1;
+  if (const ConfigNode* m = yv("max_samples")) {
+    max_samples = m->as_int();
+    if (max_samples <= 0) throw m->error("must be positive (the first records of each dataset)");
+  }
+  if (const ConfigNode* mix = yv("mix_strategy"); mix && mix->as_string() != "concat")
+    throw mix->error("is \"" + mix->as_string() + "\"; memrt concatenates the datasets (concat)");
+  for (const std::string& name : names->as_names()) {
+    const ConfigNode* entry = info.find(name);
+    if (!entry) {
+      std::string known;
+      for (const auto& m : info.members()) known += (known.empty() ? "" : ", ") + m.first;
+      throw names->error("names \"" + name + "\", which " + info_path + " does not describe (it has " + known + ")");
+    }
+    for (DatasetSource& src : llamafactory_sources(*entry, name, dir, diag)) {
+      src.max_samples = max_samples;
+      cfg.data.datasets.push_back(std::move(src));
+    }
+  }
+  LlamaFactoryOptions& lf = cfg.data.llamafactory;
+  if (const ConfigNode* t = yv("template")) lf.template_name = t->as_string();
+  if (const ConfigNode* m = yv("mask_history")) lf.mask_history = m->as_bool();
+  if (const ConfigNode* s = yv("default_system")) lf.default_system = s->as_string();
+  if (const ConfigNode* e = yv("enable_thinking")) lf.enable_thinking = e->as_bool();
+  if (const ConfigNode* p = yv("train_on_inputs"); p && p->as_bool() && lf.mask_history)
+    throw p->error("is true, and mask_history trains on the last turn only: LLaMA-Factory refuses the two together; "
+                   "keep one");
 }
 
 // A save_strategy or eval_strategy: a string; YAML reads an unquoted `no` as false, which means "no".
@@ -1887,9 +2044,14 @@ std::string resolved_config_json(const TrainConfig& cfg) {
       ConfigNode d = ConfigNode::object();
       d.set("path", str(src.path));
       d.set("type", str(src.type));
+      if (src.type == "llamafactory") {
+        d.set("dataset", str(src.llamafactory.name));
+        d.set("formatting", str(src.llamafactory.formatting));
+      }
       list.push_back(d);
     }
     data.set("datasets", list);
+    if (!cfg.data.llamafactory.template_name.empty()) data.set("template", str(cfg.data.llamafactory.template_name));
   }
   data.set("train_on_inputs", ConfigNode::boolean(cfg.data.train_on_prompt));
   data.set("pad_to_sequence_len", ConfigNode::boolean(cfg.data.pad_to_block));

@@ -97,11 +97,39 @@ struct ChatTemplateDataset {
   bool drop_system_message = false;
 };
 
-// A file of fine-tuning records (axolotl's `datasets:` entry; docs/tokenizers.md, "Datasets").
+// A dataset of LLaMA-Factory's dataset_info.json: how its records read, with LLaMA-Factory's
+// defaults (its DatasetAttr). An empty name is unset: a "columns" or "tags" object leaves the
+// ones it omits unset, as in LLaMA-Factory (docs/tokenizers.md, "Datasets").
+struct LlamaFactoryDataset {
+  std::string name;                  // its key in dataset_info.json
+  std::string formatting = "alpaca";  // "alpaca" | "sharegpt"
+  // columns: alpaca's prompt, query, response and history; sharegpt's messages; both: system, tools.
+  std::string prompt = "instruction", query = "input", response = "output", history, messages = "conversations",
+              system, tools;
+  // sharegpt's tags: a message's keys, and the roles they name.
+  std::string role_tag = "from", content_tag = "value", user_tag = "human", assistant_tag = "gpt",
+              observation_tag = "observation", function_tag = "function_call", system_tag = "system";
+  int64_t part = 0;  // which file of the dataset's directory this source is (0: its first, or its file)
+};
+
+// A file of fine-tuning records (axolotl's `datasets:` entry, a LLaMA-Factory dataset;
+// docs/tokenizers.md, "Datasets").
 struct DatasetSource {
   std::string path;
-  std::string type;  // "alpaca" | "prompt_completion" | "messages" | "chat_template" (data/records.h)
+  // "alpaca" | "prompt_completion" | "messages" | "chat_template" | "llamafactory" (data/records.h)
+  std::string type;
   ChatTemplateDataset chat{};  // type chat_template
+  LlamaFactoryDataset llamafactory{};  // type llamafactory
+  int64_t max_samples = -1;  // LLaMA-Factory's max_samples: the dataset's first records only (-1: all)
+};
+
+// How LLaMA-Factory's supervised processor turns a dataset's conversations into samples: its
+// template (by name; empty: parsed from the model's chat template) and data keys.
+struct LlamaFactoryOptions {
+  std::string template_name;
+  bool mask_history = false;                  // train on the last turn only
+  std::optional<std::string> default_system;  // replaces the template's
+  bool enable_thinking = true;                // reasoning templates: an empty thought is trained
 };
 
 struct DataConfig {
@@ -121,6 +149,7 @@ struct DataConfig {
   bool assistant_only = false;
   // axolotl's eot_tokens: the tokens that end a turn in a chat_template dataset. Unset: the EOS token.
   std::optional<std::vector<std::string>> eot_tokens;
+  LlamaFactoryOptions llamafactory;  // datasets of type llamafactory
   // A chat template's Jinja source given in train.yaml (alignment-handbook's and TRL's chat_template),
   // rendering conversations instead of the model's own; where it was given, for its errors.
   std::string chat_template, chat_template_where;

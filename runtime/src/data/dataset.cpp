@@ -536,6 +536,22 @@ std::string describe_chat_options(const RecordOptions& o) {
   return s + "}";
 }
 
+// What of a LLaMA-Factory dataset's description and the run's keys changes its samples, for the cache's key.
+std::string describe_llamafactory_options(const RecordOptions& o) {
+  const LlamaFactoryDataset& d = o.llamafactory;
+  const LlamaFactoryOptions& lf = o.llamafactory_options;
+  std::string s = "{" + d.formatting;
+  for (const std::string* f : {&d.prompt, &d.query, &d.response, &d.history, &d.messages, &d.system, &d.tools, &d.role_tag,
+                               &d.content_tag, &d.user_tag, &d.assistant_tag, &d.observation_tag, &d.function_tag,
+                               &d.system_tag})
+    s += " [" + *f + "]";
+  s += " part " + std::to_string(d.part) + " max_samples " + std::to_string(o.max_samples) + " template [" +
+       lf.template_name + "]" +
+       (lf.mask_history ? " mask_history" : "") + (lf.enable_thinking ? " thinking" : "");
+  if (lf.default_system) s += " default_system [" + *lf.default_system + "]";
+  return s + "}";
+}
+
 }  // namespace
 
 std::shared_ptr<TokenDataset> TokenDataset::open_records(const DataConfig& cfg) {
@@ -564,9 +580,16 @@ std::shared_ptr<TokenDataset> TokenDataset::open_records(const DataConfig& cfg) 
         throw FileError(src.path, "holds conversations, rendered with the model's chat template, and " +
                                       fs::path(tokenizer_json).parent_path().string() +
                                       " has none (tokenizer_config.json's \"chat_template\", or chat_template.jinja)");
+    } else if (src.type == "llamafactory") {
+      o.type = RecordType::kLlamaFactory;
+      o.llamafactory = src.llamafactory;
+      o.llamafactory_options = cfg.llamafactory;
+      o.max_samples = src.max_samples;
+      if (cfg.llamafactory.template_name.empty() && !chat_template) chat_template = run_chat_template(cfg);
     } else {
       throw FileError(src.path, "has type \"" + src.type +
-                                    "\"; memrt reads alpaca, prompt_completion, messages and chat_template records");
+                                    "\"; memrt reads alpaca, prompt_completion, messages, chat_template and "
+                                    "llamafactory records");
     }
     if (cfg.assistant_only && o.type != RecordType::kMessages)
       throw FileError(src.path, std::string("assistant_only_loss applies to conversations (\"messages\"); these are ") +
@@ -581,6 +604,7 @@ std::shared_ptr<TokenDataset> TokenDataset::open_records(const DataConfig& cfg) 
     what += (what.empty() ? "" : " + ") + src.path;
     options += std::string(" ") + record_type_name(o.type);
     if (o.type == RecordType::kChatTemplate) options += " " + describe_chat_options(o);
+    if (o.type == RecordType::kLlamaFactory) options += " " + describe_llamafactory_options(o);
   }
   for (RecordOptions& o : per_source) o.chat_template = chat_template ? &*chat_template : nullptr;
   const std::string dir = cfg.cache_dir.empty() ? default_cache_dir() : cfg.cache_dir;
@@ -615,12 +639,22 @@ std::shared_ptr<TokenDataset> TokenDataset::open_records(const DataConfig& cfg) 
   const Tokenizer tok = Tokenizer::from_file(tokenizer_json);
   TokenizedRecords rec;
   std::string counts;
+  int64_t samples_left = -1;  // LLaMA-Factory's max_samples: what the dataset being read may still take
   for (size_t i = 0; i < sources.size(); ++i) {
-    const int64_t dropped = rec.dropped, truncated = rec.truncated;
-    tokenize_records(sources[i].path, tok, per_source[i], rec, at::get_num_threads());
+    const int64_t dropped = rec.dropped, truncated = rec.truncated, records = rec.records;
+    RecordOptions& o = per_source[i];
+    if (o.type == RecordType::kLlamaFactory && o.max_samples >= 0) {  // over the files of its directory
+      if (o.llamafactory.part == 0) samples_left = o.max_samples;
+      o.max_samples = samples_left;
+    }
+    tokenize_records(sources[i].path, tok, o, rec, at::get_num_threads());
+    if (o.type == RecordType::kLlamaFactory && o.max_samples >= 0) samples_left -= rec.records - records;
     if (rec.dropped > dropped)
-      counts += "; " + sources[i].path + ": " + std::to_string(rec.dropped - dropped) +
-                " records dropped (longer than block_size " + std::to_string(block_size) + ", or nothing to train on)";
+      counts += "; " + sources[i].path + ": " + std::to_string(rec.dropped - dropped) + " records dropped (" +
+                (per_source[i].type == RecordType::kLlamaFactory
+                     ? std::string("invalid as LLaMA-Factory reads them: a role out of turn, an odd count, no response; "
+                                   "or nothing to train on)")
+                     : "longer than block_size " + std::to_string(block_size) + ", or nothing to train on)");
     if (rec.truncated > truncated)
       counts += "; " + sources[i].path + ": " + std::to_string(rec.truncated - truncated) + " records cut to block_size " +
                 std::to_string(block_size);

@@ -11,6 +11,7 @@
 #include <rapidjson/error/en.h>
 
 #include "data/chat_template.h"
+#include "data/llamafactory.h"
 #include "data/mapped_file.h"
 #include "data/tokenizer.h"
 #include "data/progress.h"
@@ -28,8 +29,56 @@ const char* record_type_name(RecordType type) {
       return "messages";
     case RecordType::kChatTemplate:
       return "chat_template";
+    case RecordType::kLlamaFactory:
+      return "llamafactory";
   }
   return "?";
+}
+
+rapidjson::Document chat_template_variables(const Tokenizer& tok, const rapidjson::Value& messages,
+                                            const rapidjson::Value* tools, bool add_generation_prompt) {
+  rapidjson::Document vars(rapidjson::kObjectType);
+  auto& a = vars.GetAllocator();
+  vars.AddMember("messages", rapidjson::Value(messages, a), a);
+  vars.AddMember("tools", tools ? rapidjson::Value(*tools, a) : rapidjson::Value(), a);
+  vars.AddMember("add_generation_prompt", add_generation_prompt, a);
+  for (const auto& [name, token] : {std::pair<const char*, const std::optional<Tokenizer::SpecialToken>*>{"bos_token", &tok.bos_token()},
+                                    {"eos_token", &tok.eos_token()}})
+    if (*token) vars.AddMember(rapidjson::StringRef(name), rapidjson::Value((*token)->text.c_str(), a), a);
+  return vars;
+}
+
+void for_each_json_record(const std::string& path,
+                          const std::function<void(std::string where, const rapidjson::Value& record)>& fn) {
+  const MappedFile file(path);
+  const char* p = reinterpret_cast<const char*>(file.data());
+  const char* end = p + file.size();
+  if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0) {  // one array of records
+    rapidjson::Document doc;
+    doc.Parse(p, file.size());
+    if (doc.HasParseError())
+      throw FileError(path, std::string("invalid JSON (") + rapidjson::GetParseError_En(doc.GetParseError()) +
+                                " at byte " + std::to_string(doc.GetErrorOffset()) + "); expected an array of records");
+    if (!doc.IsArray()) throw FileError(path, "expected a JSON array of records (or a .jsonl file, one per line)");
+    for (rapidjson::SizeType i = 0; i < doc.Size(); ++i) fn("record " + std::to_string(i + 1), doc[i]);
+    return;
+  }
+  for (int64_t line = 1; p < end; ++line) {
+    const char* eol = static_cast<const char*>(std::memchr(p, '\n', static_cast<size_t>(end - p)));
+    if (!eol) eol = end;
+    const char* first = p;
+    while (first < eol && (*first == ' ' || *first == '\t' || *first == '\r')) ++first;
+    if (first < eol) {  // blank lines are skipped
+      rapidjson::Document doc;
+      doc.Parse(first, static_cast<size_t>(eol - first));
+      std::string where = "line " + std::to_string(line);
+      if (doc.HasParseError())
+        throw FileError(path, where + ": invalid JSON (" + rapidjson::GetParseError_En(doc.GetParseError()) +
+                                  "); expected one record per line");
+      fn(std::move(where), doc);
+    }
+    p = eol + 1;
+  }
 }
 
 namespace {
@@ -109,15 +158,8 @@ void check_content(const std::string& path, const std::string& where, const rapi
 ChatTemplate::Rendered render(const std::string& path, const std::string& where, const RecordOptions& o,
                               const Tokenizer& tok, const rapidjson::Value& messages, const rapidjson::Value* tools,
                               bool add_generation_prompt, int64_t real_last_index) {
-  rapidjson::Document vars(rapidjson::kObjectType);
-  auto& a = vars.GetAllocator();
-  vars.AddMember("messages", rapidjson::Value(messages, a), a);
-  vars.AddMember("tools", tools ? rapidjson::Value(*tools, a) : rapidjson::Value(), a);
-  vars.AddMember("add_generation_prompt", add_generation_prompt, a);
-  for (const auto& [name, token] : {std::pair<const char*, const std::optional<Tokenizer::SpecialToken>*>{"bos_token", &tok.bos_token()},
-                                    {"eos_token", &tok.eos_token()}})
-    if (*token) vars.AddMember(rapidjson::StringRef(name), rapidjson::Value((*token)->text.c_str(), a), a);
-  if (real_last_index) vars.AddMember("real_last_index", real_last_index, a);
+  rapidjson::Document vars = chat_template_variables(tok, messages, tools, add_generation_prompt);
+  if (real_last_index) vars.AddMember("real_last_index", real_last_index, vars.GetAllocator());
   try {
     return o.chat_template->render(vars);
   } catch (const Error& e) {
@@ -333,37 +375,10 @@ Record read_record(const std::string& path, std::string where, const rapidjson::
 }
 
 std::vector<Record> read_records(const std::string& path, const RecordOptions& o, const Tokenizer& tok) {
-  const MappedFile file(path);
-  const char* p = reinterpret_cast<const char*>(file.data());
-  const char* end = p + file.size();
   std::vector<Record> records;
-  if (ends_with(path, ".json")) {  // one array of records
-    rapidjson::Document doc;
-    doc.Parse(p, file.size());
-    if (doc.HasParseError())
-      throw FileError(path, std::string("invalid JSON (") + rapidjson::GetParseError_En(doc.GetParseError()) +
-                                " at byte " + std::to_string(doc.GetErrorOffset()) + "); expected an array of records");
-    if (!doc.IsArray()) throw FileError(path, "expected a JSON array of records (or a .jsonl file, one per line)");
-    for (rapidjson::SizeType i = 0; i < doc.Size(); ++i)
-      records.push_back(read_record(path, "record " + std::to_string(i + 1), doc[i], o, tok));
-    return records;
-  }
-  for (int64_t line = 1; p < end; ++line) {
-    const char* eol = static_cast<const char*>(std::memchr(p, '\n', static_cast<size_t>(end - p)));
-    if (!eol) eol = end;
-    const char* first = p;
-    while (first < eol && (*first == ' ' || *first == '\t' || *first == '\r')) ++first;
-    if (first < eol) {  // blank lines are skipped
-      rapidjson::Document doc;
-      doc.Parse(first, static_cast<size_t>(eol - first));
-      const std::string where = "line " + std::to_string(line);
-      if (doc.HasParseError())
-        throw FileError(path, where + ": invalid JSON (" + rapidjson::GetParseError_En(doc.GetParseError()) +
-                                  "); expected one record per line");
-      records.push_back(read_record(path, where, doc, o, tok));
-    }
-    p = eol + 1;
-  }
+  for_each_json_record(path, [&](std::string where, const rapidjson::Value& rec) {
+    records.push_back(read_record(path, std::move(where), rec, o, tok));
+  });
   return records;
 }
 
@@ -473,6 +488,7 @@ void axolotl_labels(const Record& rec, const std::vector<std::vector<int32_t>>& 
 
 void tokenize_records(const std::string& path, const Tokenizer& tok, const RecordOptions& o, TokenizedRecords& out,
                       int threads) {
+  if (o.type == RecordType::kLlamaFactory) return tokenize_llamafactory(path, tok, o, out, threads);
   const bool chat = o.type == RecordType::kMessages || o.type == RecordType::kChatTemplate;
   if (chat && !o.chat_template) throw Error("tokenize_records: conversations need the model's chat template");
   if (o.type == RecordType::kMessages && o.assistant_only && !o.chat_template->has_generation())

@@ -9,9 +9,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include <rapidjson/document.h>
 
 #include "config/train_config.h"
 
@@ -25,9 +28,10 @@ enum class RecordType {
   kPromptCompletion,  // prompt, completion: TRL's prompt-completion dataset
   kMessages,          // messages (and tools): TRL's conversational dataset, through the chat template
   kChatTemplate,      // conversations: axolotl's type: chat_template, each turn's tokens found by rendering
+  kLlamaFactory,      // a LLaMA-Factory dataset through its template, each slot's text tokenized alone
 };
 
-// "alpaca", "prompt_completion", "messages", "chat_template".
+// "alpaca", "prompt_completion", "messages", "chat_template", "llamafactory".
 const char* record_type_name(RecordType type);
 
 struct RecordOptions {
@@ -41,6 +45,11 @@ struct RecordOptions {
   // kChatTemplate: the dataset's keys, and the tokens that end a turn (unset: the EOS token).
   ChatTemplateDataset chat{};
   std::optional<std::vector<std::string>> eot_tokens{};
+  // kLlamaFactory: the dataset's columns and tags, the run's template and keys
+  // (data/llamafactory.h), and how many of the file's first records are read (-1: all).
+  LlamaFactoryDataset llamafactory{};
+  LlamaFactoryOptions llamafactory_options{};
+  int64_t max_samples = -1;
 };
 
 // Samples in file order, each whole: a record too long for max_length is dropped (axolotl) or cut
@@ -52,6 +61,17 @@ struct TokenizedRecords {
   int64_t records = 0, dropped = 0, truncated = 0;
   std::vector<std::string> notes;  // what the tool would warn about, e.g. an eot_token the template never writes
 };
+
+// The variables transformers' apply_chat_template renders with: `messages`, `tools` (null when
+// none), add_generation_prompt, and the tokenizer's bos_token and eos_token texts where it has them.
+rapidjson::Document chat_template_variables(const Tokenizer& tok, const rapidjson::Value& messages,
+                                            const rapidjson::Value* tools, bool add_generation_prompt);
+
+// Calls fn(where, record) for each record of `path` in file order: a JSONL file's lines (blank ones
+// skipped; where = "line 3"), or a .json file's array (where = "record 3"). FileError naming the
+// file (and line) for invalid JSON.
+void for_each_json_record(const std::string& path,
+                          const std::function<void(std::string where, const rapidjson::Value& record)>& fn);
 
 // Appends the samples of `path` (JSONL: one object per line; .json: an array of objects) to `out`,
 // tokenizing on `threads` threads. memrt::FileError naming the file and line (or record) of a
