@@ -120,12 +120,15 @@ TEST(Sft, AxolotlLlamaFactoryAndTrlConfigsTrainOnTheirRecords) {
                                 "pad_to_sequence_len: true\nsample_packing: false\ntrain_on_inputs: false\n"
                                 "dataset_prepared_path: " + (dir.path() / "prepared").string() + "\n"
                                 "datasets:\n  - path: " + (dir.path() / "alpaca.jsonl").string() +
-                                "\n    type: alpaca\nnum_epochs: 2\nsave_steps: 3\nlogging_steps: 1\nlearning_rate: 1.0e-2\n") +
+                                "\n    type: alpaca\ntest_datasets:\n  - path: " + (dir.path() / "alpaca.jsonl").string() +
+                                "\n    type: alpaca\n    split: train\n"
+                                "num_epochs: 2\nsave_steps: 3\nlogging_steps: 1\nlearning_rate: 1.0e-2\n") +
       " --output_dir=" + axolotl.string());
   ASSERT_EQ(a.exit_code, 0) << a.out;
   EXPECT_NE(a.out.find("8 records, 6 samples"), std::string::npos) << a.out;
   EXPECT_NE(a.out.find("2 records dropped"), std::string::npos) << a.out;
   EXPECT_EQ(losses(axolotl).size(), 6u) << "6 samples, 2 a step, 2 epochs";
+  EXPECT_EQ(read_json(axolotl / "eval.json")["windows"].GetInt64(), 6) << "test_datasets: the 6 samples";
   EXPECT_TRUE(fs::exists(axolotl / "adapter" / "adapter_model.safetensors"));
 
   // axolotl's type: chat_template on sharegpt records, with the keys its docs spell for them.
@@ -149,7 +152,8 @@ TEST(Sft, AxolotlLlamaFactoryAndTrlConfigsTrainOnTheirRecords) {
   EXPECT_EQ(losses(axolotl_chat).size(), 2u);
 
   // LLaMA-Factory's LoRA example, as its users write it: dataset names in dataset_dir's
-  // dataset_info.json (alpaca, and sharegpt with a system column), template: llama3.
+  // dataset_info.json (alpaca, and sharegpt with a system column), template: llama3, and its
+  // eval_dataset evaluated after the last step.
   std::ofstream(dir.path() / "dataset_info.json")
       << R"({"alpaca_demo": {"file_name": "alpaca.jsonl"},
              "chat_demo": {"file_name": "sharegpt.jsonl", "formatting": "sharegpt", "columns": {"messages": "conversations", "system": "system"}}})";
@@ -158,7 +162,7 @@ TEST(Sft, AxolotlLlamaFactoryAndTrlConfigsTrainOnTheirRecords) {
       kLauncher + " --deepspeed " + dir.write("lf.json", ds(2, 1)) + " " +
       dir.write("llamafactory.yaml", "model_name_or_path: " + base.string() + "\nstage: sft\ndo_train: true\n"
                                      "finetuning_type: lora\nlora_rank: 8\nlora_target: all\n"
-                                     "dataset: alpaca_demo,chat_demo\ndataset_dir: " + dir.path().string() +
+                                     "dataset: alpaca_demo,chat_demo\neval_dataset: alpaca_demo\ndataset_dir: " + dir.path().string() +
                                      "\ntemplate: llama3\ncutoff_len: 256\nmax_samples: 1000\noverwrite_cache: true\n"
                                      "preprocessing_num_workers: 16\ntokenized_path: " + (dir.path() / "prepared").string() +
                                      "\nlogging_steps: 1\nsave_steps: 3\nplot_loss: true\noverwrite_output_dir: true\n"
@@ -170,6 +174,7 @@ TEST(Sft, AxolotlLlamaFactoryAndTrlConfigsTrainOnTheirRecords) {
   EXPECT_NE(lf.out.find("11 records, 11 samples"), std::string::npos) << lf.out;
   EXPECT_EQ(losses(llamafactory).size(), 3u);
   EXPECT_TRUE(fs::exists(llamafactory / "adapter" / "adapter_model.safetensors"));
+  EXPECT_EQ(read_json(llamafactory / "eval.json")["windows"].GetInt64(), 8) << "eval_dataset: its 8 records";
 
   const fs::path trl = dir.path() / "trl";
   const std::string pc = (dir.path() / "prompt_completion.jsonl").string();

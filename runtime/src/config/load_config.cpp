@@ -110,8 +110,10 @@ const std::vector<std::pair<std::string, std::vector<std::string>>> kYamlKeys = 
     {"model", {"model"}},
     {"train_file", {"train_file"}},
     {"datasets", {"datasets"}},
+    {"test_datasets", {"test_datasets"}},
     {"train_on_inputs", {"train_on_inputs", "train_on_prompt"}},
     {"dataset", {"dataset"}},
+    {"eval_dataset", {"eval_dataset"}},
     {"dataset_dir", {"dataset_dir"}},
     {"template", {"template"}},
     {"mask_history", {"mask_history"}},
@@ -251,8 +253,7 @@ const std::vector<std::pair<const char*, const char*>> kYamlRejected = {
     {"dataset_mixer", "memrt reads a local train_file (text, .bin tokens or JSONL with a \"text\" field); set train_file"},
     {"dataset_mixture", "memrt reads a local train_file (text, .bin tokens or JSONL with a \"text\" field); set train_file"},
     {"dataset_splits", "memrt reads a local train_file; set train_file"},
-    {"val_size", "memrt does not split the training data; put the held-out records in eval_file"},
-    {"eval_dataset", "LLaMA-Factory's eval datasets are not read yet; set eval_file"},
+    {"val_size", "memrt does not split the training data; name the held-out records in eval_dataset (or eval_file)"},
     {"tool_format", "LLaMA-Factory's tool formats are not built; records with tools are refused"},
     {"interleave_probs", "LLaMA-Factory's datasets are concatenated (mix_strategy: concat)"},
     {"unfrozen_parameters", "memrt trains every parameter, the layers finetuning_type: freeze chooses (freeze_trainable_layers, freeze_trainable_modules, freeze_extra_modules), or LoRA adapters"},
@@ -1611,55 +1612,65 @@ bool read_chat_dataset_key(const std::string& key, const ConfigNode& value, Chat
   return true;
 }
 
-// Fine-tuning records: axolotl's datasets: [{path, type}] of local files (docs/tokenizers.md), and
-// which of their tokens the loss counts.
+// axolotl's datasets (and test_datasets): a list of {path, type, ...} entries of local files, into `into`.
+void read_axolotl_datasets(const ConfigNode& list, std::vector<DatasetSource>& into) {
+  if (!list.is_array() || list.as_array().empty())
+    throw list.error("expected a list of datasets such as [{path: data.jsonl, type: alpaca}]");
+  for (const ConfigNode& item : list.as_array()) {
+    if (!item.is_object()) throw item.error("expected {path: FILE, type: alpaca}, found " + item.describe());
+    DatasetSource src;
+    const ConfigNode* type = item.find("type");
+    if (!type) throw item.error("has no type; memrt reads type: alpaca and type: chat_template records (prompt/completion JSONL as train_file)");
+    src.type = type->as_string();
+    if (src.type == "sharegpt")
+      throw type->error("is \"sharegpt\", which axolotl replaced by chat_template: write type: chat_template, "
+                        "field_messages: conversations, message_property_mappings: {role: from, content: value}");
+    if (src.type != "alpaca" && src.type != "chat_template")
+      throw type->error("is \"" + src.type + "\"; memrt reads type: alpaca and type: chat_template here "
+                        "(prompt/completion JSONL goes in train_file)");
+    const ConfigNode* chat_key = nullptr;  // the first key that only a chat_template dataset takes
+    for (const auto& [key, value] : item.members()) {
+      if (key == "path") {
+        src.path = value.as_string();
+      } else if (key == "type") {
+      } else if (key == "ds_type" || key == "split") {
+        const std::string v = value.as_string();
+        if ((key == "ds_type" && v != "json") || (key == "split" && v != "train"))
+          throw value.error("is \"" + v + "\"; memrt reads local JSON/JSONL files whole (ds_type: json, split: train)");
+      } else if (read_chat_dataset_key(key, value, src.chat)) {
+        if (!chat_key) chat_key = &value;
+      } else {
+        throw value.error("is not supported in a dataset entry; memrt reads {path, type} (ds_type: json and "
+                          "split: train allowed), and for type: chat_template axolotl's field_messages, "
+                          "message_property_mappings, roles, roles_to_train, train_on_eos, train_on_eot, "
+                          "message_field_training, drop_system_message, field_system and field_tools");
+      }
+    }
+    if (chat_key && src.type != "chat_template")
+      throw chat_key->error("applies to type: chat_template datasets, and this one is type: " + src.type);
+    const ConfigNode* path = item.find("path");
+    if (!path) throw item.error("has no path; expected {path: FILE, type: alpaca}");
+    std::error_code ec;
+    if (!fs::is_regular_file(src.path, ec))
+      throw path->error("is \"" + src.path + "\", which is not a local file: memrt does not download Hub datasets; "
+                        "download it (e.g. huggingface-cli download --repo-type dataset NAME) and set path to its "
+                        ".jsonl or .json file");
+    into.push_back(src);
+  }
+}
+
+// Fine-tuning records: axolotl's datasets: [{path, type}] of local files and LLaMA-Factory's dataset
+// (docs/tokenizers.md), their held-out twins, and which of their tokens the loss counts.
 void Loader::resolve_records() {
   if (const ConfigNode* list = yv("datasets")) {
     if (yv("train_file"))
       throw list->error("and " + where(*yv("train_file")) + " both name the training data; keep one");
-    if (!list->is_array() || list->as_array().empty())
-      throw list->error("expected a list of datasets such as [{path: data.jsonl, type: alpaca}]");
-    for (const ConfigNode& item : list->as_array()) {
-      if (!item.is_object()) throw item.error("expected {path: FILE, type: alpaca}, found " + item.describe());
-      DatasetSource src;
-      const ConfigNode* type = item.find("type");
-      if (!type) throw item.error("has no type; memrt reads type: alpaca and type: chat_template records (prompt/completion JSONL as train_file)");
-      src.type = type->as_string();
-      if (src.type == "sharegpt")
-        throw type->error("is \"sharegpt\", which axolotl replaced by chat_template: write type: chat_template, "
-                          "field_messages: conversations, message_property_mappings: {role: from, content: value}");
-      if (src.type != "alpaca" && src.type != "chat_template")
-        throw type->error("is \"" + src.type + "\"; memrt reads type: alpaca and type: chat_template here "
-                          "(prompt/completion JSONL goes in train_file)");
-      const ConfigNode* chat_key = nullptr;  // the first key that only a chat_template dataset takes
-      for (const auto& [key, value] : item.members()) {
-        if (key == "path") {
-          src.path = value.as_string();
-        } else if (key == "type") {
-        } else if (key == "ds_type" || key == "split") {
-          const std::string v = value.as_string();
-          if ((key == "ds_type" && v != "json") || (key == "split" && v != "train"))
-            throw value.error("is \"" + v + "\"; memrt reads local JSON/JSONL files whole (ds_type: json, split: train)");
-        } else if (read_chat_dataset_key(key, value, src.chat)) {
-          if (!chat_key) chat_key = &value;
-        } else {
-          throw value.error("is not supported in a dataset entry; memrt reads {path, type} (ds_type: json and "
-                            "split: train allowed), and for type: chat_template axolotl's field_messages, "
-                            "message_property_mappings, roles, roles_to_train, train_on_eos, train_on_eot, "
-                            "message_field_training, drop_system_message, field_system and field_tools");
-        }
-      }
-      if (chat_key && src.type != "chat_template")
-        throw chat_key->error("applies to type: chat_template datasets, and this one is type: " + src.type);
-      const ConfigNode* path = item.find("path");
-      if (!path) throw item.error("has no path; expected {path: FILE, type: alpaca}");
-      std::error_code ec;
-      if (!fs::is_regular_file(src.path, ec))
-        throw path->error("is \"" + src.path + "\", which is not a local file: memrt does not download Hub datasets; "
-                          "download it (e.g. huggingface-cli download --repo-type dataset NAME) and set path to its "
-                          ".jsonl or .json file");
-      cfg.data.datasets.push_back(src);
-    }
+    read_axolotl_datasets(*list, cfg.data.datasets);
+  }
+  if (const ConfigNode* list = yv("test_datasets")) {  // axolotl's held-out records: evaluated as eval_file is
+    if (const ConfigNode* file = yv("eval_file"))
+      throw list->error("and " + where(*file) + " both name the evaluation data; keep one");
+    read_axolotl_datasets(*list, cfg.data.eval_datasets);
   }
   read_llamafactory_datasets();
   if (const ConfigNode* eot = yv("eot_tokens")) cfg.data.eot_tokens = eot->as_names();
@@ -1799,7 +1810,7 @@ void Loader::read_llamafactory_datasets() {
   const ConfigNode* names = yv("dataset");
   if (!names) {
     for (const char* key : {"dataset_dir", "template", "mask_history", "default_system", "enable_thinking", "max_samples",
-                            "mix_strategy"})
+                            "mix_strategy", "eval_dataset"})
       if (const ConfigNode* n = yv(key))
         throw n->error("applies to LLaMA-Factory's dataset: (names in dataset_dir's dataset_info.json), which this "
                        "config does not set");
@@ -1828,17 +1839,25 @@ void Loader::read_llamafactory_datasets() {
   }
   if (const ConfigNode* mix = yv("mix_strategy"); mix && mix->as_string() != "concat")
     throw mix->error("is \"" + mix->as_string() + "\"; memrt concatenates the datasets (concat)");
-  for (const std::string& name : names->as_names()) {
-    const ConfigNode* entry = info.find(name);
-    if (!entry) {
-      std::string known;
-      for (const auto& m : info.members()) known += (known.empty() ? "" : ", ") + m.first;
-      throw names->error("names \"" + name + "\", which " + info_path + " does not describe (it has " + known + ")");
+  auto read = [&](const ConfigNode& key, std::vector<DatasetSource>& into) {
+    for (const std::string& name : key.as_names()) {
+      const ConfigNode* entry = info.find(name);
+      if (!entry) {
+        std::string known;
+        for (const auto& m : info.members()) known += (known.empty() ? "" : ", ") + m.first;
+        throw key.error("names \"" + name + "\", which " + info_path + " does not describe (it has " + known + ")");
+      }
+      for (DatasetSource& src : llamafactory_sources(*entry, name, dir, diag)) {
+        src.max_samples = max_samples;
+        into.push_back(std::move(src));
+      }
     }
-    for (DatasetSource& src : llamafactory_sources(*entry, name, dir, diag)) {
-      src.max_samples = max_samples;
-      cfg.data.datasets.push_back(std::move(src));
-    }
+  };
+  read(*names, cfg.data.datasets);
+  if (const ConfigNode* eval = yv("eval_dataset")) {
+    if (const ConfigNode* file = yv("eval_file"))
+      throw eval->error("and " + where(*file) + " both name the evaluation data; keep one");
+    read(*eval, cfg.data.eval_datasets);
   }
   LlamaFactoryOptions& lf = cfg.data.llamafactory;
   if (const ConfigNode* t = yv("template")) lf.template_name = t->as_string();
@@ -1916,7 +1935,7 @@ void Loader::resolve_eval() {
     cfg.eval.batch_size = b->as_int();
     if (cfg.eval.batch_size <= 0) throw b->error("must be positive (eval windows per forward on each rank)");
   }
-  if (!file && (cfg.eval.steps > 0 || cfg.eval.per_epoch > 0)) {  // the training is the same: a note
+  if (!file && cfg.data.eval_datasets.empty() && (cfg.eval.steps > 0 || cfg.eval.per_epoch > 0)) {  // a note
     const ConfigNode* why = strategy ? strategy : steps ? steps : per_epoch;
     diag.warnings.push_back(where(*why) + " asks for evaluation but no eval_file is set: nothing is evaluated; set "
                             "eval_file (or validation_file) to a held-out file in a format train_file takes");

@@ -168,6 +168,8 @@ struct DataConfig {
   // Evaluated as `launcher eval` and eval_steps do (docs/data-and-optim.md, "Evaluation"); the
   // same formats as train_file. Empty: no evaluation.
   std::string eval_file;
+  // Or records evaluated the same way (LLaMA-Factory's eval_dataset), read as `datasets` are.
+  std::vector<DatasetSource> eval_datasets;
 };
 
 // When a training run evaluates eval_file (besides once after its last step): every `steps`

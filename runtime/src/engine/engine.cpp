@@ -241,11 +241,12 @@ void Engine::setup() {
     // With a tokenizer, rank 0 tokenizes first and caches the tokens; the other ranks then map them.
     DataConfig eval = cfg_.data;
     eval.train_file = eval.eval_file;
-    eval.datasets.clear();
+    eval.datasets = eval.eval_datasets;
+    const std::string eval_name = eval.datasets.empty() ? eval.eval_file : eval.datasets.front().path;
     std::shared_ptr<TokenDataset> opened;
     auto open = [&] {
       data = TokenDataset::open(cfg_.data);
-      if (!cfg_.data.eval_file.empty()) opened = TokenDataset::open(eval);
+      if (!eval_name.empty()) opened = TokenDataset::open(eval);
     };
     if (main) open();
     if (!cfg_.data.tokenizer.empty() && run_.world_size > 1) dist_->barrier();
@@ -263,11 +264,11 @@ void Engine::setup() {
                                            cfg_.seed, cfg_.data.pad_to_block, cfg_.data.pack);
     if (opened) {
       if (opened->vocab_size() > run_.shape.vocab_size) {
-        throw FileError(eval.eval_file, "has token ids up to " + std::to_string(opened->vocab_size() - 1) +
+        throw FileError(eval_name, "has token ids up to " + std::to_string(opened->vocab_size() - 1) +
                                             " but the model's vocab_size is " + std::to_string(run_.shape.vocab_size));
       }
       if (eval_windows(*opened, cfg_.data.block_size) == 0) {
-        throw FileError(eval.eval_file, "holds " + std::to_string(opened->num_tokens()) +
+        throw FileError(eval_name, "holds " + std::to_string(opened->num_tokens()) +
                                             " tokens, fewer than one evaluation window of block_size " +
                                             std::to_string(cfg_.data.block_size) + " tokens");
       }
@@ -785,7 +786,7 @@ void Engine::notify_error(const std::exception& e) {
 }
 
 EvalResult Engine::evaluate_only() {
-  if (cfg_.data.eval_file.empty()) {
+  if (cfg_.data.eval_file.empty() && cfg_.data.eval_datasets.empty()) {
     throw ConfigError(cfg_.train_yaml_path, "eval_file",
                       "is not set: launcher eval needs the text to evaluate; add --eval_file=FILE (any format "
                       "train_file takes) or set eval_file in the train.yaml");
