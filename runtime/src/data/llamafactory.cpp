@@ -29,7 +29,7 @@ LlamaFactoryTemplate make(const char* name, Set set) {
   t.name = name;
   set(t);
   if (t.user.empty()) t.user = {text("{{content}}")};
-  if (t.assistant.empty()) t.assistant = t.efficient_eos ? Slots{text("{{content}}")} : Slots{text("{{content}}"), kEos};
+  if (t.assistant.empty()) t.assistant = {text("{{content}}"), kEos};
   if (t.system.empty()) t.system = {text("{{content}}")};
   if (t.observation.empty()) t.observation = t.user;  // format_observation or format_user
   return t;
@@ -470,9 +470,6 @@ LlamaFactoryTemplate run_template(const std::string& path, const Tokenizer& tok,
     t = *llamafactory_template("empty");
     notes.push_back("no template: and the model has no chat template: LLaMA-Factory's \"empty\" template");
   }
-  if (t.efficient_eos)
-    throw FileError(path, "template " + t.name + " ends turns with LLaMA-Factory's efficient_eos, a label that is "
-                          "not its token, which memrt's label masks cannot express; choose another template");
   if (lf.default_system) t.default_system = *lf.default_system;
   return t;
 }

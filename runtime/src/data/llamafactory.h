@@ -30,7 +30,6 @@ struct LlamaFactoryTemplate {
   std::string default_system;
   std::vector<std::string> stop_words;
   bool replace_eos = false;           // the EOS token becomes stop_words[0]
-  bool efficient_eos = false;         // turns end in a label that is not their token: refused
   bool system_in_first_user = false;  // Llama2Template: the system text opens the first user turn
   bool reasoning = false;             // ReasoningTemplate: an empty thought where an answer has none
 };
@@ -51,7 +50,7 @@ LlamaFactoryTemplate parse_llamafactory_template(const ChatTemplate& chat_templa
 // else LLaMA-Factory's "empty"), each slot's text tokenized alone, cut to o.max_length as
 // infer_seqlen cuts and labelled as SupervisedDatasetProcessor labels. memrt::FileError naming the
 // file and record for a record of the wrong shape, and naming the template for one memrt cannot
-// follow (an EOS token the tokenizer lacks, efficient_eos).
+// follow (an EOS token the tokenizer lacks).
 void tokenize_llamafactory(const std::string& path, const Tokenizer& tok, const RecordOptions& o,
                            TokenizedRecords& out, int threads);
 
