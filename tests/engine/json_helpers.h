@@ -28,10 +28,12 @@ inline rapidjson::Document read_json(const std::filesystem::path& p) {
 }
 
 // A test's reference work, queued and then run by a reference script in one Python process (its
-// `batch` command, tests/engine/oracle_cli.py): importing torch, transformers and PEFT takes
-// several seconds, the work itself a fraction of that. The process starts with the batch and
-// imports while the test goes on (memrt training, mostly); run() hands it the queued commands and
-// waits for it. A batch may run more than once, each time in a new process.
+// `batch` command, tests/engine/oracle_cli.py). It predates the tests' Python server
+// (tests/python_server.py), which makes a process's imports free under ctest; run by hand, without
+// the server, importing torch, transformers and PEFT takes several seconds, the work itself a
+// fraction of that. The process starts with the batch and imports while the test goes on (memrt
+// training, mostly); run() hands it the queued commands and waits for it. A batch may run more than
+// once, each time in a new process.
 class PythonBatch {
  public:
   PythonBatch(const TempDir& dir, const std::string& name, std::string script)
