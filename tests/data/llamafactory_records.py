@@ -8,7 +8,8 @@ and for some a chat_template.jinja of tests/data/chat_templates/; the gemma and 
 Llama-2 kind with those models' turn tokens added), OUT_DIR/data/ (dataset_info.json and its record
 files, one a directory of two), and OUT_DIR/expected.json:
     {"cases": {NAME: {"kind": KIND, "yaml": {train.yaml keys}, "ids": [[...]...], "labels": [[0|1...]...],
-                      "dropped": n}  or  {"kind", "yaml", "error": "LLaMA-Factory's message"}}}
+                      "dropped": n}  or  {"kind", "yaml", "error": "LLaMA-Factory's message"}},
+     "infer_seqlen": [[source, target, cutoff, kept source, kept target]...]}  (a grid, its boundaries)
 
 Each case is computed by LLaMA-Factory itself, imported from the installed `llamafactory` wheel:
 parser.get_dataset_list reads dataset_info.json, the records load as Hugging Face `datasets` loads a
@@ -119,6 +120,22 @@ THINK = [
                        {"from": "human", "value": "2+2?"}, {"from": "gpt", "value": "<think>\nadd\n</think>\n\n\n4"}]},
 ]
 
+# formatting openai: tool responses in a row are one turn (a trailing one is dropped), a late system
+# message breaks the record, and the system prompt gets Nemotron's "detailed thinking off"
+OPENAI = [
+    {"messages": [{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello."}]},
+    {"messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Weather?"},
+                  {"role": "assistant", "content": "Checking."}, {"role": "tool", "content": "{\"temp\": 21}"},
+                  {"role": "tool", "content": "{\"wind\": 3}"}, {"role": "assistant", "content": "21 °C, calm."},
+                  {"role": "tool", "content": "late"}]},
+    {"messages": [{"role": "system", "content": "Think. detailed thinking on"}, {"role": "user", "content": "2+2?"},
+                  {"role": "assistant", "content": "4"}]},
+    {"messages": [{"role": "user", "content": "a"}, {"role": "system", "content": "late system"},
+                  {"role": "assistant", "content": "b"}]},
+    {"messages": [{"role": "user", "content": "odd"}, {"role": "assistant", "content": "count"},
+                  {"role": "user", "content": "left over"}]},
+]
+
 MULTI = [
     [{"conversations": [{"from": "human", "value": "first file"}, {"from": "gpt", "value": "one"}]}],
     [{"conversations": [{"from": "human", "value": "second file"}, {"from": "gpt", "value": "two"}]},
@@ -135,6 +152,9 @@ DATASET_INFO = {
                   "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user",
                            "assistant_tag": "assistant", "system_tag": "system"}},
     "think_demo": {"file_name": "think.jsonl", "formatting": "sharegpt"},
+    "openai_demo": {"file_name": "openai.jsonl", "formatting": "openai", "columns": {"messages": "messages"},
+                    "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user",
+                             "assistant_tag": "assistant", "observation_tag": "tool", "system_tag": "system"}},
     "dir_demo": {"file_name": "multi", "formatting": "sharegpt"},
     "hub_demo": {"hf_hub_url": "someone/dataset"},
 }
@@ -155,6 +175,9 @@ CASES = {
     "llama3 directory, max_samples": ("llama3", {"dataset": ["dir_demo", "chat_demo"], "template": "llama3",
                                                  "max_samples": 1, "cutoff_len": 64}),
     "qwen": ("qwen2", {"dataset": "chat_demo,sharegpt_demo", "template": "qwen", "cutoff_len": 128}),
+    "qwen openai": ("qwen2", {"dataset": "openai_demo", "template": "qwen", "cutoff_len": 128}),
+    "llama3 openai, mask_history": ("llama3", {"dataset": "openai_demo", "template": "llama3", "cutoff_len": 128,
+                                               "mask_history": True}),
     "chatml": ("qwen2", {"dataset": "sharegpt_demo", "template": "chatml", "cutoff_len": 128}),
     "phi4": ("qwen2", {"dataset": "chat_demo", "template": "phi4", "cutoff_len": 128}),
     "qwen3": ("qwen3", {"dataset": "think_demo,chat_demo", "template": "qwen3", "cutoff_len": 128}),
@@ -205,7 +228,8 @@ def write_data(data):
         json.dump(ALPACA, f, ensure_ascii=False, indent=1)
     with open(os.path.join(data, "chat.json"), "w", encoding="utf-8") as f:
         json.dump(CHAT, f, ensure_ascii=True)
-    for name, records in (("sharegpt.jsonl", SHAREGPT), ("think.jsonl", THINK), ("multi/b.jsonl", MULTI[1]),
+    for name, records in (("sharegpt.jsonl", SHAREGPT), ("think.jsonl", THINK), ("openai.jsonl", OPENAI),
+                          ("multi/b.jsonl", MULTI[1]),
                           ("multi/a.jsonl", MULTI[0])):
         with open(os.path.join(data, name), "w", encoding="utf-8") as f:
             for r in records:
@@ -274,8 +298,10 @@ def main():
     cases = {}
     for name, (kind, keys) in CASES.items():
         cases[name] = {"kind": kind, "yaml": keys, **run_case(lf, os.path.join(out, kind), data, keys, originals)}
+    from llamafactory.data.processor.processor_utils import infer_seqlen
+    seqlen = [[s, t, c, *infer_seqlen(s, t, c)] for s in range(21) for t in range(21) for c in range(1, 43)]
     with open(os.path.join(out, "expected.json"), "w") as f:
-        json.dump({"cases": cases}, f)
+        json.dump({"cases": cases, "infer_seqlen": seqlen}, f)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@
 #include "config/load_config.h"
 #include "data/chat_template.h"
 #include "data/dataset.h"
+#include "data/llamafactory.h"
 #include "data/records.h"
 #include "data/tokenizer.h"
 #include "memrt/error.h"
@@ -309,7 +310,8 @@ TEST(Records, AxolotlChatTemplateDatasetsTokenizeAsAxolotlDoes) {
 // against what LLaMA-Factory's own parser, converters, templates and supervised processor make of the
 // same files with transformers' tokenizer (llamafactory_records.py): 15 named templates on five
 // tokenizer kinds, alpaca with history and a system column, sharegpt with observation turns and
-// broken records, reasoning turns, a directory dataset; the configs LLaMA-Factory refuses, or where
+// broken records, openai records with tool responses, reasoning turns, a directory dataset, and
+// infer_seqlen on a grid; the configs LLaMA-Factory refuses, or where
 // it would add a token to the vocabulary, are errors here too. memrt drops the samples with nothing to
 // train (LLaMA-Factory keeps them, contributing no loss).
 TEST(Records, LlamaFactoryDatasetsTokenizeAsLlamaFactoryDoes) {
@@ -319,7 +321,7 @@ TEST(Records, LlamaFactoryDatasetsTokenizeAsLlamaFactoryDoes) {
                                                                         " > /dev/null 2>&1"));
   const rapidjson::Document want = read_json(dir.file("lf/expected.json"));
   const rapidjson::Value& cases = want["cases"];
-  ASSERT_EQ(cases.MemberCount(), 28u);
+  ASSERT_EQ(cases.MemberCount(), 30u);
   int errors = 0;
   for (const auto& c : cases.GetObject()) {
     const std::string name = c.name.GetString();
@@ -377,6 +379,13 @@ TEST(Records, LlamaFactoryDatasetsTokenizeAsLlamaFactoryDoes) {
     EXPECT_EQ(said, dropped) << description;
   }
   EXPECT_EQ(errors, 3);
+  // infer_seqlen on a grid that crosses each of its branches' boundaries (target * 2 == cutoff, ...)
+  ASSERT_EQ(want["infer_seqlen"].Size(), 21u * 21u * 42u);
+  for (const auto& row : want["infer_seqlen"].GetArray()) {
+    const auto [source, target] = llamafactory_infer_seqlen(row[0].GetInt64(), row[1].GetInt64(), row[2].GetInt64());
+    ASSERT_EQ(std::make_pair(source, target), std::make_pair(row[3].GetInt64(), row[4].GetInt64()))
+        << "infer_seqlen(" << row[0].GetInt64() << ", " << row[1].GetInt64() << ", " << row[2].GetInt64() << ")";
+  }
 }
 
 // A template named as axolotl names it (chat_template: chatml) renders the conversations instead of
@@ -476,6 +485,38 @@ TEST(Records, BadRecordsNameTheFileAndLine) {
     cfg.datasets = {{f.dir.file(c.name), "chat_template", {}}};
     expect_error<FileError>([&] { TokenDataset::open(cfg); }, c.says);
   }
+  // LLaMA-Factory records memrt does not render (its tool formats: a record's tools, sharegpt's
+  // function_call turns, openai's tool_calls) and an openai role that none of the tags names.
+  cfg.llamafactory.template_name = "llama3";
+  LlamaFactoryDataset sharegpt, openai;
+  sharegpt.formatting = "sharegpt";
+  sharegpt.tools = "tools";
+  openai.formatting = "openai";
+  openai.messages = "messages";
+  openai.role_tag = "role";
+  openai.content_tag = "content";
+  openai.user_tag = "user";
+  openai.assistant_tag = "assistant";
+  openai.observation_tag = "tool";
+  const std::vector<std::pair<Case, LlamaFactoryDataset>> lf = {
+      {{"lf1.jsonl", "{\"conversations\": [{\"from\": \"human\", \"value\": \"hi\"}, {\"from\": \"function_call\", \"value\": \"{}\"}]}\n",
+        {"lf1.jsonl", "line 1", "\"function_call\" turn", "tool formats"}}, sharegpt},
+      {{"lf2.jsonl", "{\"conversations\": [], \"tools\": \"[{\\\"name\\\": \\\"f\\\"}]\"}\n", {"lf2.jsonl", "line 1", "has tools", "\"tools\" column"}},
+       sharegpt},
+      {{"lf3.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": null, "
+                     "\"tool_calls\": [{\"function\": {\"name\": \"f\"}}]}]}\n",
+        {"lf3.jsonl", "line 1", "\"assistant\" turn with \"tool_calls\"", "function call"}}, openai},
+      {{"lf4.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n{\"messages\": [{\"role\": \"developer\", \"content\": \"x\"}]}\n",
+        {"lf4.jsonl", "line 2", "\"developer\"", "observation_tag \"tool\"", "dataset_info.json"}}, openai},
+      {{"lf5.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": null}, {\"role\": \"assistant\", \"content\": \"x\"}]}\n",
+        {"lf5.jsonl", "line 1", "\"content\" is null"}}, openai},
+  };
+  for (const auto& [c, d] : lf) {
+    std::ofstream(f.dir.file(c.name), std::ios::binary) << c.text;
+    cfg.datasets = {{f.dir.file(c.name), "llamafactory", {}, d}};
+    expect_error<FileError>([&] { TokenDataset::open(cfg); }, c.says);
+  }
+  cfg.llamafactory = {};
   cfg.datasets = {{f.dir.file("chat_template.jsonl"), "chat_template", {}}};
   cfg.eot_tokens = std::vector<std::string>{"Cutting Knowledge"};  // in the template, and not one token
   expect_error<FileError>([&] { TokenDataset::open(cfg); }, {"eot_tokens", "\"Cutting Knowledge\"", "must be one"});

@@ -1737,12 +1737,8 @@ std::vector<DatasetSource> llamafactory_sources(const ConfigNode& entry, const s
   const ConfigNode* file = r.child("file_name");
   const ConfigNode* formatting = r.child("formatting");
   if (formatting) d.formatting = formatting->as_string();
-  if (d.formatting == "openai")
-    throw formatting->error("is \"openai\", which memrt does not read yet: describe the records as "
-                                        "formatting: sharegpt with tags {role_tag: role, content_tag: content, user_tag: "
-                                        "user, assistant_tag: assistant, system_tag: system}");
-  if (d.formatting != "alpaca" && d.formatting != "sharegpt")
-    throw formatting->error("is \"" + d.formatting + "\"; expected alpaca or sharegpt");
+  if (d.formatting != "alpaca" && d.formatting != "sharegpt" && d.formatting != "openai")
+    throw formatting->error("is \"" + d.formatting + "\"; expected alpaca, sharegpt or openai");
   if (const ConfigNode* ranking = r.child("ranking"); ranking && ranking->as_bool())
     throw ranking->error("is true: ranked (DPO, reward model) datasets are not supported; memrt fine-tunes on responses");
   if (const ConfigNode* split = r.child("split"); split && split->as_string() != "train")

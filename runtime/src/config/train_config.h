@@ -102,11 +102,11 @@ struct ChatTemplateDataset {
 // ones it omits unset, as in LLaMA-Factory (docs/tokenizers.md, "Datasets").
 struct LlamaFactoryDataset {
   std::string name;                  // its key in dataset_info.json
-  std::string formatting = "alpaca";  // "alpaca" | "sharegpt"
-  // columns: alpaca's prompt, query, response and history; sharegpt's messages; both: system, tools.
+  std::string formatting = "alpaca";  // "alpaca" | "sharegpt" | "openai"
+  // columns: alpaca's prompt, query, response and history; sharegpt's and openai's messages; all: system, tools.
   std::string prompt = "instruction", query = "input", response = "output", history, messages = "conversations",
               system, tools;
-  // sharegpt's tags: a message's keys, and the roles they name.
+  // sharegpt's and openai's tags: a message's keys, and the roles they name.
   std::string role_tag = "from", content_tag = "value", user_tag = "human", assistant_tag = "gpt",
               observation_tag = "observation", function_tag = "function_call", system_tag = "system";
   int64_t part = 0;  // which file of the dataset's directory this source is (0: its first, or its file)

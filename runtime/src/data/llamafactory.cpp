@@ -233,54 +233,134 @@ Example alpaca(const std::string& path, std::string where, const rapidjson::Valu
   return e;
 }
 
+// The message list of a sharegpt or openai record, read with the dataset's tags: the messages after a
+// leading system message, which (else the record's system column) is the system prompt.
+struct Conversation {
+  const std::string& path;
+  const std::string& where;
+  const LlamaFactoryDataset& d;
+  std::vector<const rapidjson::Value*> messages;
+  std::string system;
+
+  Conversation(const std::string& path, const std::string& where, const rapidjson::Value& rec,
+               const LlamaFactoryDataset& d)
+      : path(path), where(where), d(d) {
+    const rapidjson::Value* list = column(rec, d.messages);
+    if (!list || !list->IsArray())
+      throw FileError(path, where + ": \"" + d.messages + "\" must be a list of messages (the dataset's \"messages\" "
+                                    "column, in dataset_info.json)");
+    for (const auto& m : list->GetArray()) messages.push_back(&m);
+    if (!d.system_tag.empty() && !messages.empty() && role(*messages[0]) == d.system_tag) {
+      system = content(*messages[0]);
+      messages.erase(messages.begin());
+    } else {
+      system = column_string(path, where, rec, d.system).value_or("");
+    }
+  }
+  std::string role(const rapidjson::Value& m) const {
+    const auto r = m.IsObject() ? m.FindMember(d.role_tag.c_str()) : rapidjson::Value::ConstMemberIterator();
+    if (!m.IsObject() || r == m.MemberEnd() || !r->value.IsString())
+      throw FileError(path, where + ": every message needs a string \"" + d.role_tag + "\" (the dataset's role_tag)");
+    return r->value.GetString();
+  }
+  std::string content(const rapidjson::Value& m) const {
+    const auto c = m.FindMember(d.content_tag.c_str());
+    if (c == m.MemberEnd())
+      throw FileError(path, where + ": a message has no \"" + d.content_tag + "\" (the dataset's content_tag)");
+    std::optional<std::string> text = string_at(path, where, c->value, "a message's \"" + d.content_tag + "\"");
+    if (!text) throw FileError(path, where + ": a message's \"" + d.content_tag + "\" is null; it must be a string");
+    return std::move(*text);
+  }
+  static bool is(const std::string& tag, const std::string& role) { return !tag.empty() && tag == role; }
+  // `turn`: e.g. `a "function_call" turn`.
+  void refuse_function_call(const std::string& turn) const {
+    throw FileError(path, where + ": " + turn + " is a function call, and memrt does not render LLaMA-Factory's "
+                                  "tool formats yet; remove the record or its calls");
+  }
+  // The converters' end: user and observation turns at even positions, assistant turns at odd ones,
+  // an even count; else the record is broken (both empty).
+  static void align(Example& e, std::vector<Message> aligned) {
+    for (size_t i = 0; i < aligned.size(); ++i)
+      if ((aligned[i].role == Role::kAssistant) != (i % 2 == 1)) return;  // "Invalid role tag"
+    if (aligned.size() % 2 != 0) return;                                  // "Invalid message count"
+    if (!aligned.empty()) {
+      e.response.push_back(std::move(aligned.back()));
+      aligned.pop_back();
+    }
+    e.prompt = std::move(aligned);
+  }
+};
+
 // SharegptDatasetConverter.
 Example sharegpt(const std::string& path, std::string where, const rapidjson::Value& rec, const LlamaFactoryDataset& d) {
   Example e;
   e.where = std::move(where);
-  const rapidjson::Value* list = column(rec, d.messages);
-  if (!list || !list->IsArray())
-    throw FileError(path, e.where + ": \"" + d.messages + "\" must be a list of messages (the dataset's \"messages\" "
-                                    "column, in dataset_info.json)");
-  auto role_of = [&](const rapidjson::Value& m) -> std::string {
-    const auto r = m.IsObject() ? m.FindMember(d.role_tag.c_str()) : rapidjson::Value::ConstMemberIterator();
-    if (!m.IsObject() || r == m.MemberEnd() || !r->value.IsString())
-      throw FileError(path, e.where + ": every message needs a string \"" + d.role_tag + "\" (the dataset's role_tag)");
-    return r->value.GetString();
-  };
-  auto content_of = [&](const rapidjson::Value& m) {
-    const auto c = m.FindMember(d.content_tag.c_str());
-    if (c == m.MemberEnd())
-      throw FileError(path, e.where + ": a message has no \"" + d.content_tag + "\" (the dataset's content_tag)");
-    return *string_at(path, e.where, c->value, "a message's \"" + d.content_tag + "\"");
-  };
-  auto is = [](const std::string& tag, const std::string& role) { return !tag.empty() && tag == role; };
-  std::vector<const rapidjson::Value*> messages;
-  for (const auto& m : list->GetArray()) messages.push_back(&m);
-  if (!d.system_tag.empty() && !messages.empty() && role_of(*messages[0]) == d.system_tag) {
-    e.system = content_of(*messages[0]);
-    messages.erase(messages.begin());
-  } else {
-    e.system = column_string(path, e.where, rec, d.system).value_or("");
-  }
+  const Conversation c(path, e.where, rec, d);
+  e.system = c.system;
   std::vector<Message> aligned;
-  for (size_t i = 0; i < messages.size(); ++i) {
-    const std::string role = role_of(*messages[i]);
-    const bool odd = is(d.user_tag, role) || is(d.observation_tag, role);
-    const bool even = is(d.assistant_tag, role) || is(d.function_tag, role);
-    if (!(i % 2 == 0 ? odd : even)) return e;  // broken: "Invalid role tag"
-    if (is(d.function_tag, role))
-      throw FileError(path, e.where + ": a \"" + role + "\" turn is a function call, and memrt does not render "
-                                      "LLaMA-Factory's tool formats yet; remove the record or its calls");
-    aligned.push_back({is(d.user_tag, role) ? Role::kUser : is(d.assistant_tag, role) ? Role::kAssistant
-                                                                                      : Role::kObservation,
-                       content_of(*messages[i])});
+  for (size_t i = 0; i < c.messages.size(); ++i) {
+    const std::string role = c.role(*c.messages[i]);
+    const bool odd = c.is(d.user_tag, role) || c.is(d.observation_tag, role);
+    const bool even = c.is(d.assistant_tag, role) || c.is(d.function_tag, role);
+    if (!(i % 2 == 0 ? odd : even)) return e;  // broken: checked as it goes, before a later function call
+    if (c.is(d.function_tag, role)) c.refuse_function_call("a \"" + role + "\" turn");
+    aligned.push_back({c.is(d.user_tag, role) ? Role::kUser : c.is(d.assistant_tag, role) ? Role::kAssistant
+                                                                                          : Role::kObservation,
+                       c.content(*c.messages[i])});
   }
-  if (aligned.size() % 2 != 0) return e;  // broken: "Invalid message count"
-  if (!aligned.empty()) {
-    e.response.push_back(aligned.back());
-    aligned.pop_back();
+  Conversation::align(e, std::move(aligned));
+  return e;
+}
+
+// OpenAIDatasetConverter: consecutive observations (tool responses) are one turn, joined as LLaMA-Factory
+// joins them (a trailing run is dropped, as it drops it); the roles are checked after that; and the
+// system prompt says "detailed thinking off" unless it says "detailed thinking on" or "off" already
+// (LLaMA-Factory's openai converter writes Nemotron's switch into every record without tools).
+Example openai(const std::string& path, std::string where, const rapidjson::Value& rec, const LlamaFactoryDataset& d) {
+  Example e;
+  e.where = std::move(where);
+  const Conversation c(path, e.where, rec, d);
+  std::vector<Message> aligned;
+  std::vector<std::string> tool_responses;
+  bool broken = false;
+  for (const rapidjson::Value* m : c.messages) {
+    const std::string role = c.role(*m);
+    if (c.is(d.function_tag, role)) c.refuse_function_call("a \"" + role + "\" turn");
+    if (c.is(d.assistant_tag, role)) {
+      const auto calls = m->FindMember("tool_calls");
+      if (calls != m->MemberEnd() && !calls->value.IsNull() && !(calls->value.IsArray() && calls->value.Empty()))
+        c.refuse_function_call("an \"" + role + "\" turn with \"tool_calls\"");
+    }
+    const std::string content = c.content(*m);
+    if (c.is(d.observation_tag, role)) {
+      tool_responses.push_back(content);
+      continue;
+    }
+    if (!tool_responses.empty()) {
+      std::string joined = tool_responses[0];
+      for (size_t k = 1; k < tool_responses.size(); ++k) joined += "\n</tool_response>\n<tool_response>\n" + tool_responses[k];
+      aligned.push_back({Role::kObservation, std::move(joined)});
+      tool_responses.clear();
+    }
+    if (c.is(d.user_tag, role)) {
+      aligned.push_back({Role::kUser, content});
+    } else if (c.is(d.assistant_tag, role)) {
+      aligned.push_back({Role::kAssistant, content});
+    } else if (c.is(d.system_tag, role)) {
+      broken = true;  // a system message after the first: its role is out of turn wherever it is
+    } else {
+      throw FileError(path, e.where + ": a message's role \"" + role + "\" is none of the dataset's tags (user_tag \"" +
+                                d.user_tag + "\", assistant_tag \"" + d.assistant_tag + "\", observation_tag \"" +
+                                d.observation_tag + "\", system_tag \"" + d.system_tag + "\"); set its tags in "
+                                "dataset_info.json");
+    }
   }
-  e.prompt = std::move(aligned);
+  const std::string off = "detailed thinking off";
+  e.system = c.system.empty() ? off
+             : c.system.find("detailed thinking on") != std::string::npos || c.system.find(off) != std::string::npos
+                 ? c.system
+                 : c.system + "\n" + off;
+  if (!broken) Conversation::align(e, std::move(aligned));
   return e;
 }
 
@@ -392,21 +472,6 @@ struct Encoder {
   }
 };
 
-// infer_seqlen: the source and target lengths kept of a turn within `cutoff` tokens.
-std::pair<int64_t, int64_t> infer_seqlen(int64_t source, int64_t target, int64_t cutoff) {
-  int64_t max_target;
-  if (target * 2 < cutoff)
-    max_target = cutoff;
-  else if (source * 2 < cutoff)
-    max_target = cutoff - source;
-  else  // Python's int() of the float product
-    max_target = static_cast<int64_t>(static_cast<double>(cutoff) *
-                                      (static_cast<double>(target) / static_cast<double>(source + target)));
-  const int64_t new_target = std::min(max_target, target);
-  const int64_t new_source = std::min(std::max<int64_t>(cutoff - new_target, 0), source);
-  return {new_source, new_target};
-}
-
 // The tokens one turn contributes (source then target), cut and labelled.
 struct Turn {
   std::vector<int32_t> source, target;
@@ -426,7 +491,7 @@ void supervised(std::vector<Turn> turns, const RecordOptions& o, std::vector<int
       break;
     }
     Turn& turn = turns[k];
-    const auto [source, target] = infer_seqlen(static_cast<int64_t>(turn.source.size()),
+    const auto [source, target] = llamafactory_infer_seqlen(static_cast<int64_t>(turn.source.size()),
                                                static_cast<int64_t>(turn.target.size()), o.max_length - total);
     cut = cut || source < static_cast<int64_t>(turn.source.size()) || target < static_cast<int64_t>(turn.target.size());
     turn.source.resize(static_cast<size_t>(source));
@@ -487,6 +552,20 @@ std::vector<std::string_view> code_points(std::string_view s) {
 }
 
 }  // namespace
+
+std::pair<int64_t, int64_t> llamafactory_infer_seqlen(int64_t source, int64_t target, int64_t cutoff) {
+  int64_t max_target;
+  if (target * 2 < cutoff)
+    max_target = cutoff;
+  else if (source * 2 < cutoff)
+    max_target = cutoff - source;
+  else  // Python's int() of the float product
+    max_target = static_cast<int64_t>(static_cast<double>(cutoff) *
+                                      (static_cast<double>(target) / static_cast<double>(source + target)));
+  const int64_t new_target = std::min(max_target, target);
+  const int64_t new_source = std::min(std::max<int64_t>(cutoff - new_target, 0), source);
+  return {new_source, new_target};
+}
 
 const LlamaFactoryTemplate* llamafactory_template(const std::string& name) {
   for (const LlamaFactoryTemplate& t : templates())
@@ -573,6 +652,7 @@ void tokenize_llamafactory(const std::string& path, const Tokenizer& tok, const 
     if (!rec.IsObject()) throw FileError(path, where + ": expected a JSON object (a " + d.formatting + " record)");
     refuse_tools(path, where, rec, d);
     examples.push_back(d.formatting == "sharegpt" ? sharegpt(path, std::move(where), rec, d)
+                       : d.formatting == "openai" ? openai(path, std::move(where), rec, d)
                                                   : alpaca(path, std::move(where), rec, d));
   });
   std::vector<std::string> texts;

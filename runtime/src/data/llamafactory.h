@@ -1,13 +1,15 @@
 // LLaMA-Factory's datasets (docs/tokenizers.md, "Datasets"): the templates a run names with
 // `template:`, LLaMA-Factory's parse_template of a model's own chat template, and its converters
-// (alpaca, sharegpt) and supervised processor on memrt's tokenizer — the ids and labels
+// (alpaca, sharegpt, openai) and supervised processor on memrt's tokenizer — the ids and labels
 // LLaMA-Factory 0.9.5 makes of a dataset_info.json dataset.
 //
 //   RecordOptions o;  // type kLlamaFactory, the dataset's columns, the run's template and keys
 //   tokenize_llamafactory("data/alpaca_en_demo.json", tok, o, out, threads);  // as tokenize_records
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "data/records.h"
@@ -44,6 +46,10 @@ std::string llamafactory_template_names();
 // (the tokenizer's decoding of encode("")). memrt::Error when the template refuses those messages
 // or leaves a slot without its content.
 LlamaFactoryTemplate parse_llamafactory_template(const ChatTemplate& chat_template, const Tokenizer& tok);
+
+// LLaMA-Factory's infer_seqlen: the {source, target} lengths kept of a turn of `source` prompt and
+// `target` response tokens within `cutoff` tokens (the response kept whole when it is under half).
+std::pair<int64_t, int64_t> llamafactory_infer_seqlen(int64_t source, int64_t target, int64_t cutoff);
 
 // tokenize_records of a kLlamaFactory source: its records converted as its formatting says,
 // rendered through the template named by o.llamafactory_options (else parsed from o.chat_template,
