@@ -5,7 +5,7 @@ renders each template of tests/data/chat_templates/ (authored here in the shape 
 Qwen3, Mistral, Phi-3 and Gemma templates, plus one exercising whitespace control and expressions)
 on a set of conversations with transformers' own renderer (render_jinja_template, as
 apply_chat_template renders), with and without add_generation_prompt; and axolotl's templates of the names memrt ships
-(chatml, llama3, phi_3, qwen_25, gemma3: read from the installed axolotl package, never imported) as "axolotl:NAME"
+(chatml, llama3, phi_3, phi_4, qwen_25, qwen3, gemma3: read from the installed axolotl package, never imported) as "axolotl:NAME"
 with "named": NAME; and writes
     {"<family>": {"template": "...", "cases": [{"variables": {...}, "text": "...",
                   "generation": [[begin, end]...]} or {"variables": {...}, "error": "..."}]}}
@@ -61,8 +61,8 @@ FAMILIES = {
 
 
 # axolotl's named templates memrt ships its own of, and the conversations each takes.
-AXOLOTL_NAMED = {"chatml": [0, 1, 2, 5], "llama3": [0, 1, 2, 4, 5], "phi_3": [0, 1, 2, 5], "qwen_25": [0, 1, 2, 3, 6],
-                 "gemma3": [0, 1, 2, 4, 5]}
+AXOLOTL_NAMED = {"chatml": [0, 1, 2, 5], "llama3": [0, 1, 2, 4, 5], "phi_3": [0, 1, 2, 5], "phi_4": [0, 1, 2, 5],
+                 "qwen_25": [0, 1, 2, 3, 6], "qwen3": [0, 1, 2, 3, 6], "gemma3": [0, 1, 2, 4, 5]}
 
 
 def axolotl_template(name):
@@ -89,9 +89,9 @@ def main():
         for k in picks:
             for gen in (False, True):
                 variables = dict(SPECIAL, messages=CONVERSATIONS[k], add_generation_prompt=gen)
-                if family in ("llama3", "qwen3") or named == "qwen_25":
+                if family in ("llama3", "qwen3") or named in ("qwen_25", "qwen3"):
                     variables["tools"] = [TOOL] if k in (3, 6) else None
-                if family == "qwen3" and gen:
+                if (family == "qwen3" or (named == "qwen3" and k in (1, 3))) and gen:
                     variables["enable_thinking"] = False
                 kwargs = {key: v for key, v in variables.items() if key not in ("messages", "tools", "add_generation_prompt")}
                 try:

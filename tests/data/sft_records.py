@@ -27,7 +27,7 @@ tokenized, and each turn that trains located by rendering the conversation up to
 front and from the back; the EOT/EOS token at most 3 tokens past a turn trained as train_on_eot /
 train_on_eos say (turn, all, last); with nothing chosen to train, the legacy path (the conversation
 but its last turn with the generation prompt; the rest trained). "chat_template cases" holds each
-case's file, its train.yaml keys (the dataset entry's and the run's: eot_tokens, train_on_inputs) and
+case's file, its train.yaml keys (the dataset entry's and the run's: eot_tokens, train_on_inputs, chat_template: a name whose axolotl file renders) and
 its sequence length.
 A message's keys beyond the mapped ones are all kept (axolotl keeps those the template reads, which
 renders the same for a template that reads keys by name).
@@ -37,6 +37,8 @@ import os
 import sys
 
 from transformers import AutoTokenizer
+
+from chat_templates import axolotl_template
 
 MAX_LENGTH = 256
 CHAT_MAX_LENGTH = 512  # chat_template cases: room for the tool conversation (~300 tokens)
@@ -111,6 +113,8 @@ CHAT_CASES = {
     "sharegpt": ("sharegpt.jsonl", SHAREGPT_KEYS, EOT),
     "sharegpt_roles": ("sharegpt.jsonl", {**SHAREGPT_KEYS, "roles": {"user": ["human"], "assistant": ["gpt"], "system": ["system"]},
                                           "roles_to_train": ["gpt"], "drop_system_message": True}, EOT),
+    # axolotl's qwen3 template by name: think blocks placed by real_last_index in find_turn's renders
+    "named_qwen3": ("chat_template.jsonl", {}, {"chat_template": "qwen3"}),
 }
 
 TEMPLATES = {"llama3": "llama3.jinja", "llama2": "mistral.jinja"}
@@ -207,6 +211,8 @@ def axolotl_chat(tok, records, keys, run, max_length):
 
     def render(conversation, tools=None, generation_prompt=False, real_last_index=None):
         kwargs = {"add_generation_prompt": generation_prompt}
+        if "chat_template" in run:
+            kwargs["chat_template"] = axolotl_template(run["chat_template"])
         if tools:
             kwargs["tools"] = tools
         if real_last_index:

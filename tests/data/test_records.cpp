@@ -257,7 +257,7 @@ TEST(Records, AxolotlChatTemplateDatasetsTokenizeAsAxolotlDoes) {
   ASSERT_TRUE(f.made);
   const rapidjson::Document want = read_json(f.dir.file("tok/llama3/sft.json"));
   const rapidjson::Value& cases = want["chat_template cases"];
-  ASSERT_EQ(cases.MemberCount(), 9u);
+  ASSERT_EQ(cases.MemberCount(), 10u);
   for (const auto& c : cases.GetObject()) {
     const std::string name = c.name.GetString();
     SCOPED_TRACE(name);
@@ -429,7 +429,7 @@ TEST(Records, NamedTemplatesAndTheModelsOwn) {
   std::ofstream(f.dir.file("mine.jinja")) << *named_chat_template("chatml");  // axolotl's chat_template: jinja
   EXPECT_EQ(first_sample("chat_template: jinja\nchat_template_jinja: " + f.dir.file("mine.jinja") + "\n"), rendered(chatml));
   expect_error<FileError>([&] { first_sample("chat_template: mistral_v1\n"); },
-                          {"named.yaml: chat_template", "mistral_v1", "chatml, llama3, phi_3, qwen_25, gemma3",
+                          {"named.yaml: chat_template", "mistral_v1", "chatml, llama3, phi_3, phi_4, qwen_25, qwen3, gemma3",
                            "tokenizer_default"});
 }
 

@@ -1,5 +1,5 @@
-// The chat templates a run can name (axolotl's `chat_template: chatml | llama3 | phi_3 | qwen_25 |
-// gemma3`), written here to render what axolotl's templates of those names render, byte for byte
+// The chat templates a run can name (axolotl's `chat_template: chatml | llama3 | phi_3 | phi_4 |
+// qwen_25 | qwen3 | gemma3`), written here to render what axolotl's templates of those names render, byte for byte
 // (ChatTemplate.RendersAsTransformersDoes checks them against axolotl's own files).
 #include <utility>
 
@@ -28,6 +28,31 @@ const std::vector<std::pair<std::string, std::string>>& named() {
        "{% if m['role'] == 'system' %}{{ '<|system|>\\n' + m['content'] + '<|end|>\\n' }}"
        "{% elif m['role'] == 'user' %}{{ '<|user|>\\n' + m['content'] + '<|end|>\\n<|assistant|>\\n' }}"
        "{% elif m['role'] == 'assistant' %}{{ m['content'] + '<|end|>\\n' }}{% endif %}{% endfor %}"},
+      // Phi-4 (axolotl's phi_4: Phi-4-reasoning's turns): a system turn always, its default the
+      // reasoning prompt below; user and assistant turns as <|im_start|>ROLE<|im_sep|>...<|im_end|>,
+      // the assistant's text and end in a generation block; other roles are not written.
+      {"phi_4",
+       "{% set first_system = messages and messages[0]['role'] == 'system' %}"
+       "{% set turns = messages[1:] if first_system else messages %}"
+       "{{ '<|im_start|>system<|im_sep|>' }}{% if first_system %}{{ messages[0]['content'] }}{% else %}{{ '"
+       "You are Phi, a language model trained by Microsoft to help users. Your role as an assistant involves"
+       " thoroughly exploring questions through a systematic thinking process before providing the final"
+       " precise and accurate solutions. This requires engaging in a comprehensive cycle of analysis,"
+       " summarizing, exploration, reassessment, reflection, backtracing, and iteration to develop"
+       " well-considered thinking process. Please structure your response into two main sections: Thought"
+       " and Solution using the specified format: <think> {Thought section} </think> {Solution section}. In"
+       " the Thought section, detail your reasoning process in steps. Each step should include detailed"
+       " considerations such as analysing questions, summarizing relevant findings, brainstorming new ideas,"
+       " verifying the accuracy of the current steps, refining any errors, and revisiting previous steps. In"
+       " the Solution section, based on various attempts, explorations, and reflections from the Thought"
+       " section, systematically present the final solution that you deem correct. The Solution section"
+       " should be logical, accurate, and concise and detail necessary steps needed to reach the conclusion."
+       " Now, try to solve the following question through the above guidelines:"
+       "' }}{% endif %}{{ '<|im_end|>' }}{% for m in turns %}"
+       "{% if m['role'] == 'user' %}{{ '<|im_start|>user<|im_sep|>' + m['content'] + '<|im_end|>' }}"
+       "{% elif m['role'] == 'assistant' %}{{ '<|im_start|>assistant<|im_sep|>' }}"
+       "{% generation %}{{ m['content'] + '<|im_end|>' }}{% endgeneration %}{% endif %}{% endfor %}"
+       "{% if add_generation_prompt %}{{ '<|im_start|>assistant<|im_sep|>' }}{% endif %}"},
       // Qwen2.5: ChatML with a default system prompt, the tools' signatures in it, tool calls as
       // <tool_call> JSON and consecutive tool results in one user turn.
       {"qwen_25",
@@ -51,6 +76,54 @@ const std::vector<std::pair<std::string, std::string>>& named() {
        "{{ '\\n<tool_response>\\n' ~ m.content ~ '\\n</tool_response>' }}"
        "{% if loop.last or loop.nextitem.role != 'tool' %}{{ '<|im_end|>\\n' }}{% endif %}{% endif %}{% endfor %}"
        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"},
+      // Qwen3 (axolotl's qwen3): ChatML, with Qwen2.5's tools and tool turns; an assistant turn after
+      // the last real user query shows its reasoning (reasoning_content, else what its text holds
+      // in <think></think>) in a think block when it is the last message (real_last_index, when
+      // given) or has reasoning; the others show only their answer. The generation prompt opens a
+      // think block, an empty closed one with enable_thinking false.
+      {"qwen3",
+       "{% macro text(c) %}{% if c is string %}{{ c }}{% else %}{% for item in c %}{% if 'text' in item %}"
+       "{{ item['text'] }}{% endif %}{% endfor %}{% endif %}{% endmacro %}"
+       "{% if tools %}{{ '<|im_start|>system\\n' }}{% if messages[0].role == 'system' %}"
+       "{{ text(messages[0].content) + '\\n\\n' }}{% endif %}"
+       "{{ '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided "
+       "with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
+       "{% for tool in tools %}{{ '\\n' + tool | tojson }}{% endfor %}"
+       "{{ '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within "
+       "<tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"name\\\": <function-name>, \\\"arguments\\\": "
+       "<args-json-object>}\\n</tool_call><|im_end|>\\n' }}"
+       "{% elif messages[0].role == 'system' %}{{ '<|im_start|>system\\n' + text(messages[0].content) + '<|im_end|>\\n' }}"
+       "{% endif %}"
+       "{% set ns = namespace(multi_step_tool=true, last_query_index=messages | length - 1) %}"
+       "{% for m in messages | reverse %}{% if ns.multi_step_tool and m.role == 'user' and not (m.content is string "
+       "and m.content.startswith('<tool_response>') and m.content.endswith('</tool_response>')) %}"
+       "{% set ns.multi_step_tool = false %}{% set ns.last_query_index = messages | length - 1 - loop.index0 %}"
+       "{% endif %}{% endfor %}"
+       "{% set last = real_last_index if real_last_index is defined and real_last_index is not none "
+       "else messages | length - 1 %}"
+       "{% for m in messages %}"
+       "{% if m.role == 'user' or (m.role == 'system' and not loop.first) %}"
+       "{{ '<|im_start|>' + m.role + '\\n' + text(m.content) + '<|im_end|>\\n' }}"
+       "{% elif m.role == 'assistant' %}{% set content = '' if m.content is none else text(m.content) %}"
+       "{% if m.reasoning_content is string %}{% set reasoning = m.reasoning_content %}"
+       "{% elif '</think>' in content %}"
+       "{% set reasoning = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}"
+       "{% set content = content.split('</think>')[-1].lstrip('\\n') %}{% else %}{% set reasoning = '' %}{% endif %}"
+       "{% if loop.index0 > ns.last_query_index and (loop.index0 == last or reasoning) %}"
+       "{{ '<|im_start|>' + m.role + '\\n<think>\\n' + reasoning.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n') }}"
+       "{% else %}{{ '<|im_start|>' + m.role + '\\n' + content }}{% endif %}"
+       "{% for call in m.tool_calls or [] %}{% if content or not loop.first %}{{ '\\n' }}{% endif %}"
+       "{% set f = call.function if call.function else call %}"
+       "{{ '<tool_call>\\n{\\\"name\\\": \\\"' ~ f.name ~ '\\\", \\\"arguments\\\": ' ~ "
+       "(f.arguments if f.arguments is string else f.arguments | tojson) ~ '}\\n</tool_call>' }}{% endfor %}"
+       "{{ '<|im_end|>\\n' }}"
+       "{% elif m.role == 'tool' %}{% if loop.first or messages[loop.index0 - 1].role != 'tool' %}"
+       "{{ '<|im_start|>user' }}{% endif %}{{ '\\n<tool_response>\\n' + text(m.content) + '\\n</tool_response>' }}"
+       "{% if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{ '<|im_end|>\\n' }}{% endif %}{% endif %}"
+       "{% endfor %}"
+       "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+       "{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}"
+       "{% else %}{{ '<think>\\n\\n' }}{% endif %}{% endif %}"},
       // Gemma 3: BOS; the system prompt opens the first turn; user and model (the assistant) must
       // alternate; a list's images as <start_of_image> and its texts trimmed.
       {"gemma3",
