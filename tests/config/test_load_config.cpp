@@ -586,3 +586,17 @@ TEST(PrintConfig, ResolvedJsonHasTheEquationPluginsAndWarnings) {
   EXPECT_EQ(back.at_path("optimizer.type")->as_string(), "AdamW");
   EXPECT_EQ(back.find("warnings")->as_array().size(), 1u);
 }
+
+// Records to train on and held-out records (axolotl's datasets and test_datasets) are both printed.
+TEST(PrintConfig, ResolvedJsonNamesTheDatasetsAndTheHeldOutOnes) {
+  const std::string readme = std::string(MEMRT_SOURCE_DIR) + "/README.md";  // a file that exists
+  const TrainConfig c = load("", "datasets:\n  - path: " + readme + "\n    type: alpaca\ntest_datasets:\n  - path: " +
+                                     readme + "\n    type: chat_template\neval_steps: 5\n", {}, 1);
+  const ConfigNode back = parse_json_text(resolved_config_json(c), "printed");
+  ASSERT_NE(back.at_path("data.eval_datasets[0].type"), nullptr) << resolved_config_json(c);
+  EXPECT_EQ(back.at_path("data.datasets[0].type")->as_string(), "alpaca");
+  EXPECT_EQ(back.at_path("data.eval_datasets[0].path")->as_string(), readme);
+  EXPECT_EQ(back.at_path("data.eval_datasets[0].type")->as_string(), "chat_template");
+  EXPECT_EQ(back.at_path("data.eval.steps")->as_int(), 5);
+  EXPECT_EQ(back.find("data")->find("eval_file"), nullptr);
+}

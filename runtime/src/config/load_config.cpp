@@ -2050,12 +2050,9 @@ std::string resolved_config_json(const TrainConfig& cfg) {
     model.set("init_std", num(cfg.model.init_std));
   }
   root.set("model", model);
-  ConfigNode data = ConfigNode::object();
-  if (cfg.data.datasets.empty()) {
-    data.set("train_file", str(cfg.data.train_file.empty() ? "(built-in corpus)" : cfg.data.train_file));
-  } else {
-    ConfigNode list = ConfigNode::array();
-    for (const DatasetSource& src : cfg.data.datasets) {
+  auto sources = [&](const std::vector<DatasetSource>& list) {
+    ConfigNode out = ConfigNode::array();
+    for (const DatasetSource& src : list) {
       ConfigNode d = ConfigNode::object();
       d.set("path", str(src.path));
       d.set("type", str(src.type));
@@ -2063,9 +2060,15 @@ std::string resolved_config_json(const TrainConfig& cfg) {
         d.set("dataset", str(src.llamafactory.name));
         d.set("formatting", str(src.llamafactory.formatting));
       }
-      list.push_back(d);
+      out.push_back(d);
     }
-    data.set("datasets", list);
+    return out;
+  };
+  ConfigNode data = ConfigNode::object();
+  if (cfg.data.datasets.empty()) {
+    data.set("train_file", str(cfg.data.train_file.empty() ? "(built-in corpus)" : cfg.data.train_file));
+  } else {
+    data.set("datasets", sources(cfg.data.datasets));
     if (!cfg.data.llamafactory.template_name.empty()) data.set("template", str(cfg.data.llamafactory.template_name));
   }
   data.set("train_on_inputs", ConfigNode::boolean(cfg.data.train_on_prompt));
@@ -2075,8 +2078,11 @@ std::string resolved_config_json(const TrainConfig& cfg) {
   data.set("block_size", num(static_cast<double>(cfg.data.block_size)));
   data.set("tokenizer", str(cfg.data.tokenizer.empty() ? "(bytes)" : cfg.data.tokenizer));
   if (!cfg.data.cache_dir.empty()) data.set("dataset_prepared_path", str(cfg.data.cache_dir));
-  if (!cfg.data.eval_file.empty()) {
-    data.set("eval_file", str(cfg.data.eval_file));
+  if (!cfg.data.eval_file.empty() || !cfg.data.eval_datasets.empty()) {
+    if (cfg.data.eval_datasets.empty())
+      data.set("eval_file", str(cfg.data.eval_file));
+    else
+      data.set("eval_datasets", sources(cfg.data.eval_datasets));
     ConfigNode eval = ConfigNode::object();
     eval.set("steps", num(static_cast<double>(cfg.eval.steps)));
     eval.set("per_epoch", num(static_cast<double>(cfg.eval.per_epoch)));
