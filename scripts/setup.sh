@@ -69,8 +69,9 @@ touch "$stamp"
 # The quantization, LoRA and tokenizer tests' oracles (docs/quant.md, docs/lora.md, docs/tokenizers.md), pinned: they run on the venv's torch, so pip must
 # not replace it (--no-deps: their other dependencies, numpy, packaging, pyyaml and huggingface_hub,
 # come with transformers). accelerate (with psutil) is what transformers needs to load a model
-# quantized by bitsandbytes, as the pre-quantized checkpoint test makes one. axolotl is never imported:
-# the chat template tests read its template files (utils/chat_templates/templates) from the package.
+# quantized by bitsandbytes, as the pre-quantized checkpoint test makes one. The chat template tests
+# read axolotl's template files (utils/chat_templates/templates) from its package, and
+# tests/data/sft_records.py imports its chat_template strategy, which needs colorama and addict.
 # LLaMA-Factory's data modules (parser, converter, template, supervised processor) are imported by
 # tests/data/llamafactory_records.py alone, without its package's __init__ files.
 MEMRT_BNB_VERSION=0.50.2
@@ -81,18 +82,21 @@ MEMRT_PEFT_VERSION=0.21.2
 MEMRT_TOKENIZERS_VERSION=0.23.3
 MEMRT_SENTENCEPIECE_VERSION=0.2.0
 MEMRT_AXOLOTL_VERSION=0.19.0
+MEMRT_COLORAMA_VERSION=0.4.6
+MEMRT_ADDICT_VERSION=2.4.0
 MEMRT_LLAMAFACTORY_VERSION=0.9.5
-test_stamp="$venv/.memrt-test-deps-bnb$MEMRT_BNB_VERSION-ao$MEMRT_TORCHAO_VERSION-acc$MEMRT_ACCELERATE_VERSION-peft$MEMRT_PEFT_VERSION-tok$MEMRT_TOKENIZERS_VERSION-sp$MEMRT_SENTENCEPIECE_VERSION-ax$MEMRT_AXOLOTL_VERSION-lf$MEMRT_LLAMAFACTORY_VERSION"
+test_stamp="$venv/.memrt-test-deps-bnb$MEMRT_BNB_VERSION-ao$MEMRT_TORCHAO_VERSION-acc$MEMRT_ACCELERATE_VERSION-peft$MEMRT_PEFT_VERSION-tok$MEMRT_TOKENIZERS_VERSION-sp$MEMRT_SENTENCEPIECE_VERSION-ax$MEMRT_AXOLOTL_VERSION-colorama$MEMRT_COLORAMA_VERSION-addict$MEMRT_ADDICT_VERSION-lf$MEMRT_LLAMAFACTORY_VERSION"
 if [ "$with_test" -eq 1 ] && [ ! -f "$test_stamp" ]; then
-  log "installing bitsandbytes==$MEMRT_BNB_VERSION, torchao==$MEMRT_TORCHAO_VERSION, accelerate==$MEMRT_ACCELERATE_VERSION, peft==$MEMRT_PEFT_VERSION, tokenizers==$MEMRT_TOKENIZERS_VERSION, sentencepiece==$MEMRT_SENTENCEPIECE_VERSION, axolotl==$MEMRT_AXOLOTL_VERSION and llamafactory==$MEMRT_LLAMAFACTORY_VERSION into $venv (test oracles)"
+  log "installing bitsandbytes==$MEMRT_BNB_VERSION, torchao==$MEMRT_TORCHAO_VERSION, accelerate==$MEMRT_ACCELERATE_VERSION, peft==$MEMRT_PEFT_VERSION, tokenizers==$MEMRT_TOKENIZERS_VERSION, sentencepiece==$MEMRT_SENTENCEPIECE_VERSION, axolotl==$MEMRT_AXOLOTL_VERSION (with colorama==$MEMRT_COLORAMA_VERSION and addict==$MEMRT_ADDICT_VERSION) and llamafactory==$MEMRT_LLAMAFACTORY_VERSION into $venv (test oracles)"
   "$venv/bin/pip" install -q --disable-pip-version-check --no-deps \
       "bitsandbytes==${MEMRT_BNB_VERSION}" "torchao==${MEMRT_TORCHAO_VERSION}" \
       "accelerate==${MEMRT_ACCELERATE_VERSION}" "psutil==${MEMRT_PSUTIL_VERSION}" \
       "peft==${MEMRT_PEFT_VERSION}" "tokenizers==${MEMRT_TOKENIZERS_VERSION}" \
       "sentencepiece==${MEMRT_SENTENCEPIECE_VERSION}" "axolotl==${MEMRT_AXOLOTL_VERSION}" \
+      "colorama==${MEMRT_COLORAMA_VERSION}" "addict==${MEMRT_ADDICT_VERSION}" \
       "llamafactory==${MEMRT_LLAMAFACTORY_VERSION}" >&2
-  "$venv/bin/python" -c "import importlib.util, bitsandbytes, torchao, accelerate, peft, tokenizers, sentencepiece; assert importlib.util.find_spec('axolotl') and importlib.util.find_spec('llamafactory')" >/dev/null 2>&1 ||
-    { log "bitsandbytes, torchao, accelerate, peft, tokenizers, sentencepiece, axolotl or llamafactory did not import from $venv"; exit 1; }
+  "$venv/bin/python" -c "import importlib.util, bitsandbytes, torchao, accelerate, peft, tokenizers, sentencepiece, colorama, addict; assert importlib.util.find_spec('axolotl') and importlib.util.find_spec('llamafactory')" >/dev/null 2>&1 ||
+    { log "bitsandbytes, torchao, accelerate, peft, tokenizers, sentencepiece, colorama, addict, axolotl or llamafactory did not import from $venv"; exit 1; }
   touch "$test_stamp"
 fi
 echo "$venv/bin/python"

@@ -5,9 +5,12 @@ test texts: the oracle of tests/data/test_tokenizer.cpp.
     hf_tokenizers.py OUT_DIR
 writes OUT_DIR/<kind>/tokenizer.json and OUT_DIR/<kind>/expected.json:
     {"vocab_size": largest id + 1, "texts": [...], "ids": [...], "ids_special": [...],
-     "decoded": [...], "decoded_skip": [...]}
-(ids without and with add_special_tokens; decode of ids_special, and with skip_special_tokens), and
-"jsonl_ids", "txt_ids": OUT_DIR/data.jsonl and OUT_DIR/data.txt tokenized as run_clm does.
+     "decoded": [...], "decoded_skip": [...], "offsets": [[[start, end]...]...]}
+(ids without and with add_special_tokens; decode of ids_special, and with skip_special_tokens;
+the offsets of ids, return_offsets_mapping's, in bytes of the text), and "jsonl_ids", "txt_ids":
+OUT_DIR/data.jsonl and OUT_DIR/data.txt tokenized as run_clm does. The "trim_offsets" kind is GPT-2's
+with the post-processor GPT-2's own file has (ByteLevel, trim_offsets) and a token that takes the
+whitespace after it.
 """
 import json
 import os
@@ -144,13 +147,26 @@ def variant(gpt2, kind):
         pre_tokenizers.Split(Regex(r"\d+"), behavior="isolated"), pre_tokenizers.ByteLevel(add_prefix_space=True)]))
 
 
+def trimmed(gpt2):
+    tok = Tokenizer.from_str(gpt2.to_str())
+    tok.post_processor = processors.ByteLevel(trim_offsets=True)
+    tok.add_special_tokens([AddedToken("<R>", lstrip=False, rstrip=True, normalized=False)])
+    return tok
+
+
+def byte_offsets(text, offsets):
+    at = [len(text[:i].encode()) for i in range(len(text) + 1)]
+    return [[at[b], at[e]] for b, e in offsets]
+
+
 def main():
     out = sys.argv[1]
     os.makedirs(out, exist_ok=True)
     rng = random.Random(7)
     lines = corpus(rng)
     texts = SAMPLES + ["keyboard row: zxcvbnm zxcvbnm, zxcvbnmzxcvbnm",  # not trained on
-                       "the-final--countdown", "-a-", "--", "a---b-c -"]
+                       "the-final--countdown", "-a-", "--", "a---b-c -", "<R>  after\u3000<R>\u00a0 x <R>",
+                       "  <mask> <R> ", " a"]
     pool = "ab c\t\n 1234 ,.'!-你好😀👍🏽é\u0301<>|"
     for _ in range(200):  # random mixtures: runs of whitespace, digits, marks and scripts side by side
         texts.append("".join(rng.choice(pool) for _ in range(rng.randint(0, 40))))
@@ -162,18 +178,21 @@ def main():
     with open(os.path.join(out, "data.txt"), "w", encoding="utf-8", newline="") as f:
         f.write("".join(txt_lines))
     gpt2 = build("gpt2", lines)
-    for kind in ("gpt2", "llama3", "qwen2", "llama2", "mistral", "prefix_space") + BEHAVIORS:
-        tok = gpt2 if kind == "gpt2" else variant(gpt2, kind) if kind in BEHAVIORS + ("prefix_space",) else build(kind, lines)
+    for kind in ("gpt2", "llama3", "qwen2", "llama2", "mistral", "prefix_space", "trim_offsets") + BEHAVIORS:
+        tok = (gpt2 if kind == "gpt2" else trimmed(gpt2) if kind == "trim_offsets" else
+               variant(gpt2, kind) if kind in BEHAVIORS + ("prefix_space",) else build(kind, lines))
         d = os.path.join(out, kind)
         os.makedirs(d, exist_ok=True)
         tok.save(os.path.join(d, "tokenizer.json"))
-        ids = [tok.encode(t, add_special_tokens=False).ids for t in texts]
+        encodings = [tok.encode(t, add_special_tokens=False) for t in texts]
+        ids = [e.ids for e in encodings]
         ids_special = [tok.encode(t, add_special_tokens=True).ids for t in texts]
         expected = {
             "vocab_size": max(tok.get_vocab(with_added_tokens=True).values()) + 1,
             "texts": texts, "ids": ids, "ids_special": ids_special,
             "decoded": [tok.decode(i, skip_special_tokens=False) for i in ids_special],
             "decoded_skip": [tok.decode(i, skip_special_tokens=True) for i in ids_special],
+            "offsets": [byte_offsets(t, e.offsets) for t, e in zip(texts, encodings)],
         }
         if kind in ("llama2", "mistral"):  # a cut UTF-8 sequence in byte-fallback tokens, then text
             partial = [tok.token_to_id("<0xE4>"), tok.token_to_id("<0xBD>")] + ids[0][:4]

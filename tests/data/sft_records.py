@@ -17,28 +17,23 @@ longer than sequence_len dropped) and as TRL's SFTTrainer tokenizes a prompt-com
 truncate_dataset), for the Llama-3 kind (whose template has generation blocks). labels[i] is 1
 where the label is the token (not -100).
 
-For the Llama-3 kind it also writes OUT_DIR/chat_template.jsonl and OUT_DIR/sharegpt.jsonl and, in
-sft.json, "chat_template CASE" for each of CHAT_CASES: axolotl's `type: chat_template` datasets
-(prompt_strategies/chat_template.py, ChatTemplateStrategy) tokenized as its documented algorithm
-does, on transformers' apply_chat_template: the record's messages turned into the template's turns
-(message_property_mappings, roles, the system field, drop_system_message), the whole conversation
-tokenized, and each turn that trains located by rendering the conversation up to it twice — with
-"[[dummy_message]]" in its place and as it is — and taking the tokens where the two differ, from the
-front and from the back; the EOT/EOS token at most 3 tokens past a turn trained as train_on_eot /
-train_on_eos say (turn, all, last); with nothing chosen to train, the legacy path (the conversation
-but its last turn with the generation prompt; the rest trained). "chat_template cases" holds each
-case's file, its train.yaml keys (the dataset entry's and the run's: eot_tokens, train_on_inputs, chat_template: a name whose axolotl file renders) and
-its sequence length.
-A message's keys beyond the mapped ones are all kept (axolotl keeps those the template reads, which
-renders the same for a template that reads keys by name).
+For the Llama-3 kind it also writes OUT_DIR/chat_template.jsonl, OUT_DIR/sharegpt.jsonl and
+OUT_DIR/thinking.jsonl and, in sft.json, "chat_template CASE" for each of CHAT_CASES: axolotl's
+`type: chat_template` datasets tokenized by axolotl itself — its ChatTemplateStrategy
+(prompt_strategies/chat_template.py), made by its StrategyLoader from the dataset entry and the
+run's keys (eot_tokens, train_on_inputs, chat_template: a name, chat_template_kwargs) on
+transformers' tokenizer — then filtered as axolotl filters (longer than the sequence length:
+dropped) and as memrt does (nothing trained past the first token: dropped; axolotl drops nothing
+trained at all). "chat_template cases" holds each case's file, its train.yaml keys (the dataset
+entry's and the run's) and its sequence length.
 """
 import json
+import logging
 import os
 import sys
+import types
 
 from transformers import AutoTokenizer
-
-from chat_templates import axolotl_template
 
 MAX_LENGTH = 256
 CHAT_MAX_LENGTH = 512  # chat_template cases: room for the tool conversation (~300 tokens)
@@ -100,6 +95,24 @@ SHAREGPT = [
                        {"from": "gpt", "value": "y"}]},
 ]
 
+# Reasoning in the assistant's text, for split_thinking: each thinking pair, a solution pair,
+# Unicode whitespace (str.strip's), tags in the wrong order, tags in a user turn (never split), and a
+# reasoning field of the record's own (field_thinking).
+THINKING = [
+    {"messages": [{"role": "user", "content": "What is 2+2?"},
+                  {"role": "assistant", "content": "<think>\nAdd them.\n</think>\n\n4"}]},
+    {"messages": [{"role": "user", "content": "First?"}, {"role": "assistant", "content": "<think>one</think>One"},
+                  {"role": "user", "content": "Then <think>not split</think>?"},
+                  {"role": "assistant", "content": "<reasoning> deep\u3000</reasoning>\u00a0 <|begin_of_solution|> Two "
+                                                   "\u2003<|end_of_solution|> tail"}]},
+    {"messages": [{"role": "user", "content": "Odd?"}, {"role": "assistant", "content": "</think>odd order<think>rest"}]},
+    {"messages": [{"role": "user", "content": "Plan?"},
+                  {"role": "assistant", "content": "<|begin_of_thought|>plan<|end_of_thought|>"
+                                                   "<|begin_of_solution|>only this<|end_of_solution|>"}]},
+    {"messages": [{"role": "user", "content": "Given?"},
+                  {"role": "assistant", "content": "Plain answer.", "thoughts": "a thought of its own"}]},
+]
+
 EOT = {"eot_tokens": ["<|eot_id|>"]}
 SHAREGPT_KEYS = {"field_messages": "conversations", "message_property_mappings": {"role": "from", "content": "value"}}
 CHAT_CASES = {
@@ -115,6 +128,11 @@ CHAT_CASES = {
                                           "roles_to_train": ["gpt"], "drop_system_message": True}, EOT),
     # axolotl's qwen3 template by name: think blocks placed by real_last_index in find_turn's renders
     "named_qwen3": ("chat_template.jsonl", {}, {"chat_template": "qwen3"}),
+    "split_thinking": ("thinking.jsonl", {"split_thinking": True}, {"chat_template": "qwen3"}),
+    "field_thinking": ("thinking.jsonl", {"field_thinking": "thoughts"}, {"chat_template": "qwen3"}),
+    # the generation prompt of the legacy path with the run's chat_template_kwargs
+    "legacy_kwargs": ("thinking.jsonl", {"roles_to_train": [], "train_on_eos": None},
+                      {"chat_template": "qwen3", "chat_template_kwargs": {"enable_thinking": False}}),
 }
 
 TEMPLATES = {"llama3": "llama3.jinja", "llama2": "mistral.jinja"}
@@ -189,98 +207,37 @@ def messages(tok, records, assistant_only):
     return out
 
 
+def import_axolotl():
+    """axolotl's chat_template strategy loader, from the installed wheel. `datasets`, whose Dataset
+    name its modules import but these functions do not use, is a stand-in."""
+    if "datasets" not in sys.modules:
+        sys.modules["datasets"] = types.ModuleType("datasets")
+        sys.modules["datasets"].Dataset = None
+    from axolotl.prompt_strategies.chat_template import load
+    from axolotl.utils.dict import DictDefault
+    logging.disable(logging.WARNING)  # its warnings about the data: memrt notes them itself
+    return load, DictDefault
+
+
 def axolotl_chat(tok, records, keys, run, max_length):
-    mappings = keys.get("message_property_mappings") or {k: k for k in ("role", "content", "tool", "reasoning_content")}
-    roles = ({source: role for role, sources in keys["roles"].items() for source in sources} if keys.get("roles") else
-             {"human": "user", "user": "user", "assistant": "assistant", "gpt": "assistant", "system": "system", "tool": "tool"})
-    roles_to_train = [roles.get(r, r) for r in keys.get("roles_to_train", ["assistant"])]
-    on_eos = keys.get("train_on_eos", "turn")
-    on_eot = keys["train_on_eot"] if keys.get("train_on_eot") is not None else on_eos
-    eot_ids = [tok.encode(t, add_special_tokens=False)[0] for t in run.get("eot_tokens", [tok.eos_token])]
-    training_field = keys.get("message_field_training")
-    train_on_inputs = run.get("train_on_inputs", False)
-
-    def transform(m):
-        t = {k: m[v] for k, v in mappings.items() if m.get(v) is not None}
-        t["role"] = roles.get(t["role"], t["role"])
-        t.update({k: v for k, v in m.items() if k not in mappings.values() and v is not None and k != training_field})
-        for call in t.get("tool_calls") or []:
-            if isinstance(call["function"].get("arguments"), str):
-                call["function"]["arguments"] = json.loads(call["function"]["arguments"])
-        return t
-
-    def render(conversation, tools=None, generation_prompt=False, real_last_index=None):
-        kwargs = {"add_generation_prompt": generation_prompt}
-        if "chat_template" in run:
-            kwargs["chat_template"] = axolotl_template(run["chat_template"])
-        if tools:
-            kwargs["tools"] = tools
-        if real_last_index:
-            kwargs["real_last_index"] = real_last_index
-        return list(tok.apply_chat_template(conversation, tokenize=True, return_dict=False, **kwargs))
-
-    def find_turn(turns, i, tools):
-        dummy = render(turns[:i] + [{"role": turns[i]["role"], "content": "[[dummy_message]]"}], tools, False, len(turns) - 1)
-        full = render(turns[:i + 1], tools, False, len(turns) - 1)
-        n = min(len(dummy), len(full))
-        start = next((k for k in range(n) if dummy[k] != full[k]), None)
-        end = next((len(full) - k for k in range(n) if dummy[len(dummy) - 1 - k] != full[len(full) - 1 - k]), None)
-        if start is None or end is None or end <= start:
-            return -1, -1
-        return start, end
-
-    def first(ids, start, targets):
-        for k in range(start, len(ids)):
-            if ids[k] in targets:
-                return k
-        return -1
-
+    load, DictDefault = import_axolotl()
+    cfg = DictDefault({"sequence_len": max_length, "train_on_inputs": run.get("train_on_inputs", False),
+                       "eot_tokens": run.get("eot_tokens"), "chat_template": run.get("chat_template", "tokenizer_default"),
+                       "chat_template_kwargs": run.get("chat_template_kwargs")})
+    strategy = load(tok, cfg, {"type": "chat_template", **keys})
     out = {"ids": [], "labels": [], "dropped": 0, "truncated": 0}
     for r in records:
-        r = {k: v for k, v in r.items() if v is not None}
-        messages = r[keys.get("field_messages", "messages")]
-        turns = []
-        if transform(messages[0])["role"] != "system" and "system" in r:
-            turns.append({"role": "system", "content": r["system"]})
-        trains = [None] * len(turns)
-        for m in messages:
-            turns.append(transform(m))
-            trains.append(m.get(training_field) if training_field else None)
-        if keys.get("drop_system_message") and turns[0]["role"] == "system":
-            turns, trains = turns[1:], trains[1:]
-        tools = r.get("tools")
-        for tool in tools or []:
-            if isinstance(tool["function"].get("parameters"), str):
-                tool["function"]["parameters"] = json.loads(tool["function"]["parameters"])
-        if not roles_to_train and not on_eos and not on_eot and not training_field:  # the legacy path
-            prompt = render(turns[:-1], generation_prompt=True)
-            ids = prompt + render(turns)[len(prompt):]
-            labels = [1] * len(ids) if train_on_inputs else [0] * len(prompt) + [1] * (len(ids) - len(prompt))
-        else:
-            ids = render(turns, tools)
-            labels = [0] * len(ids)
-            last = {"eot": -1, "eos": -1}
-            for i, turn in enumerate(turns):
-                should = trains[i] if trains[i] is not None else (train_on_inputs or turn["role"] in roles_to_train)
-                if not should and on_eos != "all" and on_eot != "all":
-                    continue
-                start, end = find_turn(turns, i, tools)
-                if should and start != -1 and end != -1:
-                    labels[start:end] = [1] * len(labels[start:end])
-                for kind, targets, mode in (("eot", eot_ids, on_eot), ("eos", [tok.eos_token_id], on_eos)):
-                    at = first(ids, end, targets)
-                    if at != -1 and abs(at - end) <= 3:
-                        last[kind] = at
-                        if mode == "all" or (mode == "turn" and should):
-                            labels[at] = 1
-            for kind, mode in (("eot", on_eot), ("eos", on_eos)):
-                if mode == "last" and last[kind] != -1:
-                    labels[last[kind]] = 1
-        if len(ids) > max_length or not any(labels[1:]):  # axolotl drops what does not fit or trains nothing
+        sample = strategy.tokenize_prompt(r)
+        ids, labels = list(sample["input_ids"]), list(sample["labels"])
+        assert all(label in (-100, i) for i, label in zip(ids, labels))
+        trained = [int(label != -100) for label in labels]
+        # axolotl's filters drop what is longer than sequence_len, and memrt what trains no token past
+        # the first (axolotl: no token at all; the first's label is never a target)
+        if len(ids) > max_length or not any(trained[1:]):
             out["dropped"] += 1
             continue
         out["ids"].append(ids)
-        out["labels"].append(labels)
+        out["labels"].append(trained)
     return out
 
 
@@ -312,7 +269,7 @@ def main():
             if kind == "llama3":  # (Mistral's template refuses the tool conversation: an error there)
                 expected["messages %d" % train] = messages(tok, MESSAGES, train)
         if kind == "llama3":
-            data = {"chat_template.jsonl": CHAT_TEMPLATE, "sharegpt.jsonl": SHAREGPT}
+            data = {"chat_template.jsonl": CHAT_TEMPLATE, "sharegpt.jsonl": SHAREGPT, "thinking.jsonl": THINKING}
             expected["chat_template cases"] = {}
             for name, (file, keys, run) in CHAT_CASES.items():
                 expected["chat_template cases"][name] = {"file": file, "dataset": keys, "run": run,
@@ -329,7 +286,8 @@ def main():
     with open(os.path.join(out, "messages.jsonl"), "w", encoding="utf-8") as f:
         for r in MESSAGES:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    for name, records in (("chat_template.jsonl", CHAT_TEMPLATE), ("sharegpt.jsonl", SHAREGPT)):
+    for name, records in (("chat_template.jsonl", CHAT_TEMPLATE), ("sharegpt.jsonl", SHAREGPT),
+                          ("thinking.jsonl", THINKING)):
         with open(os.path.join(out, name), "w", encoding="utf-8") as f:
             for r in records:
                 f.write(json.dumps(r, ensure_ascii=False) + "\n")

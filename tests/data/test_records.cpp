@@ -251,13 +251,15 @@ TEST(Records, BatchPerSampleWithTheirMasks) {
 // with train_on_eos turn, all and last, roles_to_train, train_on_inputs, a message_field_training
 // flag overriding the role, the legacy path, and sharegpt records through message_property_mappings
 // and roles with drop_system_message; tool calls and tools given as JSON strings, a system field,
-// a conversation too long (dropped) and one with nothing to train (dropped).
+// a conversation too long (dropped) and one with nothing to train (dropped); axolotl's qwen3 template
+// by name, split_thinking (each thinking pair, a solution pair, Unicode whitespace stripped as Python
+// strips it), field_thinking, and chat_template_kwargs in the legacy path's generation prompt.
 TEST(Records, AxolotlChatTemplateDatasetsTokenizeAsAxolotlDoes) {
   Fixture f;
   ASSERT_TRUE(f.made);
   const rapidjson::Document want = read_json(f.dir.file("tok/llama3/sft.json"));
   const rapidjson::Value& cases = want["chat_template cases"];
-  ASSERT_EQ(cases.MemberCount(), 10u);
+  ASSERT_EQ(cases.MemberCount(), 13u);
   for (const auto& c : cases.GetObject()) {
     const std::string name = c.name.GetString();
     SCOPED_TRACE(name);

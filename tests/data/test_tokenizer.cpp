@@ -51,16 +51,19 @@ TEST(Tokenizer, EncodesAndDecodesAsHuggingFaceTokenizers) {
   ASSERT_TRUE(memrt::test::run_reference("hf_tokenizers.py", dir.str()));
   // The byte-level kinds of GPT-2, Llama-3 and Qwen2; the sentencepiece-style kinds of Llama-2 (Prepend
   // and Replace normalizers) and Mistral (Metaspace), with byte fallback; GPT-2's model behind a Split on "-" of each of tokenizers' behaviors,
-  // and behind a Split on digits before ByteLevel's add_prefix_space (which spaces every piece).
-  for (const char* kind : {"gpt2", "llama3", "qwen2", "llama2", "mistral", "prefix_space", "removed", "isolated",
-                           "merged_with_previous", "merged_with_next", "contiguous"}) {
+  // and behind a Split on digits before ByteLevel's add_prefix_space (which spaces every piece), and
+  // with GPT-2's own post-processor (offsets trimmed of spaces) and a token stripping the whitespace
+  // after it. Offsets (return_offsets_mapping) where memrt maps them: every text of the byte-level
+  // kinds without a normalizer, the NFC-stable ones of Qwen2's, none where a Split removes text.
+  for (const char* kind : {"gpt2", "llama3", "qwen2", "llama2", "mistral", "prefix_space", "trim_offsets", "removed",
+                           "isolated", "merged_with_previous", "merged_with_next", "contiguous"}) {
     SCOPED_TRACE(kind);
     const Tokenizer tok = Tokenizer::from_file(dir.file(std::string(kind) + "/tokenizer.json"));
     const rapidjson::Document want = read_json(dir.file(std::string(kind) + "/expected.json"));
     EXPECT_EQ(tok.vocab_size(), want["vocab_size"].GetInt64());
     const auto& texts = want["texts"];
     ASSERT_GT(texts.Size(), 200u);
-    size_t tokens = 0;
+    size_t tokens = 0, mapped = 0;
     for (rapidjson::SizeType i = 0; i < texts.Size(); ++i) {
       const std::string text = str(texts[i]);
       const std::vector<int32_t> ids = tok.encode(text, /*add_special_tokens=*/false);
@@ -70,8 +73,26 @@ TEST(Tokenizer, EncodesAndDecodesAsHuggingFaceTokenizers) {
       EXPECT_EQ(tok.decode(with), str(want["decoded"][i])) << "text " << i;
       EXPECT_EQ(tok.decode(with, /*skip_special_tokens=*/true), str(want["decoded_skip"][i])) << "text " << i;
       tokens += ids.size();
+      if (tok.has_offsets(text)) {
+        const Tokenizer::Offsets got = tok.token_offsets(ids, text);
+        std::vector<std::vector<size_t>> offsets;
+        for (size_t k = 0; k < ids.size(); ++k) offsets.push_back({got.starts[k], got.ends[k]});
+        std::vector<std::vector<size_t>> want_offsets;
+        for (const auto& o : want["offsets"][i].GetArray())
+          want_offsets.push_back({static_cast<size_t>(o[0].GetUint64()), static_cast<size_t>(o[1].GetUint64())});
+        EXPECT_EQ(offsets, want_offsets) << "text " << i << ": " << text;
+        ++mapped;
+      }
     }
     EXPECT_GT(tokens, 3000u);
+    const std::string k = kind;
+    if (k == "gpt2" || k == "llama3" || k == "trim_offsets") {
+      EXPECT_EQ(mapped, texts.Size());
+    } else if (k == "qwen2") {
+      EXPECT_GT(mapped, texts.Size() * 3 / 4);
+    } else if (k == "llama2" || k == "mistral" || k == "prefix_space" || k == "removed") {
+      EXPECT_EQ(mapped, 0u);
+    }
     if (want.HasMember("partial_ids")) {  // byte fallback: a cut character decodes to U+FFFD per byte
       EXPECT_EQ(tok.decode(ids_of(want["partial_ids"])), str(want["partial_decoded"]));
     }

@@ -126,6 +126,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>> kYamlKeys = 
     {"chat_template", {"chat_template"}},
     {"chat_template_jinja", {"chat_template_jinja"}},
     {"eot_tokens", {"eot_tokens"}},
+    {"chat_template_kwargs", {"chat_template_kwargs"}},
     {"pad_to_sequence_len", {"pad_to_sequence_len"}},
     {"sample_packing", {"sample_packing", "packing", "neat_packing"}},
     {"dataset_prepared_path", {"dataset_prepared_path", "tokenized_path"}},
@@ -1602,6 +1603,12 @@ bool read_chat_dataset_key(const std::string& key, const ConfigNode& value, Chat
     chat.message_field_training = value.as_string();
   } else if (key == "drop_system_message") {
     chat.drop_system_message = value.as_bool();
+  } else if (key == "split_thinking") {
+    chat.split_thinking = value.as_bool();
+  } else if (key == "template_thinking_key") {
+    chat.template_thinking_key = value.as_string();
+  } else if (key == "field_thinking") {
+    chat.field_thinking = value.as_string();
   } else if (key == "chat_template") {
     if (value.as_string() != "tokenizer_default")
       throw value.error("is \"" + value.as_string() + "\"; a dataset renders with the run's chat template "
@@ -1643,7 +1650,8 @@ void read_axolotl_datasets(const ConfigNode& list, std::vector<DatasetSource>& i
         throw value.error("is not supported in a dataset entry; memrt reads {path, type} (ds_type: json and "
                           "split: train allowed), and for type: chat_template axolotl's field_messages, "
                           "message_property_mappings, roles, roles_to_train, train_on_eos, train_on_eot, "
-                          "message_field_training, drop_system_message, field_system and field_tools");
+                          "message_field_training, drop_system_message, split_thinking, template_thinking_key, "
+                          "field_system, field_tools and field_thinking");
       }
     }
     if (chat_key && src.type != "chat_template")
@@ -1674,6 +1682,15 @@ void Loader::resolve_records() {
   }
   read_llamafactory_datasets();
   if (const ConfigNode* eot = yv("eot_tokens")) cfg.data.eot_tokens = eot->as_names();
+  if (const ConfigNode* kwargs = yv("chat_template_kwargs")) {
+    if (!kwargs->is_object())
+      throw kwargs->error("expected a mapping of chat template variables, e.g. {enable_thinking: false}; found " +
+                          kwargs->describe());
+    for (const char* own : {"messages", "tools", "add_generation_prompt"})
+      if (kwargs->find(own))
+        throw kwargs->find(own)->error("is a variable the chat template gets from the data and the run; leave it out");
+    cfg.data.chat_template_kwargs = kwargs->to_json(0);
+  }
   const ConfigNode* inputs = yv("train_on_inputs");
   const ConfigNode* completion_only = yv("completion_only_loss");
   if (inputs && completion_only && inputs->as_bool() == completion_only->as_bool())

@@ -95,6 +95,11 @@ struct ChatTemplateDataset {
   std::optional<std::string> train_on_eot;
   std::string message_field_training;  // a message's key saying whether it trains, overriding its role
   bool drop_system_message = false;
+  // split_thinking: an assistant's <think>...</think> (or <reasoning>, <|begin_of_thought|>) text is
+  // moved from its content to the template's template_thinking_key. Without message_property_mappings
+  // a message's field_thinking is read as that key.
+  bool split_thinking = false;
+  std::string template_thinking_key = "reasoning_content", field_thinking = "reasoning_content";
 };
 
 // A dataset of LLaMA-Factory's dataset_info.json: how its records read, with LLaMA-Factory's
@@ -149,6 +154,9 @@ struct DataConfig {
   bool assistant_only = false;
   // axolotl's eot_tokens: the tokens that end a turn in a chat_template dataset. Unset: the EOS token.
   std::optional<std::vector<std::string>> eot_tokens;
+  // axolotl's chat_template_kwargs: more variables for the chat template (e.g. enable_thinking), as a
+  // JSON object; empty: none.
+  std::string chat_template_kwargs;
   LlamaFactoryOptions llamafactory;  // datasets of type llamafactory
   // A chat template's Jinja source given in train.yaml (alignment-handbook's and TRL's chat_template),
   // rendering conversations instead of the model's own; where it was given, for its errors.

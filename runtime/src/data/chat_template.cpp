@@ -1532,15 +1532,14 @@ class Renderer {
     return Value();
   }
 
-  static bool blank(char c, const std::string& chars) {
-    return chars.empty() ? is_space(c) : chars.find(c) != std::string::npos;
-  }
+  // Python's str.strip(chars) (chars ASCII); without chars, python_strip.
   static std::string strip(const std::string& s, const std::string& chars, bool left, bool right) {
+    if (chars.empty()) return python_strip(s, left, right);
     size_t b = 0, e = s.size();
     if (left)
-      while (b < e && blank(s[b], chars)) ++b;
+      while (b < e && chars.find(s[b]) != std::string::npos) ++b;
     if (right)
-      while (e > b && blank(s[e - 1], chars)) --e;
+      while (e > b && chars.find(s[e - 1]) != std::string::npos) --e;
     return s.substr(b, e - b);
   }
 
@@ -1821,6 +1820,39 @@ std::optional<ChatTemplate> load_chat_template(const std::string& dir) {
     throw FileError(config.string(), "chat_template is a list without a {\"name\": \"default\", \"template\": ...}");
   }
   throw FileError(config.string(), "chat_template: expected a template string or a list of {name, template}");
+}
+
+namespace {
+
+// The byte length of the whitespace character (as str.isspace() says) that starts at s[at], or 0:
+// U+0009..000D, U+001C..0020, U+0085, U+00A0, U+1680, U+2000..200A, U+2028, U+2029, U+202F,
+// U+205F and U+3000.
+size_t space_at(const std::string& s, size_t at) {
+  const auto byte = [&](size_t k) { return at + k < s.size() ? static_cast<unsigned char>(s[at + k]) : 0u; };
+  const unsigned c = byte(0);
+  if ((c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20)) return 1;
+  if (c == 0xC2) return byte(1) == 0x85 || byte(1) == 0xA0 ? 2 : 0;
+  if ((c != 0xE1 && c != 0xE2 && c != 0xE3) || (byte(1) & 0xC0) != 0x80 || (byte(2) & 0xC0) != 0x80) return 0;
+  const unsigned cp = ((c & 0x0F) << 12) | ((byte(1) & 0x3F) << 6) | (byte(2) & 0x3F);
+  const bool space = cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 ||
+                     cp == 0x202F || cp == 0x205F || cp == 0x3000;
+  return space ? 3 : 0;
+}
+
+}  // namespace
+
+std::string python_strip(const std::string& s, bool left, bool right) {
+  size_t b = 0, e = s.size();
+  for (size_t n; left && b < e && (n = space_at(s, b));) b += n;
+  if (right) {
+    while (e > b) {
+      size_t last = e - 1;  // the first byte of the last character
+      while (last > b && (static_cast<unsigned char>(s[last]) & 0xC0) == 0x80) --last;
+      if (space_at(s, last) != e - last) break;
+      e = last;
+    }
+  }
+  return s.substr(b, e - b);
 }
 
 }  // namespace memrt

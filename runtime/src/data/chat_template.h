@@ -50,6 +50,10 @@ class ChatTemplate {
   std::unique_ptr<Program> program_;
 };
 
+// Python's str.strip() (left and right), lstrip() (left) or rstrip() (right) without arguments, on
+// UTF-8 text: whitespace is every character str.isspace() names, Unicode's (U+00A0, U+3000...) too.
+std::string python_strip(const std::string& s, bool left, bool right);
+
 // The chat template of the model directory `dir`, as transformers loads it: chat_template.jinja,
 // else tokenizer_config.json's "chat_template" (a string, or the template named "default" in a list
 // of {"name", "template"}); nullopt when there is none. FileError naming the file when it is

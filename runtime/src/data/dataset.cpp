@@ -518,12 +518,15 @@ std::optional<ChatTemplate> run_chat_template(const DataConfig& cfg) {
   return ChatTemplate::parse(*source, "memrt's " + cfg.chat_template_name + " chat template");
 }
 
-// What of an axolotl chat_template dataset's keys changes its samples, for the cache's key.
+// What of an axolotl chat_template dataset's keys changes its samples, for the cache's key — and
+// the axolotl release whose way of finding turns it follows (0.19: its locator).
 std::string describe_chat_options(const RecordOptions& o) {
   const ChatTemplateDataset& c = o.chat;
-  std::string s = "{" + c.field_messages + " " + c.field_system + " " + c.field_tools + " train_on_eos " + c.train_on_eos +
-                  " train_on_eot " + c.train_on_eot.value_or("(eos)") + " training " + c.message_field_training +
-                  (c.drop_system_message ? " drop_system" : "") + " mappings";
+  std::string s = "{axolotl 0.19 " + c.field_messages + " " + c.field_system + " " + c.field_tools +
+                  " train_on_eos " + c.train_on_eos + " train_on_eot " + c.train_on_eot.value_or("(eos)") +
+                  " training " + c.message_field_training + (c.drop_system_message ? " drop_system" : "") +
+                  (c.split_thinking ? " split_thinking" : "") + " thinking " + c.template_thinking_key + "=" +
+                  c.field_thinking + " mappings";
   for (const auto& [k, v] : c.property_mappings) s += " " + k + "=" + v;
   s += " roles";
   for (const auto& [k, v] : c.roles) s += " " + k + "=" + v;
@@ -562,11 +565,14 @@ std::shared_ptr<TokenDataset> TokenDataset::open_records(const DataConfig& cfg) 
   std::string what, options = "records block_size " + std::to_string(block_size) +
                               (cfg.train_on_prompt ? " prompt" : "") + (cfg.assistant_only ? " assistant" : "") +
                               (cfg.chat_template.empty() ? "" : " template " + cfg.chat_template) +
+                              (cfg.chat_template_kwargs.empty() ? "" : " kwargs " + cfg.chat_template_kwargs) +
                               (cfg.chat_template_name.empty() ? "" : " named template " + cfg.chat_template_name +
                                                                          (cfg.chat_template_fallback ? " fallback " : " ") +
                                                                          named_source(cfg.chat_template_name));
   std::vector<RecordOptions> per_source;
   std::optional<ChatTemplate> chat_template;
+  rapidjson::Document kwargs;  // chat_template_kwargs, for the chat_template datasets
+  if (!cfg.chat_template_kwargs.empty()) kwargs.Parse(cfg.chat_template_kwargs.c_str());
   for (const DatasetSource& src : sources) {
     RecordOptions o;
     if (src.type == "alpaca") {
@@ -599,6 +605,7 @@ std::shared_ptr<TokenDataset> TokenDataset::open_records(const DataConfig& cfg) 
     o.assistant_only = cfg.assistant_only;
     o.chat = src.chat;
     o.eot_tokens = cfg.eot_tokens;
+    if (o.type == RecordType::kChatTemplate && kwargs.IsObject()) o.chat_template_kwargs = &kwargs;
     per_source.push_back(o);
     paths.push_back(src.path);
     what += (what.empty() ? "" : " + ") + src.path;

@@ -83,11 +83,13 @@ void for_each_json_record(const std::string& path,
 
 namespace {
 
-// An axolotl chat_template turn that find_turn looks for: whether it trains, and the index in its
-// record's texts of the conversation rendered up to it with a dummy message in its place (the next
-// text: up to it as it is).
+// An axolotl chat_template turn that find_turn looks for: whether it trains, and where it is — the
+// bytes of the conversation's rendering it spans (its locator's diff), or where the tokenizer maps no
+// offsets, the index in its record's texts of the conversation rendered up to it with a dummy message
+// in its place (the next text: up to it as it is; its token diff).
 struct Turn {
   bool trains = false;
+  std::optional<std::pair<size_t, size_t>> span;
   size_t dummy = 0;
 };
 
@@ -153,13 +155,20 @@ void check_content(const std::string& path, const std::string& where, const rapi
 }
 
 // The chat template's rendering of `messages` as transformers' apply_chat_template renders it:
-// tools (when given), add_generation_prompt, the BOS and EOS texts, and axolotl's real_last_index
-// (when non-zero, as axolotl passes it). The template's errors name the record.
+// tools (when given), add_generation_prompt, the BOS and EOS texts, axolotl's real_last_index
+// (when non-zero, as axolotl passes it) and its chat_template_kwargs. The template's errors name
+// the record.
 ChatTemplate::Rendered render(const std::string& path, const std::string& where, const RecordOptions& o,
                               const Tokenizer& tok, const rapidjson::Value& messages, const rapidjson::Value* tools,
                               bool add_generation_prompt, int64_t real_last_index) {
   rapidjson::Document vars = chat_template_variables(tok, messages, tools, add_generation_prompt);
-  if (real_last_index) vars.AddMember("real_last_index", real_last_index, vars.GetAllocator());
+  auto& a = vars.GetAllocator();
+  if (o.chat_template_kwargs)
+    for (const auto& [name, value] : o.chat_template_kwargs->GetObject()) {
+      vars.RemoveMember(name);
+      vars.AddMember(rapidjson::Value(name, a), rapidjson::Value(value, a), a);
+    }
+  if (real_last_index) vars.AddMember("real_last_index", real_last_index, a);
   try {
     return o.chat_template->render(vars);
   } catch (const Error& e) {
@@ -180,10 +189,54 @@ void parse_json_string(const std::string& path, const std::string& where, rapidj
   v.CopyFrom(parsed, a);
 }
 
+// axolotl's split_thinking of an assistant's content: the text inside its first thinking pair (by
+// the first opening and the first closing tag, the pairs tried in order) stripped, and the content
+// what follows the closing tag, left-stripped — or, where that holds <|begin_of_solution|> and
+// <|end_of_solution|>, the stripped text between them. nullopt: no pair in the content.
+std::optional<std::pair<std::string, std::string>> split_thinking(const std::string& content) {
+  static const std::pair<std::string, std::string> kThinking[] = {
+      {"<think>", "</think>"}, {"<reasoning>", "</reasoning>"}, {"<|begin_of_thought|>", "<|end_of_thought|>"}};
+  const std::string solution_open = "<|begin_of_solution|>", solution_close = "<|end_of_solution|>";
+  auto slice = [](const std::string& s, size_t from, size_t to) { return to > from ? s.substr(from, to - from) : ""; };
+  for (const auto& [open, close] : kThinking) {
+    const size_t o = content.find(open), c = content.find(close);
+    if (o == std::string::npos || c == std::string::npos) continue;
+    const std::string thinking = python_strip(slice(content, o + open.size(), c), true, true);
+    std::string rest = python_strip(content.substr(c + close.size()), true, false);
+    const size_t so = rest.find(solution_open), sc = rest.find(solution_close);
+    if (so != std::string::npos && sc != std::string::npos)
+      rest = python_strip(slice(rest, so + solution_open.size(), sc), true, true);
+    return std::make_pair(thinking, rest);
+  }
+  return std::nullopt;
+}
+
+// axolotl's _diff_char_span: the part of `full` that differs from `other`, compared from the front,
+// then from the back no further than the front's match — in bytes, at character boundaries, as
+// Python compares characters.
+std::pair<size_t, size_t> differing_span(std::string_view full, std::string_view other) {
+  auto continuation = [](std::string_view s, size_t i) {
+    return i < s.size() && (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80;
+  };
+  const size_t limit = std::min(full.size(), other.size());
+  size_t begin = 0;
+  while (begin < limit && full[begin] == other[begin]) ++begin;
+  while (begin > 0 && continuation(full, begin)) --begin;
+  size_t suffix = 0;
+  while (suffix < limit - begin && full[full.size() - 1 - suffix] == other[other.size() - 1 - suffix]) ++suffix;
+  size_t end = full.size() - suffix;
+  while (continuation(full, end)) ++end;
+  return {begin, end};
+}
+
 // axolotl's ChatTemplateStrategy (type: chat_template): the record's messages as the template's
-// turns (message_property_mappings, roles, the system field, drop_system_message, tool calls'
-// arguments parsed), rendered whole and, for each turn that trains (or whose EOS/EOT may), up to it
-// with "[[dummy_message]]" in its place and as it is: find_turn's two renderings.
+// turns (message_property_mappings, roles, the system field, drop_system_message, split_thinking,
+// tool calls' arguments parsed), rendered whole; each turn that trains (or whose EOS/EOT may) located
+// as find_turn locates it: by its locator — the whole conversation rendered with each of two
+// placeholders in the turn's place, the turn the widest span where a rendering differs from the
+// conversation's — where the tokenizer maps offsets (a fast tokenizer's, in axolotl), else by its
+// token diff, the conversation rendered up to the turn with "[[dummy_message]]" in its place and as
+// it is.
 Record read_axolotl_conversation(const std::string& path, Record r, const rapidjson::Value& rec,
                                  const RecordOptions& o, const Tokenizer& tok) {
   const ChatTemplateDataset& c = o.chat;
@@ -195,7 +248,7 @@ Record read_axolotl_conversation(const std::string& path, Record r, const rapidj
   if (!messages->value.IsArray() || messages->value.Empty())
     throw FileError(path, r.where + ": \"" + c.field_messages + "\" must be a non-empty list of messages");
   const std::vector<std::pair<std::string, std::string>> defaults = {
-      {"role", "role"}, {"content", "content"}, {"tool", "tool"}, {"reasoning_content", "reasoning_content"}};
+      {"role", "role"}, {"content", "content"}, {c.template_thinking_key, c.field_thinking}};
   const auto& mappings = c.property_mappings.empty() ? defaults : c.property_mappings;
   const std::vector<std::pair<std::string, std::string>> default_roles = {
       {"human", "user"}, {"user", "user"}, {"assistant", "assistant"}, {"gpt", "assistant"}, {"system", "system"},
@@ -225,6 +278,13 @@ Record read_axolotl_conversation(const std::string& path, Record r, const rapidj
       throw FileError(path, r.where + ": a message has no string role (message_property_mappings' \"role\" names "
                                       "the field that holds it)");
     out["role"].SetString(template_role(out["role"].GetString()).c_str(), a);
+    if (c.split_thinking && std::string(out["role"].GetString()) == "assistant" && out.HasMember("content") &&
+        out["content"].IsString())
+      if (auto parts = split_thinking(out["content"].GetString())) {
+        const auto& [thinking, answer] = *parts;
+        set(c.template_thinking_key, rapidjson::Value(thinking.c_str(), a));
+        out["content"].SetString(answer.c_str(), a);
+      }
     for (const auto& [name, value] : m.GetObject()) {
       const std::string key(name.GetString(), name.GetStringLength());
       const bool mapped = std::any_of(mappings.begin(), mappings.end(), [&](const auto& kv) { return kv.second == key; });
@@ -293,19 +353,35 @@ Record read_axolotl_conversation(const std::string& path, Record r, const rapidj
     return r;
   }
   r.texts = {render(path, r.where, o, tok, turns, tools_or_none, false, 0).text};
+  const bool locate = tok.has_offsets(r.texts[0]);
+  auto placeholder = [&](const std::string& role, const char* text) {
+    rapidjson::Value dummy(rapidjson::kObjectType);
+    dummy.AddMember("role", rapidjson::Value(role.c_str(), a), a);
+    dummy.AddMember("content", rapidjson::StringRef(text), a);
+    return dummy;
+  };
   for (size_t i = 0; i < n; ++i) {
     const std::string role = turns[static_cast<rapidjson::SizeType>(i)]["role"].GetString();
     bool trains = o.train_on_prompt;
     for (const std::string& name : c.roles_to_train) trains = trains || template_role(name) == role;
     if (training[i]) trains = *training[i];
     if (!trains && c.train_on_eos != "all" && eot_mode != "all") continue;
+    if (locate) {
+      std::optional<std::pair<size_t, size_t>> span;
+      for (const char* text : {"[[dummy_message]]", "zzdummymessagezz"}) {  // edges no template glues to both
+        rapidjson::Value with = prefix(n);
+        with[static_cast<rapidjson::SizeType>(i)] = placeholder(role, text);
+        const std::string other = render(path, r.where, o, tok, with, tools_or_none, false, 0).text;
+        const auto [begin, end] = differing_span(r.texts[0], other);
+        span = span ? std::pair{std::min(span->first, begin), std::max(span->second, end)} : std::pair{begin, end};
+      }
+      r.turns.push_back({trains, span, 0});
+      continue;
+    }
     rapidjson::Value with_dummy = prefix(i);
-    rapidjson::Value dummy(rapidjson::kObjectType);
-    dummy.AddMember("role", rapidjson::Value(role.c_str(), a), a);
-    dummy.AddMember("content", "[[dummy_message]]", a);
-    with_dummy.PushBack(dummy, a);
+    with_dummy.PushBack(placeholder(role, "[[dummy_message]]"), a);
     const auto last = static_cast<int64_t>(n) - 1;
-    r.turns.push_back({trains, r.texts.size()});
+    r.turns.push_back({trains, std::nullopt, r.texts.size()});
     r.texts.push_back(render(path, r.where, o, tok, with_dummy, tools_or_none, false, last).text);
     r.texts.push_back(render(path, r.where, o, tok, prefix(i + 1), tools_or_none, false, last).text);
   }
@@ -407,6 +483,19 @@ std::pair<int64_t, int64_t> find_turn(const std::vector<int32_t>& dummy, const s
   return {start, end};
 }
 
+// axolotl's _find_turn_from_text on a turn's span of the rendering: the tokens from the one whose
+// offsets end past the span's start to the first that starts at or past its end; (-1, -1) for an
+// empty span. (A span past the last token's trimmed end, where axolotl turns to its token diff,
+// reads as not found: only a token whose trailing spaces trim_offsets cuts can end there.)
+std::pair<int64_t, int64_t> find_turn(const Tokenizer::Offsets& offsets, std::pair<size_t, size_t> span) {
+  const auto [begin, end] = span;
+  if (end <= begin) return {-1, -1};
+  const auto start = std::upper_bound(offsets.ends.begin(), offsets.ends.end(), begin) - offsets.ends.begin();
+  const auto stop = std::lower_bound(offsets.starts.begin(), offsets.starts.end(), end) - offsets.starts.begin();
+  if (static_cast<size_t>(start) >= offsets.ends.size() || stop <= start) return {-1, -1};
+  return {start, stop};
+}
+
 // axolotl's find_first_eot_token / find_first_eos_token: the first of `ids` from `from` on that is one
 // of `targets`, -1 for none — as Python's range(from, len) reads it: from -1 (a turn not found)
 // looks at the last token first, and finding it there reads as not found.
@@ -452,9 +541,9 @@ std::vector<int32_t> turn_end_tokens(const std::string& path, const Tokenizer& t
 // axolotl's ChatTemplateStrategy._tokenize_single_prompt, on the tokenized texts of read_axolotl_conversation:
 // the conversation's ids, trained where a trained turn's tokens are, and the EOT/EOS token ending each
 // turn (within 3 tokens of it) as train_on_eot/train_on_eos say.
-void axolotl_labels(const Record& rec, const std::vector<std::vector<int32_t>>& encoded, size_t first,
-                    const RecordOptions& o, const std::vector<int32_t>& eot, const std::vector<int32_t>& eos,
-                    std::vector<int32_t>& ids, std::vector<uint8_t>& labels) {
+void axolotl_labels(const std::string& path, const Record& rec, const std::vector<std::vector<int32_t>>& encoded,
+                    size_t first, const RecordOptions& o, const Tokenizer& tok, const std::vector<int32_t>& eot,
+                    const std::vector<int32_t>& eos, std::vector<int32_t>& ids, std::vector<uint8_t>& labels) {
   if (rec.legacy) {  // the prompt's ids, then the whole's past them; trained past the prompt
     const std::vector<int32_t>& prompt = encoded[first];
     const std::vector<int32_t>& full = encoded[first + 1];
@@ -469,8 +558,17 @@ void axolotl_labels(const Record& rec, const std::vector<std::vector<int32_t>>& 
   const std::string eot_mode = o.chat.train_on_eot.value_or(o.chat.train_on_eos);
   int64_t last_eot = -1, last_eos = -1;
   const auto n = static_cast<int64_t>(ids.size());
+  std::optional<Tokenizer::Offsets> offsets;  // of the rendering's tokens, for the turns located in it
   for (const Turn& turn : rec.turns) {
-    const auto [start, end] = find_turn(encoded[first + turn.dummy], encoded[first + turn.dummy + 1]);
+    if (turn.span && !offsets) {
+      try {
+        offsets = tok.token_offsets(ids, rec.texts[0]);
+      } catch (const Error& e) {
+        throw FileError(path, rec.where + ": " + e.what());
+      }
+    }
+    const auto [start, end] = turn.span ? find_turn(*offsets, *turn.span)
+                                        : find_turn(encoded[first + turn.dummy], encoded[first + turn.dummy + 1]);
     if (turn.trains && start >= 0)
       for (int64_t i = start; i < std::min(end, n); ++i) labels[static_cast<size_t>(i)] = 1;
     for (auto [targets, mode, last] : {std::tuple{&eot, &eot_mode, &last_eot}, std::tuple{&eos, &o.chat.train_on_eos, &last_eos}}) {
@@ -524,7 +622,7 @@ void tokenize_records(const std::string& path, const Tokenizer& tok, const Recor
     std::vector<int32_t>& first = encoded[first_text[k]];
     std::vector<int32_t>& second = encoded[first_text[k] + records[k].texts.size() - 1];
     if (o.type == RecordType::kChatTemplate) {
-      axolotl_labels(records[k], encoded, first_text[k], o, eot, eos, ids, labels);
+      axolotl_labels(path, records[k], encoded, first_text[k], o, tok, eot, eos, ids, labels);
       if (static_cast<int64_t>(ids.size()) > o.max_length) {  // axolotl drops what does not fit
         ++out.dropped;
         continue;
@@ -536,7 +634,7 @@ void tokenize_records(const std::string& path, const Tokenizer& tok, const Recor
       if (o.assistant_only) {
         std::vector<size_t> ends;
         try {
-          ends = tok.token_ends(ids, records[k].texts[0]);
+          ends = tok.token_offsets(ids, records[k].texts[0]).ends;
         } catch (const Error& e) {
           throw FileError(path, records[k].where + ": assistant_only_loss: " + e.what());
         }

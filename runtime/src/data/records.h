@@ -45,6 +45,7 @@ struct RecordOptions {
   // kChatTemplate: the dataset's keys, and the tokens that end a turn (unset: the EOS token).
   ChatTemplateDataset chat{};
   std::optional<std::vector<std::string>> eot_tokens{};
+  const rapidjson::Value* chat_template_kwargs = nullptr;  // more template variables (an object), or none
   // kLlamaFactory: the dataset's columns and tags, the run's template and keys
   // (data/llamafactory.h), and how many of the file's first records are read (-1: all).
   LlamaFactoryDataset llamafactory{};

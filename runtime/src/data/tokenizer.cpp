@@ -300,6 +300,9 @@ struct Tokenizer::Impl {
   // Post-processing (add_special_tokens): the single-sequence template, -1 standing for the text.
   std::vector<int32_t> single_template;
   bool has_template = false;
+  // The post-processor's ByteLevel: offsets trimmed of the spaces a token begins or ends with
+  // (trim_offsets), but for the one a first token's add_prefix_space put there.
+  bool trim_offsets = false, trim_keeps_prefix_space = false;
   std::string post_name = "none", decoder_name = "none";
   // The decoder: steps over the tokens' strings, in order (tokenizers' decode_chain).
   struct Decode {
@@ -507,7 +510,11 @@ void Tokenizer::Impl::read_post_processor(const Reader& r, const Json& v, const 
     r.each(v, path, "processors", [&](const Json& step, const std::string& at) { read_post_processor(r, step, at); });
     return;
   }
-  if (type == "ByteLevel") return;  // offsets only
+  if (type == "ByteLevel") {  // offsets only
+    trim_offsets = r.boolean(v, path, "trim_offsets", true);
+    trim_keeps_prefix_space = r.boolean(v, path, "add_prefix_space", true);
+    return;
+  }
   if (type != "TemplateProcessing") r.unsupported(path, type, "Sequence, ByteLevel, TemplateProcessing");
   if (has_template) throw r.fail(path, "is a second TemplateProcessing");
   has_template = true;
@@ -1136,30 +1143,76 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special
   return out;
 }
 
-std::vector<size_t> Tokenizer::token_ends(const std::vector<int32_t>& ids, std::string_view text) const {
-  if (sp_ || !impl_->byte_level)
-    throw Error("token offsets: only byte-level tokenizers are supported (this one is " + describe() + ")");
+bool Tokenizer::has_offsets(std::string_view text) const {
+  if (sp_ || !impl_->byte_level || impl_->add_prefix_space) return false;
+  for (const Impl::Split& split : impl_->splits)
+    if (split.behavior == Impl::Behavior::kRemoved) return false;  // the tokens would not spell the text
+  return impl_->normalizers.empty() || impl_->normalize(std::string(text)) == text;
+}
+
+Tokenizer::Offsets Tokenizer::token_offsets(const std::vector<int32_t>& ids, std::string_view text) const {
+  if (!has_offsets(text))
+    throw Error("token offsets: memrt maps them for byte-level tokenizers that add no prefix space, on text their "
+                "normalizer leaves as it is (this one is " + describe() + ")");
   const Impl& t = *impl_;
-  if (!t.normalizers.empty() && t.normalize(std::string(text)) != text)
-    throw Error("token offsets: the tokenizer's normalizer changes the text, whose offsets memrt does not map");
-  std::unordered_map<int32_t, size_t> added;
-  for (const Impl::AddedToken& a : t.added) added[a.id] = a.content.size();
-  std::vector<size_t> ends;
-  ends.reserve(ids.size());
+  std::unordered_map<int32_t, const Impl::AddedToken*> added;
+  for (const Impl::AddedToken& a : t.added) added[a.id] = &a;
+  // The byte length of the whitespace character (Rust's is_whitespace; with `g`, GPT-2's 'Ġ' too)
+  // at s[i], 0 if none.
+  auto space = [](std::string_view s, size_t i, bool g) -> size_t {
+    const size_t n = i < s.size() ? utf8_sequence(s, i) : 0;
+    if (!n) return 0;
+    const uint32_t c = code_point(s, i, n);
+    return is_whitespace(c) || (g && c == 0x120) ? n : 0;
+  };
+  auto continuation = [&](size_t i) { return i < text.size() && (static_cast<unsigned char>(text[i]) & 0xC0) == 0x80; };
+  Offsets out;
+  out.starts.reserve(ids.size());
+  out.ends.reserve(ids.size());
   size_t at = 0;
-  for (int32_t id : ids) {
-    if (const auto it = added.find(id); it != added.end()) {
-      at += it->second;
-    } else {  // one byte per character of GPT-2's alphabet
-      const std::string& token = id_to_token(id);
-      for (size_t k = 0; k < token.size(); ++k) at += (static_cast<unsigned char>(token[k]) & 0xC0) != 0x80;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    size_t begin = at;
+    size_t lead = 0, trail = 0;  // the token's leading and trailing spaces, in bytes of `text` (trim_offsets)
+    if (const auto a = added.find(ids[i]); a != added.end()) {  // with the whitespace it strips
+      const Impl::AddedToken& token = *a->second;
+      auto matches = [&] { return text.compare(at, token.content.size(), token.content) == 0; };
+      for (size_t n; token.lstrip && !matches() && (n = space(text, at, false));) at += n;
+      if (!matches()) break;  // reported below
+      at += token.content.size();
+      for (size_t n; token.rstrip && (n = space(text, at, false));) at += n;
+      // Its string is the text it matched: the spaces that text begins and ends with.
+      for (size_t n; begin + lead < at && (n = space(text, begin + lead, true));) lead += n;
+      for (size_t k = at; k > begin;) {
+        size_t c = k - 1;
+        while (c > begin && continuation(c)) --c;
+        if (space(text, c, true) != k - c) break;
+        trail += k - c;
+        k = c;
+      }
+    } else {  // one byte of `text` per character of GPT-2's alphabet
+      const std::string& token = id_to_token(ids[i]);
+      size_t chars = 0;
+      for (size_t k = 0; k < token.size(); ++k) chars += (static_cast<unsigned char>(token[k]) & 0xC0) != 0x80;
+      for (size_t k = 0; k + 1 < token.size() && token.compare(k, 2, "\xC4\xA0") == 0; k += 2) ++lead;
+      for (size_t k = token.size(); k >= 2 && token.compare(k - 2, 2, "\xC4\xA0") == 0; k -= 2) ++trail;
+      at += chars;
     }
-    ends.push_back(at);
+    if (at > text.size()) break;
+    size_t end = at;
+    // tokenizers' offsets are in characters: a token holding part of one holds all of it
+    while (begin > 0 && continuation(begin)) --begin;
+    while (continuation(end)) ++end;
+    if (t.trim_offsets) {  // tokenizers' ByteLevel process_offsets
+      if (lead == 1 && (i == 0 || begin == 0) && t.trim_keeps_prefix_space) lead = 0;
+      begin = std::min(begin + lead, end);
+      end = std::max(end - trail, begin);
+    }
+    out.starts.push_back(begin);
+    out.ends.push_back(end);
   }
-  if (at != text.size())
-    throw Error("token offsets: the tokens spell " + std::to_string(at) + " bytes but the text has " +
-                std::to_string(text.size()) + " (an added token that strips the whitespace beside it, or a prefix space)");
-  return ends;
+  if (out.ends.size() != ids.size() || at != text.size())
+    throw Error("token offsets: the tokens do not spell the text (" + std::to_string(text.size()) + " bytes)");
+  return out;
 }
 
 int64_t Tokenizer::vocab_size() const {

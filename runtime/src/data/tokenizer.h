@@ -49,10 +49,19 @@ class Tokenizer {
                                                  const std::function<void(size_t)>& encoded = nullptr) const;
   // The bytes of `docs`: what encode_batch's `encoded` calls add up to.
   static int64_t text_bytes(const std::vector<std::string_view>& docs);
-  // Where each token of `ids` = encode(text, false) ends in `text`, in bytes: token i holds bytes
-  // [ends[i-1], ends[i]) (tokenizers' offsets, in bytes). Byte-level tokenizers only, on text their
-  // normalizer leaves as it is; memrt::Error otherwise, or when the tokens do not spell `text`.
-  std::vector<size_t> token_ends(const std::vector<int32_t>& ids, std::string_view text) const;
+  // `tokenizers`' offsets of `ids` = encode(text, false) (return_offsets_mapping), in bytes of
+  // `text`: token i covers [starts[i], ends[i]) — whole characters (a token holding part of one
+  // covers all of it, as tokenizers' character offsets do), an added token with the whitespace it
+  // strips, and the spaces a token begins or ends with trimmed where the post-processor's ByteLevel
+  // says trim_offsets. Where has_offsets(text); memrt::Error otherwise, or when the tokens do not
+  // spell `text`.
+  struct Offsets {
+    std::vector<size_t> starts, ends;
+  };
+  Offsets token_offsets(const std::vector<int32_t>& ids, std::string_view text) const;
+  // Whether token_offsets maps `text`'s tokens: a byte-level tokenizer that adds no prefix space and
+  // removes nothing (a Split with behavior Removed), on text its normalizer leaves as it is.
+  bool has_offsets(std::string_view text) const;
   // `tokenizers`' decode(ids, skip_special_tokens).
   std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens = false) const;
 
