@@ -25,14 +25,18 @@ run's keys (eot_tokens, train_on_inputs, chat_template: a name, chat_template_kw
 transformers' tokenizer — then filtered as axolotl filters (longer than the sequence length:
 dropped) and as memrt does (nothing trained past the first token: dropped; axolotl drops nothing
 trained at all). "chat_template cases" holds each case's file, its train.yaml keys (the dataset
-entry's and the run's) and its sequence length.
+entry's and the run's) and its sequence length. "held_out cases" holds, for each of HELD_OUT_CASES
+(axolotl's val_set_size with shuffle_merged_datasets, LLaMA-Factory's val_size, and the seed), the
+samples of OUT_DIR/held_out.jsonl (alpaca records) trained on and held out, in order (held_out()).
 """
 import json
 import logging
+import math
 import os
 import sys
 import types
 
+import numpy as np
 from transformers import AutoTokenizer
 
 MAX_LENGTH = 256
@@ -135,6 +139,18 @@ CHAT_CASES = {
                       {"chat_template": "qwen3", "chat_template_kwargs": {"enable_thinking": False}}),
 }
 
+# Records to hold some out of (HELD_OUT_CASES: the train.yaml keys and the seed): some too long to
+# keep, so that axolotl's split (after its filters) and LLaMA-Factory's (before) differ.
+HELD_OUT = [{"instruction": "Item %d" % i + (" is long" + " word" * 300 if i % 9 == 4 else ""), "input": "",
+             "output": "answer %d" % i} for i in range(40)]
+HELD_OUT_CASES = {
+    "axolotl_fraction": ({"val_set_size": 0.15}, 42),
+    "axolotl_count": ({"val_set_size": 7}, 3),
+    "axolotl_unshuffled": ({"val_set_size": 0.1, "shuffle_merged_datasets": False}, 42),
+    "llamafactory_fraction": ({"val_size": 0.2}, 1234),
+    "llamafactory_count": ({"val_size": 5.0}, 42),
+}
+
 TEMPLATES = {"llama3": "llama3.jinja", "llama2": "mistral.jinja"}
 
 SPECIALS = {"llama3": ("<|begin_of_text|>", "<|end_of_text|>"), "llama2": ("<s>", "</s>")}
@@ -158,19 +174,53 @@ def axolotl_tokenize(tok, text, add_eos, strip_bos):
     return ids
 
 
+def alpaca_sample(tok, r, train_on_inputs):
+    """A record's sample (ids, labels), or None where it is dropped."""
+    prompt = axolotl_tokenize(tok, alpaca_prompt(r["instruction"], r.get("input") or ""), False, False)
+    response = axolotl_tokenize(tok, r["output"], True, True)
+    ids = prompt + response
+    labels = [int(train_on_inputs)] * len(prompt) + [1] * len(response)
+    return None if len(ids) > MAX_LENGTH or not any(labels[1:]) else (ids, labels)
+
+
 def alpaca(tok, records, train_on_inputs):
     out = {"ids": [], "labels": [], "dropped": 0, "truncated": 0}
     for r in records:
-        prompt = axolotl_tokenize(tok, alpaca_prompt(r["instruction"], r.get("input") or ""), False, False)
-        response = axolotl_tokenize(tok, r["output"], True, True)
-        ids = prompt + response
-        labels = [int(train_on_inputs)] * len(prompt) + [1] * len(response)
-        if len(ids) > MAX_LENGTH or not any(labels[1:]):
+        sample = alpaca_sample(tok, r, train_on_inputs)
+        if sample is None:
             out["dropped"] += 1
             continue
-        out["ids"].append(ids)
-        out["labels"].append(labels)
+        out["ids"].append(sample[0])
+        out["labels"].append(sample[1])
     return out
+
+
+def test_count(size, n):
+    """datasets' train_test_split: the held-out count of a fraction (rounded up) or of a count."""
+    return math.ceil(size * n) if isinstance(size, float) else size
+
+
+def held_out(tok, records, keys, seed):
+    """The samples axolotl's val_set_size or LLaMA-Factory's val_size trains on and holds out, in
+    their order: axolotl's merge_datasets shuffles the records (Dataset.shuffle(seed): the rows in
+    the order of numpy's default_rng(seed).permutation), its filters drop, and train_test_split(
+    shuffle=False) holds the last out; LLaMA-Factory's split_dataset calls train_test_split(seed) on
+    the records (the first of the permutation held out) before processing them."""
+    samples = [alpaca_sample(tok, r, False) for r in records]
+    perm = [int(i) for i in np.random.default_rng(seed).permutation(len(records))]
+    if "val_set_size" in keys:
+        size = keys["val_set_size"] if keys["val_set_size"] < 1 else int(keys["val_set_size"])
+        order = perm if keys.get("shuffle_merged_datasets", True) else list(range(len(records)))
+        kept = [samples[r] for r in order if samples[r] is not None]
+        k = test_count(size, len(kept))
+        train, held = kept[:len(kept) - k], kept[len(kept) - k:]
+    else:
+        size = keys["val_size"] if keys["val_size"] < 1 else int(keys["val_size"])
+        k = test_count(size, len(records))
+        train = [samples[r] for r in perm[k:] if samples[r] is not None]
+        held = [samples[r] for r in perm[:k] if samples[r] is not None]
+    side = lambda s: {"ids": [ids for ids, _ in s], "labels": [labels for _, labels in s]}
+    return {"train": side(train), "eval": side(held)}
 
 
 def truncated(out, ids, labels):
@@ -269,6 +319,8 @@ def main():
             if kind == "llama3":  # (Mistral's template refuses the tool conversation: an error there)
                 expected["messages %d" % train] = messages(tok, MESSAGES, train)
         if kind == "llama3":
+            expected["held_out cases"] = {name: {"keys": keys, "seed": seed, **held_out(tok, HELD_OUT, keys, seed)}
+                                          for name, (keys, seed) in HELD_OUT_CASES.items()}
             data = {"chat_template.jsonl": CHAT_TEMPLATE, "sharegpt.jsonl": SHAREGPT, "thinking.jsonl": THINKING}
             expected["chat_template cases"] = {}
             for name, (file, keys, run) in CHAT_CASES.items():
@@ -287,7 +339,7 @@ def main():
         for r in MESSAGES:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
     for name, records in (("chat_template.jsonl", CHAT_TEMPLATE), ("sharegpt.jsonl", SHAREGPT),
-                          ("thinking.jsonl", THINKING)):
+                          ("thinking.jsonl", THINKING), ("held_out.jsonl", HELD_OUT)):
         with open(os.path.join(out, name), "w", encoding="utf-8") as f:
             for r in records:
                 f.write(json.dumps(r, ensure_ascii=False) + "\n")

@@ -19,6 +19,7 @@
 #include "data/chat_template.h"
 #include "data/dataset.h"
 #include "data/llamafactory.h"
+#include "data/numpy_random.h"
 #include "data/records.h"
 #include "data/tokenizer.h"
 #include "memrt/error.h"
@@ -304,6 +305,83 @@ TEST(Records, AxolotlChatTemplateDatasetsTokenizeAsAxolotlDoes) {
           << d->description();
     }
   }
+}
+
+// numpy.random.default_rng(seed).permutation(n), which Hugging Face datasets shuffles and splits
+// with, against numpy itself (numpy_permutations.py): sizes from 0 to past 2^16, seeds of one to
+// three 32-bit words.
+TEST(NumpyRandom, PermutationIsNumpys) {
+  memrt::test::TempDir dir;
+  ASSERT_TRUE(memrt::test::run_reference("numpy_permutations.py", dir.file("want.json")));
+  const rapidjson::Document want = read_json(dir.file("want.json"));
+  ASSERT_GT(want["cases"].Size(), 80u);
+  for (const auto& c : want["cases"].GetArray()) {
+    const int64_t n = c["n"].GetInt64();
+    const uint64_t seed = c["seed"].GetUint64();
+    std::vector<int64_t> expected;
+    for (const auto& x : c["permutation"].GetArray()) expected.push_back(x.GetInt64());
+    EXPECT_EQ(numpy_permutation(n, seed), expected) << "n " << n << ", seed " << seed;
+  }
+}
+
+// axolotl's val_set_size (with shuffle_merged_datasets) and LLaMA-Factory's val_size, written in a
+// train.yaml over axolotl alpaca records some of which are too long to keep: the samples trained on
+// and held out, and their order, against the tools' split (sft_records.py, HELD_OUT_CASES: numpy's
+// permutation, axolotl's shuffle-filter-take-the-last, LLaMA-Factory's split before processing).
+TEST(Records, HeldOutRecordsAreTheToolsOwn) {
+  Fixture f;
+  ASSERT_TRUE(f.made);
+  const rapidjson::Document want = read_json(f.dir.file("tok/llama3/sft.json"));
+  const rapidjson::Value& cases = want["held_out cases"];
+  ASSERT_EQ(cases.MemberCount(), 5u);
+  for (const auto& c : cases.GetObject()) {
+    SCOPED_TRACE(c.name.GetString());
+    std::string yaml = "datasets:\n  - path: " + f.dir.file("held_out.jsonl") + "\n    type: alpaca\nseed: " +
+                       std::to_string(c.value["seed"].GetUint64()) + "\n";
+    for (const auto& k : c.value["keys"].GetObject()) {
+      rapidjson::StringBuffer text;
+      rapidjson::Writer<rapidjson::StringBuffer> w(text);
+      k.value.Accept(w);
+      yaml += std::string(k.name.GetString()) + ": " + text.GetString() + "\n";
+    }
+    const std::string path = f.dir.file(std::string(c.name.GetString()) + ".yaml");
+    std::ofstream(path) << yaml;
+    ConfigSources sources;
+    sources.train_yaml_path = path;
+    const TrainConfig cfg = load_train_config(sources);
+    DataConfig data = cfg.data;
+    data.tokenizer = f.dir.file("tok/llama3/tokenizer.json");
+    data.cache_dir = f.dir.file("cache");
+    data.block_size = want["max_length"].GetInt64();
+    const TokenDataset::Split split = TokenDataset::hold_out(*TokenDataset::open(data), data.held_out, cfg.seed);
+    for (const auto& [side, d] : {std::pair{"train", split.train}, std::pair{"eval", split.eval}}) {
+      SCOPED_TRACE(side);
+      const auto ids = lists_of<int64_t>(c.value[side]["ids"]);
+      const auto labels = lists_of<int>(c.value[side]["labels"]);
+      ASSERT_EQ(d->num_samples(), static_cast<int64_t>(ids.size())) << d->description();
+      for (int64_t k = 0; k < d->num_samples(); ++k) {
+        std::vector<int64_t> got(static_cast<size_t>(d->sample_length(k)));
+        d->copy_tokens(d->sample_begin(k), d->sample_length(k), got.data());
+        EXPECT_EQ(got, ids[static_cast<size_t>(k)]) << "sample " << k;
+        std::vector<int> trained;
+        for (int64_t i = 0; i < d->sample_length(k); ++i) trained.push_back(d->trained(d->sample_begin(k) + i) ? 1 : 0);
+        EXPECT_EQ(trained, labels[static_cast<size_t>(k)]) << "sample " << k;
+      }
+    }
+  }
+  // Holding every record out, or all but none, names the key.
+  memrt::test::TempDir dir;
+  const std::string path = dir.file("all.yaml");
+  std::ofstream(path) << "datasets:\n  - path: " + f.dir.file("held_out.jsonl") + "\n    type: alpaca\nval_set_size: 36\n";
+  ConfigSources sources;
+  sources.train_yaml_path = path;
+  DataConfig data = load_train_config(sources).data;
+  data.tokenizer = f.dir.file("tok/llama3/tokenizer.json");
+  data.cache_dir = f.dir.file("cache");
+  data.block_size = want["max_length"].GetInt64();
+  const auto all = TokenDataset::open(data);
+  expect_error<Error>([&] { TokenDataset::hold_out(*all, data.held_out, 42); },
+                      {"val_set_size", "36 held out of 36 samples", "none to train on"});
 }
 
 // LLaMA-Factory's dataset + dataset_dir (dataset_info.json's files, columns and tags) and its keys —

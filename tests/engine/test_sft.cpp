@@ -107,7 +107,8 @@ TEST(Sft, TheLossIsTheMeanOverTheStepsTrainedTokens) {
 // train_on_inputs: false, sequence_len, pad_to_sequence_len — trains and writes its adapter; TRL's
 // shapes — a prompt/completion JSONL as train_file with completion_only_loss, and a conversational
 // (messages) one through the model's chat template with assistant_only_loss — train, and
-// evaluating each file counts exactly the tokens TRL trains on.
+// evaluating each file counts exactly the tokens TRL trains on; LLaMA-Factory's val_size holds
+// records out and evaluates them.
 TEST(Sft, AxolotlLlamaFactoryAndTrlConfigsTrainOnTheirRecords) {
   TempDir dir("sft_configs");
   const fs::path base = make_base(dir, "n_layer: 2, n_head: 4, n_kv_head: 2, d_model: 64, d_ff: 128");
@@ -175,6 +176,20 @@ TEST(Sft, AxolotlLlamaFactoryAndTrlConfigsTrainOnTheirRecords) {
   EXPECT_EQ(losses(llamafactory).size(), 3u);
   EXPECT_TRUE(fs::exists(llamafactory / "adapter" / "adapter_model.safetensors"));
   EXPECT_EQ(read_json(llamafactory / "eval.json")["windows"].GetInt64(), 8) << "eval_dataset: its 8 records";
+
+  // val_size instead of eval_dataset: a quarter of the 11 records (3, rounded up) held out and
+  // evaluated, the other 8 trained on (Records.HeldOutRecordsAreTheToolsOwn checks which).
+  const fs::path held = dir.path() / "held";
+  const RunResult h = run(
+      kLauncher + " --deepspeed " + dir.write("held.json", ds(2, 1)) + " " +
+      dir.write("held.yaml", "model_name_or_path: " + base.string() + "\nstage: sft\nfinetuning_type: lora\n"
+                             "lora_target: all\ndataset: alpaca_demo,chat_demo\nval_size: 0.25\ndataset_dir: " +
+                             dir.path().string() + "\ntemplate: llama3\ncutoff_len: 256\ntokenized_path: " +
+                             (dir.path() / "prepared").string() + "\nmax_steps: 2\nlogging_steps: 1\n") +
+      " --output_dir=" + held.string());
+  ASSERT_EQ(h.exit_code, 0) << h.out;
+  EXPECT_NE(h.out.find("8 samples trained on"), std::string::npos) << h.out;
+  EXPECT_EQ(read_json(held / "eval.json")["windows"].GetInt64(), 3) << h.out;
 
   const fs::path trl = dir.path() / "trl";
   const std::string pc = (dir.path() / "prompt_completion.jsonl").string();

@@ -198,6 +198,8 @@ const std::vector<std::pair<std::string, std::vector<std::string>>> kYamlKeys = 
     {"resume_from_checkpoint", {"resume_from_checkpoint"}},
     {"stage", {"stage"}},
     {"val_set_size", {"val_set_size"}},
+    {"val_size", {"val_size"}},
+    {"shuffle_merged_datasets", {"shuffle_merged_datasets"}},
     {"gptq_model_v1", {"gptq_model_v1"}},
 };
 
@@ -254,7 +256,6 @@ const std::vector<std::pair<const char*, const char*>> kYamlRejected = {
     {"dataset_mixer", "memrt reads a local train_file (text, .bin tokens or JSONL with a \"text\" field); set train_file"},
     {"dataset_mixture", "memrt reads a local train_file (text, .bin tokens or JSONL with a \"text\" field); set train_file"},
     {"dataset_splits", "memrt reads a local train_file; set train_file"},
-    {"val_size", "memrt does not split the training data; name the held-out records in eval_dataset (or eval_file)"},
     {"tool_format", "LLaMA-Factory's tool formats are not built; records with tools are refused"},
     {"interleave_probs", "LLaMA-Factory's datasets are concatenated (mix_strategy: concat)"},
     {"unfrozen_parameters", "memrt trains every parameter, the layers finetuning_type: freeze chooses (freeze_trainable_layers, freeze_trainable_modules, freeze_extra_modules), or LoRA adapters"},
@@ -395,6 +396,7 @@ struct Loader {
   void resolve_saving();
   void resolve_records();
   void read_llamafactory_datasets();
+  void read_held_out();
   int64_t model_width() const;
   void add_plugin(const std::string& name, std::string first_key, std::vector<std::string> keys,
                   ConfigNode options);
@@ -682,11 +684,6 @@ void Loader::resolve_batch(const ConfigNode* tbs, const ConfigNode* mbs, const C
     if (stage != "pt" && stage != "sft")
       throw x->error("is \"" + stage + "\", which memrt does not support: memrt trains causal language modelling, "
                      "on text (stage: pt) or on a dataset's responses (stage: sft)");
-  }
-  if (const ConfigNode* x = yv("val_set_size")) {
-    if (x->as_double() != 0)
-      throw x->error("is not supported: memrt does not split train_file; put the held-out text in its own file and "
-                     "set eval_file to it (and val_set_size: 0)");
   }
   if (const ConfigNode* x = yv("gptq_model_v1")) {
     if (x->as_bool()) throw x->error("is not supported: GPTQ models cannot be loaded; use load_in_4bit");
@@ -1681,6 +1678,7 @@ void Loader::resolve_records() {
     read_axolotl_datasets(*list, cfg.data.eval_datasets);
   }
   read_llamafactory_datasets();
+  read_held_out();
   if (const ConfigNode* eot = yv("eot_tokens")) cfg.data.eot_tokens = eot->as_names();
   if (const ConfigNode* kwargs = yv("chat_template_kwargs")) {
     if (!kwargs->is_object())
@@ -1817,6 +1815,36 @@ std::vector<DatasetSource> llamafactory_sources(const ConfigNode& entry, const s
   return sources;
 }
 
+// axolotl's val_set_size and LLaMA-Factory's val_size: records of the training datasets held out
+// for evaluation (docs/tokenizers.md, "Held-out records"); 0 holds none out.
+void Loader::read_held_out() {
+  const ConfigNode* axolotl = yv("val_set_size");
+  const ConfigNode* llamafactory = yv("val_size");
+  if (axolotl && llamafactory)
+    throw llamafactory->error("and " + where(*axolotl) + " both hold records out; keep one");
+  const ConfigNode* shuffle = yv("shuffle_merged_datasets");
+  const ConfigNode* x = axolotl ? axolotl : llamafactory;
+  if (!x || x->as_double() == 0) return;
+  HeldOut& h = cfg.data.held_out;
+  h.tool = axolotl ? HeldOut::Tool::kAxolotl : HeldOut::Tool::kLlamaFactory;
+  h.key = axolotl ? "val_set_size" : "val_size";
+  h.size = x->as_double();
+  if (h.size > 1) h.size = std::floor(h.size);  // int(size), as both tools read a count
+  if (h.size < 0 || h.size == 1)
+    throw x->error("is " + x->to_json(0) + "; expected a fraction of the records between 0 and 1, or a count of "
+                   "them above 1");
+  if (cfg.data.datasets.empty())
+    throw x->error(axolotl ? std::string("holds records of datasets: out, and there are none; for a train_file, put "
+                                         "the held-out text in its own file and set eval_file to it")
+                           : std::string("holds records of dataset: out, and there are none"));
+  if (!cfg.data.eval_datasets.empty() || yv("eval_file")) {
+    const ConfigNode* other = yv("eval_file") ? yv("eval_file") : yv("test_datasets") ? yv("test_datasets")
+                                                                                       : yv("eval_dataset");
+    throw x->error("and " + where(*other) + " both name the evaluation data; keep one");
+  }
+  if (shuffle) h.shuffle = shuffle->as_bool();
+}
+
 // LLaMA-Factory's dataset: names in dataset_dir's dataset_info.json, and the keys of its template
 // and supervised processor (docs/tokenizers.md, "Datasets").
 void Loader::read_llamafactory_datasets() {
@@ -1948,7 +1976,8 @@ void Loader::resolve_eval() {
     cfg.eval.batch_size = b->as_int();
     if (cfg.eval.batch_size <= 0) throw b->error("must be positive (eval windows per forward on each rank)");
   }
-  if (!file && cfg.data.eval_datasets.empty() && (cfg.eval.steps > 0 || cfg.eval.per_epoch > 0)) {  // a note
+  if (!file && cfg.data.eval_datasets.empty() && cfg.data.held_out.tool == HeldOut::Tool::kNone &&
+      (cfg.eval.steps > 0 || cfg.eval.per_epoch > 0)) {  // a note
     const ConfigNode* why = strategy ? strategy : steps ? steps : per_epoch;
     diag.warnings.push_back(where(*why) + " asks for evaluation but no eval_file is set: nothing is evaluated; set "
                             "eval_file (or validation_file) to a held-out file in a format train_file takes");

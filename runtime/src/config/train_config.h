@@ -137,6 +137,17 @@ struct LlamaFactoryOptions {
   bool enable_thinking = true;                // reasoning templates: an empty thought is trained
 };
 
+// The records of `datasets` held out for evaluation, as axolotl's val_set_size or LLaMA-Factory's
+// val_size choose them (docs/tokenizers.md, "Held-out records"): `size` of them (a fraction when
+// at most 1), drawn with the run's seed.
+struct HeldOut {
+  enum class Tool { kNone, kAxolotl, kLlamaFactory };
+  Tool tool = Tool::kNone;
+  double size = 0;
+  bool shuffle = true;  // axolotl's shuffle_merged_datasets: the merged records shuffled before the split
+  std::string key;      // "val_set_size" or "val_size", for messages
+};
+
 struct DataConfig {
   std::string train_file;  // empty: the built-in corpus
   // Non-empty: the run trains on these records, one sample each, instead of train_file.
@@ -178,6 +189,8 @@ struct DataConfig {
   std::string eval_file;
   // Or records evaluated the same way (LLaMA-Factory's eval_dataset), read as `datasets` are.
   std::vector<DatasetSource> eval_datasets;
+  // Or records held out of `datasets` (docs/tokenizers.md, "Held-out records").
+  HeldOut held_out;
 };
 
 // When a training run evaluates eval_file (besides once after its last step): every `steps`

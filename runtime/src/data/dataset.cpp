@@ -1,6 +1,7 @@
 #include "data/dataset.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -18,6 +19,7 @@
 
 #include "data/chat_template.h"
 #include "data/mapped_file.h"
+#include "data/numpy_random.h"
 #include "data/records.h"
 #include "data/tokenizer.h"
 #include "data/tokenizer_config.h"
@@ -170,10 +172,11 @@ rapidjson::Document read_cache_info(const std::string& path) {
   return d;
 }
 
-// Records' label masks and sample boundaries, beside the tokens.
+// Records' label masks, sample boundaries and each sample's record, beside the tokens.
 struct CachedSamples {
   const std::vector<uint8_t>& labels;
   const std::vector<int64_t>& offsets;
+  const std::vector<int64_t>& records;
 };
 
 // A whole file written to a temporary name and renamed into place.
@@ -186,8 +189,9 @@ void write_file(const std::string& path, const void* data, size_t bytes) {
   fs::rename(tmp, path);
 }
 
-// <entry>.bin (llm.c's uint32 token file), for records <entry>.labels (a byte per token) and
-// <entry>.samples (int64 boundaries), and last <entry>.json, each written to a temporary name and
+// <entry>.bin (llm.c's uint32 token file), for records <entry>.labels (a byte per token),
+// <entry>.samples (int64 boundaries) and <entry>.records (each sample's record, int64), and last
+// <entry>.json, each written to a temporary name and
 // renamed into place: an entry is whole or absent.
 void write_cache(const std::string& entry, const std::vector<uint32_t>& ids, const std::string& kind, int64_t documents,
                  int64_t vocab_size, const std::string& what, const std::string& tokenizer,
@@ -197,6 +201,7 @@ void write_cache(const std::string& entry, const std::vector<uint32_t>& ids, con
   if (samples) {
     write_file(entry + ".labels", samples->labels.data(), samples->labels.size());
     write_file(entry + ".samples", samples->offsets.data(), samples->offsets.size() * sizeof(int64_t));
+    write_file(entry + ".records", samples->records.data(), samples->records.size() * sizeof(int64_t));
   }
   {
     std::ofstream out(entry + ".bin" + tmp, std::ios::binary);
@@ -562,7 +567,7 @@ std::shared_ptr<TokenDataset> TokenDataset::open_records(const DataConfig& cfg) 
   const std::string& tokenizer_json = cfg.tokenizer;
   const int64_t block_size = cfg.block_size;
   std::vector<std::string> paths;
-  std::string what, options = "records block_size " + std::to_string(block_size) +
+  std::string what, options = "records (with their records' indices) block_size " + std::to_string(block_size) +
                               (cfg.train_on_prompt ? " prompt" : "") + (cfg.assistant_only ? " assistant" : "") +
                               (cfg.chat_template.empty() ? "" : " template " + cfg.chat_template) +
                               (cfg.chat_template_kwargs.empty() ? "" : " kwargs " + cfg.chat_template_kwargs) +
@@ -631,11 +636,14 @@ std::shared_ptr<TokenDataset> TokenDataset::open_records(const DataConfig& cfg) 
     d->vocab_size_ = info["vocab_size"].GetInt64();
     d->labels_file_ = std::make_unique<MappedFile>(entry + ".labels");
     d->labels_ = d->labels_file_->data();
-    const MappedFile offsets(entry + ".samples");
+    const MappedFile offsets(entry + ".samples"), records(entry + ".records");
     const auto* o = reinterpret_cast<const int64_t*>(offsets.data());
     d->offsets_.assign(o, o + offsets.size() / sizeof(int64_t));
+    const auto* r = reinterpret_cast<const int64_t*>(records.data());
+    d->records_.assign(r, r + records.size() / sizeof(int64_t));
+    d->num_records_ = info["documents"].GetInt64();
     if (static_cast<int64_t>(d->labels_file_->size()) != d->num_tokens_ || d->offsets_.size() < 2 ||
-        d->offsets_.back() != d->num_tokens_)
+        d->offsets_.back() != d->num_tokens_ || d->records_.size() + 1 != d->offsets_.size())
       throw FileError(entry + ".json", "is a damaged cache entry: remove it, and the data is tokenized again");
     int64_t labels = 0;
     for (int64_t k = 0; k < d->num_samples(); ++k) labels += d->sample_labels(k);
@@ -675,6 +683,8 @@ std::shared_ptr<TokenDataset> TokenDataset::open_records(const DataConfig& cfg) 
   d->owned_ids_ = std::move(rec.ids);
   d->owned_labels_ = std::move(rec.labels);
   d->offsets_ = std::move(rec.offsets);
+  d->records_ = std::move(rec.sample_records);
+  d->num_records_ = rec.records;
   d->tokens_ = reinterpret_cast<const uint8_t*>(d->owned_ids_.data());
   d->labels_ = d->owned_labels_.data();
   d->num_tokens_ = static_cast<int64_t>(d->owned_ids_.size());
@@ -689,12 +699,80 @@ std::shared_ptr<TokenDataset> TokenDataset::open_records(const DataConfig& cfg) 
   }
   try {
     write_cache(entry, d->owned_ids_, options, rec.records, d->vocab_size_, what, tokenizer_json,
-                CachedSamples{d->owned_labels_, d->offsets_});
+                CachedSamples{d->owned_labels_, d->offsets_, d->records_});
     d->description_ += "; cached in " + entry + ".bin)";
   } catch (const std::exception& e) {
     d->description_ += std::string("; not cached: ") + e.what() + ")";
   }
   return d;
+}
+
+std::shared_ptr<TokenDataset> TokenDataset::subset(const std::vector<int64_t>& samples,
+                                                  const std::string& description) const {
+  std::shared_ptr<TokenDataset> d(new TokenDataset());
+  for (int64_t k : samples) {
+    const int64_t begin = sample_begin(k), n = sample_length(k);
+    const size_t at = d->owned_ids_.size();
+    d->owned_ids_.resize(at + static_cast<size_t>(n));
+    std::memcpy(d->owned_ids_.data() + at, tokens_ + 4 * begin, static_cast<size_t>(n) * 4);  // records: uint32
+    d->owned_labels_.insert(d->owned_labels_.end(), labels_ + begin, labels_ + begin + n);
+    d->offsets_.push_back(static_cast<int64_t>(at));
+    d->records_.push_back(sample_record(k));
+  }
+  d->offsets_.push_back(static_cast<int64_t>(d->owned_ids_.size()));
+  d->tokens_ = reinterpret_cast<const uint8_t*>(d->owned_ids_.data());
+  d->labels_ = d->owned_labels_.data();
+  d->num_tokens_ = static_cast<int64_t>(d->owned_ids_.size());
+  d->bytes_per_token_ = 4;
+  d->vocab_size_ = vocab_size_;
+  d->num_records_ = num_records_;
+  d->description_ = description;
+  return d;
+}
+
+TokenDataset::Split TokenDataset::hold_out(const TokenDataset& all, const HeldOut& held, uint64_t seed) {
+  // Hugging Face datasets' train_test_split: a fraction rounds the held-out count up; a count is
+  // itself; each side must keep one.
+  auto held_count = [&](int64_t n) {
+    const auto k = held.size < 1 ? static_cast<int64_t>(std::ceil(held.size * static_cast<double>(n)))
+                                 : static_cast<int64_t>(held.size);
+    if (k >= n)
+      throw Error(held.key + ": " + std::to_string(k) + " held out of " + std::to_string(n) +
+                  (held.tool == HeldOut::Tool::kAxolotl ? " samples" : " records") + " leaves none to train on");
+    return k;
+  };
+  const int64_t n = all.num_records();
+  std::vector<int64_t> order = numpy_permutation(n, seed);  // datasets' shuffle and split: numpy's default_rng
+  std::vector<int64_t> place(static_cast<size_t>(n));       // record -> its place in `order`
+  if (held.tool == HeldOut::Tool::kAxolotl && !held.shuffle)
+    for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = i;
+  for (int64_t i = 0; i < n; ++i) place[static_cast<size_t>(order[static_cast<size_t>(i)])] = i;
+  std::vector<int64_t> samples(static_cast<size_t>(all.num_samples()));  // in `order`
+  for (size_t k = 0; k < samples.size(); ++k) samples[k] = static_cast<int64_t>(k);
+  std::sort(samples.begin(), samples.end(), [&](int64_t a, int64_t b) {
+    return place[static_cast<size_t>(all.sample_record(a))] < place[static_cast<size_t>(all.sample_record(b))];
+  });
+  // axolotl: the merged records shuffled, the samples that survive its filters split, the last held
+  // out. LLaMA-Factory: the records split before they are processed, the first of the permutation
+  // held out; each side's samples those its records make.
+  std::vector<int64_t> train, eval;
+  if (held.tool == HeldOut::Tool::kAxolotl) {
+    const int64_t held_out = held_count(static_cast<int64_t>(samples.size()));
+    const auto cut = samples.end() - held_out;
+    train.assign(samples.begin(), cut);
+    eval.assign(cut, samples.end());
+  } else {
+    const int64_t held_out = held_count(n);
+    for (int64_t k : samples) (place[static_cast<size_t>(all.sample_record(k))] < held_out ? eval : train).push_back(k);
+  }
+  for (const auto* side : {&train, &eval})
+    if (side->empty())
+      throw Error(held.key + ": the " + (side == &train ? "training" : "held-out") + " records make no sample (" +
+                  std::to_string(n) + " records, " + std::to_string(all.num_samples()) + " samples)");
+  std::ostringstream of;
+  of << " of " << all.description() << "; " << held.key << " " << held.size << ", seed " << seed;
+  return {all.subset(train, std::to_string(train.size()) + " samples trained on" + of.str()),
+          all.subset(eval, std::to_string(eval.size()) + " samples held out" + of.str())};
 }
 
 int64_t TokenDataset::sample_labels(int64_t k) const {

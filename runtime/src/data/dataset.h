@@ -72,6 +72,18 @@ class TokenDataset {
   bool trained(int64_t i) const { return labels_[i] != 0; }
   // The predictions sample k trains on: its tokens after the first that trained() marks.
   int64_t sample_labels(int64_t k) const;
+  // Records: how many the files hold (dropped ones too), and the one sample k was made from
+  // (numbered across the files in order).
+  int64_t num_records() const { return num_records_; }
+  int64_t sample_record(int64_t k) const { return records_[static_cast<size_t>(k)]; }
+  // The records `held` holds out of `all`'s (docs/tokenizers.md, "Held-out records"): its samples
+  // parted into those the run trains on and those it evaluates, each side a dataset of its own in
+  // the order the tool leaves it, drawn with `seed`. memrt::Error naming held.key when a side would
+  // be empty.
+  struct Split {
+    std::shared_ptr<TokenDataset> train, eval;
+  };
+  static Split hold_out(const TokenDataset& all, const HeldOut& held, uint64_t seed);
 
   int64_t token(int64_t i) const;
   // Copies tokens [begin, begin + count) into `out` as int64.
@@ -88,6 +100,10 @@ class TokenDataset {
   std::vector<uint8_t> owned_labels_;
   const uint8_t* labels_ = nullptr;   // records: one byte per token
   std::vector<int64_t> offsets_;      // records: num_samples() + 1 sample boundaries
+  std::vector<int64_t> records_;      // records: each sample's record
+  int64_t num_records_ = 0;
+  // Records: a dataset of `samples` of this one, in that order (their tokens copied).
+  std::shared_ptr<TokenDataset> subset(const std::vector<int64_t>& samples, const std::string& description) const;
   const uint8_t* tokens_ = nullptr;   // num_tokens_ * bytes_per_token_ bytes, little-endian
   int64_t num_tokens_ = 0;
   int bytes_per_token_ = 1;

@@ -690,7 +690,8 @@ void tokenize_llamafactory(const std::string& path, const Tokenizer& tok, const 
     }
     return v;
   };
-  for (const std::vector<std::vector<Piece>>& messages : encoded) {
+  for (size_t k = 0; k < encoded.size(); ++k) {
+    const std::vector<std::vector<Piece>>& messages = encoded[k];
     if (messages.empty()) {
       ++out.dropped;
       continue;
@@ -711,6 +712,7 @@ void tokenize_llamafactory(const std::string& path, const Tokenizer& tok, const 
     for (int32_t id : sample) out.ids.push_back(static_cast<uint32_t>(id));
     out.labels.insert(out.labels.end(), labels.begin(), labels.end());
     out.offsets.push_back(static_cast<int64_t>(out.ids.size()));
+    out.sample_records.push_back(out.records + static_cast<int64_t>(k));
   }
   out.records += static_cast<int64_t>(examples.size());
 }

@@ -678,6 +678,7 @@ void tokenize_records(const std::string& path, const Tokenizer& tok, const Recor
     for (int32_t id : ids) out.ids.push_back(static_cast<uint32_t>(id));
     out.labels.insert(out.labels.end(), labels.begin(), labels.end());
     out.offsets.push_back(static_cast<int64_t>(out.ids.size()));
+    out.sample_records.push_back(out.records + static_cast<int64_t>(k));
   }
   out.records += static_cast<int64_t>(records.size());
 }

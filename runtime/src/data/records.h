@@ -59,6 +59,7 @@ struct TokenizedRecords {
   std::vector<uint32_t> ids;
   std::vector<uint8_t> labels;       // per token: 1 where the loss counts its prediction
   std::vector<int64_t> offsets{0};   // sample k is [offsets[k], offsets[k + 1])
+  std::vector<int64_t> sample_records;  // sample k is of record sample_records[k] (counting every file's)
   int64_t records = 0, dropped = 0, truncated = 0;
   std::vector<std::string> notes;  // what the tool would warn about, e.g. an eot_token the template never writes
 };

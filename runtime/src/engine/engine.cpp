@@ -242,11 +242,18 @@ void Engine::setup() {
     DataConfig eval = cfg_.data;
     eval.train_file = eval.eval_file;
     eval.datasets = eval.eval_datasets;
-    const std::string eval_name = eval.datasets.empty() ? eval.eval_file : eval.datasets.front().path;
+    const std::string eval_name = cfg_.data.held_out.tool != HeldOut::Tool::kNone ? cfg_.data.held_out.key
+                                  : eval.datasets.empty()                          ? eval.eval_file
+                                                                                   : eval.datasets.front().path;
     std::shared_ptr<TokenDataset> opened;
     auto open = [&] {
       data = TokenDataset::open(cfg_.data);
       if (!eval_name.empty()) opened = TokenDataset::open(eval);
+      if (cfg_.data.held_out.tool != HeldOut::Tool::kNone) {  // val_set_size, val_size
+        TokenDataset::Split split = TokenDataset::hold_out(*data, cfg_.data.held_out, cfg_.seed);
+        data = std::move(split.train);
+        opened = std::move(split.eval);
+      }
     };
     if (main) open();
     if (!cfg_.data.tokenizer.empty() && run_.world_size > 1) dist_->barrier();
@@ -786,7 +793,7 @@ void Engine::notify_error(const std::exception& e) {
 }
 
 EvalResult Engine::evaluate_only() {
-  if (cfg_.data.eval_file.empty() && cfg_.data.eval_datasets.empty()) {
+  if (cfg_.data.eval_file.empty() && cfg_.data.eval_datasets.empty() && cfg_.data.held_out.tool == HeldOut::Tool::kNone) {
     throw ConfigError(cfg_.train_yaml_path, "eval_file",
                       "is not set: launcher eval needs the text to evaluate; add --eval_file=FILE (any format "
                       "train_file takes) or set eval_file in the train.yaml");
