@@ -1,6 +1,7 @@
 // The chat templates a run can name (axolotl's `chat_template: chatml | llama3 | phi_3 | phi_4 |
-// qwen_25 | qwen3 | gemma3`), written here to render what axolotl's templates of those names render, byte for byte
-// (ChatTemplate.RendersAsTransformersDoes checks them against axolotl's own files).
+// qwen_25 | qwen3 | gemma3 | alpaca | gemma | mistral_v1 | phi_35`), written here to render what
+// axolotl's templates of those names render, byte for byte (ChatTemplate.RendersAsTransformersDoes
+// checks them against axolotl's own files).
 #include <utility>
 
 #include "data/chat_template.h"
@@ -140,6 +141,47 @@ const std::vector<std::pair<std::string, std::string>>& named() {
        "{% elif item['type'] == 'text' %}{{ item['text'] | trim }}{% endif %}{% endfor %}"
        "{% else %}{{ raise_exception('Invalid content type') }}{% endif %}{{ '<end_of_turn>\\n' }}{% endfor %}"
        "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}"},
+      // Alpaca as a chat: BOS, a leading system turn's text as it is, then "### Instruction:" and
+      // "### Response:" sections (the response ended by EOS), a blank line between turns; other
+      // roles write nothing but the blank line.
+      {"alpaca",
+       "{{ bos_token }}{% for m in messages %}"
+       "{% if loop.first and m['role'] == 'system' %}{{ m['content'] }}"
+       "{% elif m['role'] == 'user' %}{{ '### Instruction:\\n' + m['content'] }}"
+       "{% elif m['role'] == 'assistant' %}{{ '### Response:\\n' + m['content'] + eos_token }}{% endif %}"
+       "{% if not loop.last %}{{ '\\n\\n' }}{% endif %}{% endfor %}"
+       "{% if add_generation_prompt %}{{ '\\n\\n### Response:\\n' }}{% endif %}"},
+      // Gemma (1 and 2): BOS; no system turn; user and model (the assistant) alternate, each turn's
+      // text trimmed (a list's text parts, each trimmed).
+      {"gemma",
+       "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+       "{% endif %}{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+       "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+       "{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else m['role']) + '\\n' }}"
+       "{% if m['content'] is string %}{{ m['content'] | trim }}"
+       "{% else %}{% for part in m['content'] %}{% if 'text' in part %}{{ part['text'] | trim }}{% endif %}"
+       "{% endfor %}{% endif %}{{ '<end_of_turn>\\n' }}{% endfor %}"
+       "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}"},
+      // Mistral v1: BOS; [INST] user [/INST] and " answer</s>", strictly alternating after an
+      // optional system prompt, which opens the first user turn; a list's text parts joined.
+      {"mistral_v1",
+       "{% set first_system = messages[0]['role'] == 'system' %}"
+       "{% macro text(content) %}{% if content is string %}{{ content }}{% else %}"
+       "{{ content | selectattr('type', 'equalto', 'text') | map(attribute='text') | join('') }}{% endif %}{% endmacro %}"
+       "{{ bos_token }}{% for m in (messages[1:] if first_system else messages) %}"
+       "{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('After the optional system "
+       "message, conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+       "{% if m['role'] == 'user' %}{{ ' [INST] ' }}{% if loop.first and first_system %}"
+       "{{ text(messages[0]['content']) + '\\n\\n' }}{% endif %}{{ text(m['content']) + ' [/INST]' }}"
+       "{% elif m['role'] == 'assistant' %}{{ ' ' + text(m['content']) + eos_token }}"
+       "{% else %}{{ raise_exception('Only user and assistant roles are supported, with the exception of an "
+       "initial optional system message!') }}{% endif %}{% endfor %}"},
+      // Phi-3.5: <|ROLE|> turns ended by <|end|>, each on its own line; an empty system turn is not
+      // written, nor are other roles.
+      {"phi_35",
+       "{% for m in messages %}{% if m['role'] == 'system' and m['content'] %}{{ '<|system|>\\n' + m['content'] + '<|end|>\\n' }}"
+       "{% elif m['role'] in ['user', 'assistant'] %}{{ '<|' + m['role'] + '|>\\n' + m['content'] + '<|end|>\\n' }}"
+       "{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"},
   };
   return templates;
 }
