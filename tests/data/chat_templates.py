@@ -5,7 +5,7 @@ renders each template of tests/data/chat_templates/ (authored here in the shape 
 Qwen3, Mistral, Phi-3 and Gemma templates, plus one exercising whitespace control and expressions)
 on a set of conversations with transformers' own renderer (render_jinja_template, as
 apply_chat_template renders), with and without add_generation_prompt; and axolotl's templates of the names memrt ships
-(chatml, llama3, phi_3, phi_4, qwen_25, qwen3, gemma3, alpaca, gemma, mistral_v1, phi_35: read from the installed axolotl package, never imported) as "axolotl:NAME"
+(AXOLOTL_NAMED: read from the installed axolotl package) as "axolotl:NAME"
 with "named": NAME; and writes
     {"<family>": {"template": "...", "cases": [{"variables": {...}, "text": "...",
                   "generation": [[begin, end]...]} or {"variables": {...}, "error": "..."}]}}
@@ -64,7 +64,7 @@ FAMILIES = {
 AXOLOTL_NAMED = {"chatml": [0, 1, 2, 5], "llama3": [0, 1, 2, 4, 5], "phi_3": [0, 1, 2, 5], "phi_4": [0, 1, 2, 5],
                  "qwen_25": [0, 1, 2, 3, 6], "qwen3": [0, 1, 2, 3, 6], "gemma3": [0, 1, 2, 4, 5],
                  "alpaca": [0, 1, 2, 3, 5], "gemma": [0, 1, 2, 4, 5], "mistral_v1": [0, 1, 2, 3, 4, 5],
-                 "phi_35": [0, 1, 2, 3, 5, 6]}
+                 "phi_35": [0, 1, 2, 3, 5, 6], "mistral_v7_tekken": [0, 1, 2, 3, 4, 5, 6]}
 
 
 def axolotl_template(name):

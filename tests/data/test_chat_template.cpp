@@ -3,8 +3,8 @@
 // families and one of whitespace control and expressions, on conversations with system prompts,
 // multi-turn, tool calls, reasoning, list content and unicode — byte-equal text, the same
 // {% generation %} spans, the same raise_exception errors; and the templates memrt ships by name
-// (chatml, llama3, phi_3, phi_4, qwen_25, qwen3, gemma3, alpaca, gemma, mistral_v1, phi_35) rendering what axolotl's own files of those names render. A construct
-// outside the subset is an error naming it and its line.
+// (data/named_chat_templates.cpp) rendering what axolotl's own files of those names render. A
+// construct outside the subset is an error naming it and its line.
 #include <gtest/gtest.h>
 
 #include <rapidjson/document.h>

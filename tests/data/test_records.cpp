@@ -508,9 +508,10 @@ TEST(Records, NamedTemplatesAndTheModelsOwn) {
   EXPECT_EQ(first_sample("chat_template: tokenizer_default_fallback_chatml\n"), rendered(*own));
   std::ofstream(f.dir.file("mine.jinja")) << *named_chat_template("chatml");  // axolotl's chat_template: jinja
   EXPECT_EQ(first_sample("chat_template: jinja\nchat_template_jinja: " + f.dir.file("mine.jinja") + "\n"), rendered(chatml));
-  expect_error<FileError>([&] { first_sample("chat_template: mistral_v7_tekken\n"); },
-                          {"named.yaml: chat_template", "mistral_v7_tekken",
-                           "chatml, llama3, phi_3, phi_4, qwen_25, qwen3, gemma3, alpaca, gemma, mistral_v1, phi_35",
+  expect_error<FileError>([&] { first_sample("chat_template: deepseek_v3\n"); },
+                          {"named.yaml: chat_template", "deepseek_v3",
+                           "chatml, llama3, phi_3, phi_4, qwen_25, qwen3, gemma3, alpaca, gemma, mistral_v1, phi_35, "
+                           "mistral_v7_tekken",
                            "tokenizer_default"});
 }
 

@@ -172,8 +172,8 @@ struct DataConfig {
   // A chat template's Jinja source given in train.yaml (alignment-handbook's and TRL's chat_template),
   // rendering conversations instead of the model's own; where it was given, for its errors.
   std::string chat_template, chat_template_where;
-  // Or a template memrt ships, by the name axolotl gives it (chatml, llama3, phi_3, phi_4, qwen_25, qwen3, gemma3, alpaca, gemma, mistral_v1, phi_35:
-  // data/chat_template.h); with chat_template_fallback only when the model has none (axolotl's
+  // Or a template memrt ships, by the name axolotl gives it (data/chat_template.h,
+  // named_chat_template); with chat_template_fallback only when the model has none (axolotl's
   // tokenizer_default_fallback_NAME).
   std::string chat_template_name;
   bool chat_template_fallback = false;

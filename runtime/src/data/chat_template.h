@@ -60,9 +60,9 @@ std::string python_strip(const std::string& s, bool left, bool right);
 // malformed or its template does not parse.
 std::optional<ChatTemplate> load_chat_template(const std::string& dir);
 
-// The source of the template a run names (axolotl's chat_template: chatml, llama3, phi_3, phi_4,
-// qwen_25, qwen3, gemma3, alpaca, gemma, mistral_v1, phi_35), as axolotl's template of that name renders; nullptr for a name memrt
-// does not ship.
+// The source of the template a run names (axolotl's chat_template: one of
+// named_chat_template_names()), as axolotl's template of that name renders; nullptr for a name
+// memrt does not ship.
 const std::string* named_chat_template(const std::string& name);
 // The names named_chat_template knows, comma-separated.
 std::string named_chat_template_names();

@@ -1,7 +1,7 @@
 // The chat templates a run can name (axolotl's `chat_template: chatml | llama3 | phi_3 | phi_4 |
-// qwen_25 | qwen3 | gemma3 | alpaca | gemma | mistral_v1 | phi_35`), written here to render what
-// axolotl's templates of those names render, byte for byte (ChatTemplate.RendersAsTransformersDoes
-// checks them against axolotl's own files).
+// qwen_25 | qwen3 | gemma3 | alpaca | gemma | mistral_v1 | phi_35 | mistral_v7_tekken`), written
+// here to render what axolotl's templates of those names render, byte for byte
+// (ChatTemplate.RendersAsTransformersDoes checks them against axolotl's own files).
 #include <utility>
 
 #include "data/chat_template.h"
@@ -182,6 +182,34 @@ const std::vector<std::pair<std::string, std::string>>& named() {
        "{% for m in messages %}{% if m['role'] == 'system' and m['content'] %}{{ '<|system|>\\n' + m['content'] + '<|end|>\\n' }}"
        "{% elif m['role'] in ['user', 'assistant'] %}{{ '<|' + m['role'] + '|>\\n' + m['content'] + '<|end|>\\n' }}"
        "{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"},
+      // Mistral v7 (Tekken; Mistral Small 3): BOS and a system prompt always (the first system
+      // turn's, else Mistral's, naming today's date), [INST] user [/INST] and "answer</s>" turns, a
+      // later system turn as a system prompt where it stands; images as [IMG].
+      {"mistral_v7_tekken",
+       "{% set today = strftime_now('%Y-%m-%d') %}{% macro text(content) %}{% if content is string %}"
+       "{{ content }}{% else %}"
+       "{{ content | selectattr('type', 'equalto', 'text') | map(attribute='text') | join('') }}"
+       "{% endif %}{% endmacro %}{% if messages[0]['role'] == 'system' %}"
+       "{% set system = text(messages[0]['content']) %}{% set turns = messages[1:] %}{% else %}"
+       "{% set system = \"You are Mistral Small 3, a Large Language Model (LLM) created by Mistral AI, a "
+       "French startup headquartered in Paris.\\nYour knowledge base was last updated on 2023-10-01. The "
+       "current date is \" + today + \".\\n\\nWhen you're not sure about some information, you say that "
+       "you don't have the information and don't make up anything.\\nIf the user's question is not clear, "
+       "ambiguous, or does not provide enough context for you to accurately answer the question, you do "
+       "not try to answer it right away and you rather ask the user to clarify their request (e.g. "
+       "\\\"What are some good restaurants around me?\\\" => \\\"Where are you?\\\" or \\\"When is the "
+       "next flight to Tokyo\\\" => \\\"Where do you travel from?\\\")\" %}"
+       "{% set turns = messages %}{% endif %}"
+       "{{ bos_token + '[SYSTEM_PROMPT]' + system + '[/SYSTEM_PROMPT]' }}{% for m in turns %}"
+       "{% if m['role'] == 'user' %}{{ '[INST]' }}{% if m['content'] is string %}{{ m['content'] }}"
+       "{% else %}{% for block in m['content'] %}{% if block['type'] == 'text' %}{{ block['text'] }}"
+       "{% elif block['type'] in ['image', 'image_url'] %}{{ '[IMG]' }}{% else %}"
+       "{{ raise_exception('Only text and image blocks are supported in message content!') }}"
+       "{% endif %}{% endfor %}{% endif %}{{ '[/INST]' }}{% elif m['role'] == 'system' %}"
+       "{{ '[SYSTEM_PROMPT]' + text(m['content']) + '[/SYSTEM_PROMPT]' }}"
+       "{% elif m['role'] == 'assistant' %}{{ text(m['content']) + eos_token }}{% else %}"
+       "{{ raise_exception('Only user, system and assistant roles are supported!') }}{% endif %}"
+       "{% endfor %}"},
   };
   return templates;
 }
