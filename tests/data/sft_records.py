@@ -17,17 +17,18 @@ longer than sequence_len dropped) and as TRL's SFTTrainer tokenizes a prompt-com
 truncate_dataset), for the Llama-3 kind (whose template has generation blocks). labels[i] is 1
 where the label is the token (not -100).
 
-For the Llama-3 kind it also writes OUT_DIR/chat_template.jsonl, OUT_DIR/sharegpt.jsonl and
-OUT_DIR/thinking.jsonl and, in sft.json, "chat_template CASE" for each of CHAT_CASES: axolotl's
-`type: chat_template` datasets tokenized by axolotl itself — its ChatTemplateStrategy
-(prompt_strategies/chat_template.py), made by its StrategyLoader from the dataset entry and the
-run's keys (eot_tokens, train_on_inputs, chat_template: a name, chat_template_kwargs) on
-transformers' tokenizer — then filtered as axolotl filters (longer than the sequence length:
-dropped) and as memrt does (nothing trained past the first token: dropped; axolotl drops nothing
-trained at all). "chat_template cases" holds each case's file, its train.yaml keys (the dataset
-entry's and the run's) and its sequence length. "held_out cases" holds, for each of HELD_OUT_CASES
-(axolotl's val_set_size with shuffle_merged_datasets, LLaMA-Factory's val_size, and the seed), the
-samples of OUT_DIR/held_out.jsonl (alpaca records) trained on and held out, in order (held_out()).
+For the Llama-3 kind it also writes OUT_DIR/chat_template.jsonl, OUT_DIR/sharegpt.jsonl,
+OUT_DIR/thinking.jsonl and OUT_DIR/parts.jsonl and, in sft.json, "chat_template CASE" for each of
+CHAT_CASES: axolotl's `type: chat_template` datasets tokenized by axolotl itself — its
+ChatTemplateStrategy (prompt_strategies/chat_template.py), made by its StrategyLoader from the
+dataset entry and the run's keys (eot_tokens, train_on_inputs, chat_template: a name,
+chat_template_kwargs) on transformers' tokenizer — then filtered as axolotl filters (longer than the
+sequence length: dropped) and as memrt does (nothing trained past the first token: dropped; axolotl
+drops nothing trained at all). "chat_template cases" holds each case's file, its train.yaml keys
+(the dataset entry's and the run's) and its sequence length. "held_out cases" holds, for each of
+HELD_OUT_CASES (axolotl's val_set_size with shuffle_merged_datasets, LLaMA-Factory's val_size, and
+the seed), the samples of OUT_DIR/held_out.jsonl (alpaca records) trained on and held out, in order
+(held_out()).
 """
 import json
 import logging
@@ -117,6 +118,20 @@ THINKING = [
                   {"role": "assistant", "content": "Plain answer.", "thoughts": "a thought of its own"}]},
 ]
 
+# Content as lists of parts (axolotl joins their texts): an image part, "content" and "value"
+# parts, an empty text, a part that is not an object, and reasoning given as parts.
+PARTS = [
+    {"messages": [{"role": "user", "content": [{"type": "text", "text": "Look "}, {"type": "image"},
+                                               {"type": "text", "text": "here."}]},
+                  {"role": "assistant", "content": [{"type": "text", "text": "A cat."}]}]},
+    {"messages": [{"role": "user", "content": [{"type": "text", "text": ""}, {"content": "from content, "},
+                                               {"value": "from value"}, "a bare string"]},
+                  {"role": "assistant", "content": "Plain."}]},
+    {"messages": [{"role": "user", "content": "Why?"},
+                  {"role": "assistant", "content": [{"text": "Answer."}],
+                   "reasoning_content": [{"text": "Because "}, {"text": "so."}]}]},
+]
+
 EOT = {"eot_tokens": ["<|eot_id|>"]}
 SHAREGPT_KEYS = {"field_messages": "conversations", "message_property_mappings": {"role": "from", "content": "value"}}
 CHAT_CASES = {
@@ -134,6 +149,8 @@ CHAT_CASES = {
     "named_qwen3": ("chat_template.jsonl", {}, {"chat_template": "qwen3"}),
     "split_thinking": ("thinking.jsonl", {"split_thinking": True}, {"chat_template": "qwen3"}),
     "field_thinking": ("thinking.jsonl", {"field_thinking": "thoughts"}, {"chat_template": "qwen3"}),
+    "content_parts": ("parts.jsonl", {}, EOT),
+    "content_parts_qwen3": ("parts.jsonl", {}, {"chat_template": "qwen3"}),
     # the generation prompt of the legacy path with the run's chat_template_kwargs
     "legacy_kwargs": ("thinking.jsonl", {"roles_to_train": [], "train_on_eos": None},
                       {"chat_template": "qwen3", "chat_template_kwargs": {"enable_thinking": False}}),
@@ -321,7 +338,8 @@ def main():
         if kind == "llama3":
             expected["held_out cases"] = {name: {"keys": keys, "seed": seed, **held_out(tok, HELD_OUT, keys, seed)}
                                           for name, (keys, seed) in HELD_OUT_CASES.items()}
-            data = {"chat_template.jsonl": CHAT_TEMPLATE, "sharegpt.jsonl": SHAREGPT, "thinking.jsonl": THINKING}
+            data = {"chat_template.jsonl": CHAT_TEMPLATE, "sharegpt.jsonl": SHAREGPT, "thinking.jsonl": THINKING,
+                    "parts.jsonl": PARTS}
             expected["chat_template cases"] = {}
             for name, (file, keys, run) in CHAT_CASES.items():
                 expected["chat_template cases"][name] = {"file": file, "dataset": keys, "run": run,
@@ -339,7 +357,7 @@ def main():
         for r in MESSAGES:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
     for name, records in (("chat_template.jsonl", CHAT_TEMPLATE), ("sharegpt.jsonl", SHAREGPT),
-                          ("thinking.jsonl", THINKING), ("held_out.jsonl", HELD_OUT)):
+                          ("thinking.jsonl", THINKING), ("parts.jsonl", PARTS), ("held_out.jsonl", HELD_OUT)):
         with open(os.path.join(out, name), "w", encoding="utf-8") as f:
             for r in records:
                 f.write(json.dumps(r, ensure_ascii=False) + "\n")

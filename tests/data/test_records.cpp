@@ -254,13 +254,14 @@ TEST(Records, BatchPerSampleWithTheirMasks) {
 // and roles with drop_system_message; tool calls and tools given as JSON strings, a system field,
 // a conversation too long (dropped) and one with nothing to train (dropped); axolotl's qwen3 template
 // by name, split_thinking (each thinking pair, a solution pair, Unicode whitespace stripped as Python
-// strips it), field_thinking, and chat_template_kwargs in the legacy path's generation prompt.
+// strips it), field_thinking, chat_template_kwargs in the legacy path's generation prompt, and
+// content (and reasoning) given as lists of parts, joined as axolotl joins them.
 TEST(Records, AxolotlChatTemplateDatasetsTokenizeAsAxolotlDoes) {
   Fixture f;
   ASSERT_TRUE(f.made);
   const rapidjson::Document want = read_json(f.dir.file("tok/llama3/sft.json"));
   const rapidjson::Value& cases = want["chat_template cases"];
-  ASSERT_EQ(cases.MemberCount(), 13u);
+  ASSERT_EQ(cases.MemberCount(), 15u);
   for (const auto& c : cases.GetObject()) {
     const std::string name = c.name.GetString();
     SCOPED_TRACE(name);
@@ -554,13 +555,18 @@ TEST(Records, BadRecordsNameTheFileAndLine) {
   cfg.datasets = {{f.dir.file("bad_alpaca.json"), "alpaca"}};
   expect_error<FileError>([&] { TokenDataset::open(cfg); }, {"bad_alpaca.json", "record 2", "no \"instruction\""});
   // axolotl chat_template records: the messages' field missing, a message without a role, a tool
-  // call's arguments that are not JSON, eot_tokens of several tokens, or of the EOS training
+  // call's arguments that are not JSON, a content part with a train flag or a text that is not a
+  // string, eot_tokens of several tokens, or of the EOS training
   // otherwise than the EOT.
   const std::vector<Case> chats = {
       {"chat1.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n{\"turns\": []}\n", {"chat1.jsonl", "line 2", "\"messages\"", "field_messages"}},
       {"chat2.jsonl", "{\"messages\": [{\"content\": \"hi\"}]}\n", {"chat2.jsonl", "line 1", "no string role", "message_property_mappings"}},
       {"chat3.jsonl", "{\"messages\": [{\"role\": \"assistant\", \"content\": \"\", \"tool_calls\": [{\"function\": {\"name\": \"f\", \"arguments\": \"{city\"}}]}]}\n",
        {"chat3.jsonl", "line 1", "arguments", "not valid JSON"}},
+      {"chat4.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": [{\"text\": \"a\", \"train\": false}]}]}\n",
+       {"chat4.jsonl", "line 1", "\"train\"", "training_detail", "does not build"}},
+      {"chat5.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": [{\"text\": 7}]}]}\n",
+       {"chat5.jsonl", "line 1", "content part's \"text\" must be a string"}},
   };
   for (const Case& c : chats) {
     std::ofstream(f.dir.file(c.name), std::ios::binary) << c.text;

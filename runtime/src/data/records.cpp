@@ -211,6 +211,36 @@ std::optional<std::pair<std::string, std::string>> split_thinking(const std::str
   return std::nullopt;
 }
 
+// axolotl's _convert_content_parts: a list of content parts as one string, each object part's first
+// truthy "text", "content" or "value" (a string) in order; other parts add nothing. A part's "train"
+// or "weight" (per-part training, axolotl's training_detail) is refused: memrt does not build it.
+void join_content_parts(const std::string& path, const std::string& where, rapidjson::Value& content,
+                        rapidjson::Document::AllocatorType& a) {
+  if (!content.IsArray()) return;
+  auto truthy = [](const rapidjson::Value& v) {
+    return !(v.IsNull() || (v.IsBool() && !v.GetBool()) || (v.IsNumber() && v.GetDouble() == 0) ||
+             (v.IsString() && v.GetStringLength() == 0) || (v.IsArray() && v.Empty()) ||
+             (v.IsObject() && v.MemberCount() == 0));
+  };
+  std::string text;
+  for (const auto& part : content.GetArray()) {
+    if (!part.IsObject()) continue;
+    for (const char* flag : {"train", "weight"})
+      if (part.HasMember(flag) && !part[flag].IsNull())
+        throw FileError(path, where + ": a content part has \"" + flag + "\" (per-part training, axolotl's "
+                                  "training_detail), which memrt does not build; leave it out to train on the turn whole");
+    for (const char* key : {"text", "content", "value"}) {
+      const auto it = part.FindMember(key);
+      if (it == part.MemberEnd() || !truthy(it->value)) continue;
+      if (!it->value.IsString())
+        throw FileError(path, where + ": a content part's \"" + key + "\" must be a string");
+      text.append(it->value.GetString(), it->value.GetStringLength());
+      break;
+    }
+  }
+  content.SetString(text.c_str(), static_cast<rapidjson::SizeType>(text.size()), a);
+}
+
 // axolotl's _diff_char_span: the part of `full` that differs from `other`, compared from the front,
 // then from the back no further than the front's match — in bytes, at character boundaries, as
 // Python compares characters.
@@ -231,7 +261,7 @@ std::pair<size_t, size_t> differing_span(std::string_view full, std::string_view
 
 // axolotl's ChatTemplateStrategy (type: chat_template): the record's messages as the template's
 // turns (message_property_mappings, roles, the system field, drop_system_message, split_thinking,
-// tool calls' arguments parsed), rendered whole; each turn that trains (or whose EOS/EOT may) located
+// tool calls' arguments parsed, lists of content parts joined), rendered whole; each turn that trains (or whose EOS/EOT may) located
 // as find_turn locates it: by its locator — the whole conversation rendered with each of two
 // placeholders in the turn's place, the turn the widest span where a rendering differs from the
 // conversation's — where the tokenizer maps offsets (a fast tokenizer's, in axolotl), else by its
@@ -290,6 +320,8 @@ Record read_axolotl_conversation(const std::string& path, Record r, const rapidj
       const bool mapped = std::any_of(mappings.begin(), mappings.end(), [&](const auto& kv) { return kv.second == key; });
       if (!mapped && !value.IsNull() && key != c.message_field_training) set(key, value);
     }
+    for (const std::string& key : {std::string("content"), c.template_thinking_key})
+      if (out.HasMember(key.c_str())) join_content_parts(path, r.where, out[key.c_str()], a);
     check_content(path, r.where, out);
     if (out.HasMember("tool_calls") && out["tool_calls"].IsArray())
       for (auto& call : out["tool_calls"].GetArray())
