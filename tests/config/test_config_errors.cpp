@@ -124,8 +124,6 @@ std::vector<BadConfig> bad_configs() {
        {"YAML", "'datasets[0].roles_to_train'", "type: chat_template datasets", "type: alpaca"}},
       {"dataset_train_on_eos", "", "datasets:\n  - path: " + kReadme + "\n    type: chat_template\n    train_on_eos: every\n", {}, 1,
        {"YAML", "'datasets[0].train_on_eos'", "\"every\"", "turn", "all", "last"}},
-      {"dataset_training_detail", "", "datasets:\n  - path: " + kReadme + "\n    type: chat_template\n    message_field_training_detail: detail\n", {}, 1,
-       {"YAML", "'datasets[0].message_field_training_detail'", "not supported", "message_field_training"}},
       {"val_set_size_without_records", "", "val_set_size: 0.05\n", {}, 1,
        {"YAML", "'val_set_size'", "there are none", "eval_file"}},
       {"val_set_size_one", "", "datasets:\n  - path: " + kReadme + "\n    type: alpaca\nval_set_size: 1\n", {}, 1,

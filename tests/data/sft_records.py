@@ -18,17 +18,17 @@ truncate_dataset), for the Llama-3 kind (whose template has generation blocks). 
 where the label is the token (not -100).
 
 For the Llama-3 kind it also writes OUT_DIR/chat_template.jsonl, OUT_DIR/sharegpt.jsonl,
-OUT_DIR/thinking.jsonl and OUT_DIR/parts.jsonl and, in sft.json, "chat_template CASE" for each of
-CHAT_CASES: axolotl's `type: chat_template` datasets tokenized by axolotl itself — its
-ChatTemplateStrategy (prompt_strategies/chat_template.py), made by its StrategyLoader from the
-dataset entry and the run's keys (eot_tokens, train_on_inputs, chat_template: a name,
-chat_template_kwargs) on transformers' tokenizer — then filtered as axolotl filters (longer than the
-sequence length: dropped) and as memrt does (nothing trained past the first token: dropped; axolotl
-drops nothing trained at all). "chat_template cases" holds each case's file, its train.yaml keys
-(the dataset entry's and the run's) and its sequence length. "held_out cases" holds, for each of
-HELD_OUT_CASES (axolotl's val_set_size with shuffle_merged_datasets, LLaMA-Factory's val_size, and
-the seed), the samples of OUT_DIR/held_out.jsonl (alpaca records) trained on and held out, in order
-(held_out()).
+OUT_DIR/thinking.jsonl, OUT_DIR/parts.jsonl and OUT_DIR/detail.jsonl and, in sft.json,
+"chat_template CASE" for each of CHAT_CASES: axolotl's `type: chat_template` datasets tokenized by
+axolotl itself — its ChatTemplateStrategy (prompt_strategies/chat_template.py), made by its
+StrategyLoader from the dataset entry and the run's keys (eot_tokens, train_on_inputs,
+chat_template: a name, chat_template_kwargs) on transformers' tokenizer — then filtered as axolotl
+filters (longer than the sequence length: dropped) and as memrt does (nothing trained past the first
+token: dropped; axolotl drops nothing trained at all). "chat_template cases" holds each case's file,
+its train.yaml keys (the dataset entry's and the run's) and its sequence length. "held_out cases"
+holds, for each of HELD_OUT_CASES (axolotl's val_set_size with shuffle_merged_datasets, LLaMA-
+Factory's val_size, and the seed), the samples of OUT_DIR/held_out.jsonl (alpaca records) trained on
+and held out, in order (held_out()).
 """
 import json
 import logging
@@ -132,6 +132,27 @@ PARTS = [
                    "reasoning_content": [{"text": "Because "}, {"text": "so."}]}]},
 ]
 
+# Characters of a message that train (message_field_training_detail: detail, or parts' train and
+# weight flags): spans inside words and across multi-byte characters, an empty list (the turn does
+# not train), parts of reasoning.
+DETAIL = [
+    {"messages": [{"role": "user", "content": "Q?"},
+                  {"role": "assistant", "content": "Héllo wörld 👍🏽 this is it.",
+                   "detail": [{"begin_offset": 0, "end_offset": 2, "train": False},
+                              {"begin_offset": 3, "end_offset": 13, "train": True},
+                              {"begin_offset": 16, "end_offset": 24, "train": True}]}]},
+    {"messages": [{"role": "user", "content": "2+2?"},
+                  {"role": "assistant", "content": [{"text": "Let me think...", "train": False},
+                                                    {"text": " The answer is 4.", "train": True}]}]},
+    {"messages": [{"role": "user", "content": "Go"},
+                  {"role": "assistant", "content": [{"text": "A", "weight": 0}, {"text": " B and C", "weight": 1}]},
+                  {"role": "user", "content": "Again"}, {"role": "assistant", "content": "Nothing here.", "detail": []},
+                  {"role": "user", "content": "Last"}, {"role": "assistant", "content": "All of it."}]},
+    {"messages": [{"role": "user", "content": "Why?"},
+                  {"role": "assistant", "content": "Done.",
+                   "reasoning_content": [{"text": "Step one.", "train": False}, {"text": " Step two.", "train": True}]}]},
+]
+
 EOT = {"eot_tokens": ["<|eot_id|>"]}
 SHAREGPT_KEYS = {"field_messages": "conversations", "message_property_mappings": {"role": "from", "content": "value"}}
 CHAT_CASES = {
@@ -150,6 +171,8 @@ CHAT_CASES = {
     "split_thinking": ("thinking.jsonl", {"split_thinking": True}, {"chat_template": "qwen3"}),
     "field_thinking": ("thinking.jsonl", {"field_thinking": "thoughts"}, {"chat_template": "qwen3"}),
     "content_parts": ("parts.jsonl", {}, EOT),
+    "training_detail": ("detail.jsonl", {"message_field_training_detail": "detail"}, EOT),
+    "training_detail_qwen3": ("detail.jsonl", {"message_field_training_detail": "detail"}, {"chat_template": "qwen3"}),
     "content_parts_qwen3": ("parts.jsonl", {}, {"chat_template": "qwen3"}),
     # the generation prompt of the legacy path with the run's chat_template_kwargs
     "legacy_kwargs": ("thinking.jsonl", {"roles_to_train": [], "train_on_eos": None},
@@ -339,7 +362,7 @@ def main():
             expected["held_out cases"] = {name: {"keys": keys, "seed": seed, **held_out(tok, HELD_OUT, keys, seed)}
                                           for name, (keys, seed) in HELD_OUT_CASES.items()}
             data = {"chat_template.jsonl": CHAT_TEMPLATE, "sharegpt.jsonl": SHAREGPT, "thinking.jsonl": THINKING,
-                    "parts.jsonl": PARTS}
+                    "parts.jsonl": PARTS, "detail.jsonl": DETAIL}
             expected["chat_template cases"] = {}
             for name, (file, keys, run) in CHAT_CASES.items():
                 expected["chat_template cases"][name] = {"file": file, "dataset": keys, "run": run,
@@ -357,7 +380,8 @@ def main():
         for r in MESSAGES:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
     for name, records in (("chat_template.jsonl", CHAT_TEMPLATE), ("sharegpt.jsonl", SHAREGPT),
-                          ("thinking.jsonl", THINKING), ("parts.jsonl", PARTS), ("held_out.jsonl", HELD_OUT)):
+                          ("thinking.jsonl", THINKING), ("parts.jsonl", PARTS), ("detail.jsonl", DETAIL),
+                          ("held_out.jsonl", HELD_OUT)):
         with open(os.path.join(out, name), "w", encoding="utf-8") as f:
             for r in records:
                 f.write(json.dumps(r, ensure_ascii=False) + "\n")

@@ -255,13 +255,14 @@ TEST(Records, BatchPerSampleWithTheirMasks) {
 // a conversation too long (dropped) and one with nothing to train (dropped); axolotl's qwen3 template
 // by name, split_thinking (each thinking pair, a solution pair, Unicode whitespace stripped as Python
 // strips it), field_thinking, chat_template_kwargs in the legacy path's generation prompt, and
-// content (and reasoning) given as lists of parts, joined as axolotl joins them.
+// content (and reasoning) given as lists of parts, joined as axolotl joins them; training_detail
+// (message_field_training_detail, parts' train and weight) training characters of a message.
 TEST(Records, AxolotlChatTemplateDatasetsTokenizeAsAxolotlDoes) {
   Fixture f;
   ASSERT_TRUE(f.made);
   const rapidjson::Document want = read_json(f.dir.file("tok/llama3/sft.json"));
   const rapidjson::Value& cases = want["chat_template cases"];
-  ASSERT_EQ(cases.MemberCount(), 15u);
+  ASSERT_EQ(cases.MemberCount(), 17u);
   for (const auto& c : cases.GetObject()) {
     const std::string name = c.name.GetString();
     SCOPED_TRACE(name);
@@ -555,16 +556,16 @@ TEST(Records, BadRecordsNameTheFileAndLine) {
   cfg.datasets = {{f.dir.file("bad_alpaca.json"), "alpaca"}};
   expect_error<FileError>([&] { TokenDataset::open(cfg); }, {"bad_alpaca.json", "record 2", "no \"instruction\""});
   // axolotl chat_template records: the messages' field missing, a message without a role, a tool
-  // call's arguments that are not JSON, a content part with a train flag or a text that is not a
-  // string, eot_tokens of several tokens, or of the EOS training
+  // call's arguments that are not JSON, a content part whose train flag or text is of the wrong
+  // kind, a training_detail that is not one, eot_tokens of several tokens, or of the EOS training
   // otherwise than the EOT.
   const std::vector<Case> chats = {
       {"chat1.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n{\"turns\": []}\n", {"chat1.jsonl", "line 2", "\"messages\"", "field_messages"}},
       {"chat2.jsonl", "{\"messages\": [{\"content\": \"hi\"}]}\n", {"chat2.jsonl", "line 1", "no string role", "message_property_mappings"}},
       {"chat3.jsonl", "{\"messages\": [{\"role\": \"assistant\", \"content\": \"\", \"tool_calls\": [{\"function\": {\"name\": \"f\", \"arguments\": \"{city\"}}]}]}\n",
        {"chat3.jsonl", "line 1", "arguments", "not valid JSON"}},
-      {"chat4.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": [{\"text\": \"a\", \"train\": false}]}]}\n",
-       {"chat4.jsonl", "line 1", "\"train\"", "training_detail", "does not build"}},
+      {"chat4.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": [{\"text\": \"a\", \"train\": \"yes\"}]}]}\n",
+       {"chat4.jsonl", "line 1", "content part's \"train\" must be true or false"}},
       {"chat5.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": [{\"text\": 7}]}]}\n",
        {"chat5.jsonl", "line 1", "content part's \"text\" must be a string"}},
   };
@@ -572,6 +573,15 @@ TEST(Records, BadRecordsNameTheFileAndLine) {
     std::ofstream(f.dir.file(c.name), std::ios::binary) << c.text;
     cfg.datasets = {{f.dir.file(c.name), "chat_template", {}}};
     expect_error<FileError>([&] { TokenDataset::open(cfg); }, c.says);
+  }
+  {  // message_field_training_detail that is not a list of {begin_offset, end_offset, train}
+    std::ofstream(f.dir.file("chat6.jsonl"), std::ios::binary)
+        << "{\"messages\": [{\"role\": \"assistant\", \"content\": \"x\", \"detail\": [{\"begin_offset\": 0}]}]}\n";
+    ChatTemplateDataset detail;
+    detail.message_field_training_detail = "detail";
+    cfg.datasets = {{f.dir.file("chat6.jsonl"), "chat_template", detail}};
+    expect_error<FileError>([&] { TokenDataset::open(cfg); },
+                            {"chat6.jsonl", "line 1", "\"detail\" (message_field_training_detail) must be a list"});
   }
   // LLaMA-Factory records memrt does not render (its tool formats: a record's tools, sharegpt's
   // function_call turns, openai's tool_calls) and an openai role that none of the tags names.

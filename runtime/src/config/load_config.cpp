@@ -1598,6 +1598,8 @@ bool read_chat_dataset_key(const std::string& key, const ConfigNode& value, Chat
     chat.train_on_eot = eos_mode(value);
   } else if (key == "message_field_training") {
     chat.message_field_training = value.as_string();
+  } else if (key == "message_field_training_detail") {
+    chat.message_field_training_detail = value.as_string();
   } else if (key == "drop_system_message") {
     chat.drop_system_message = value.as_bool();
   } else if (key == "split_thinking") {
@@ -1647,7 +1649,8 @@ void read_axolotl_datasets(const ConfigNode& list, std::vector<DatasetSource>& i
         throw value.error("is not supported in a dataset entry; memrt reads {path, type} (ds_type: json and "
                           "split: train allowed), and for type: chat_template axolotl's field_messages, "
                           "message_property_mappings, roles, roles_to_train, train_on_eos, train_on_eot, "
-                          "message_field_training, drop_system_message, split_thinking, template_thinking_key, "
+                          "message_field_training, message_field_training_detail, drop_system_message, "
+                          "split_thinking, template_thinking_key, "
                           "field_system, field_tools and field_thinking");
       }
     }

@@ -94,6 +94,8 @@ struct ChatTemplateDataset {
   std::string train_on_eos = "turn";
   std::optional<std::string> train_on_eot;
   std::string message_field_training;  // a message's key saying whether it trains, overriding its role
+  // a message's key listing {begin_offset, end_offset, train}: the characters of its content that train
+  std::string message_field_training_detail;
   bool drop_system_message = false;
   // split_thinking: an assistant's <think>...</think> (or <reasoning>, <|begin_of_thought|>) text is
   // moved from its content to the template's template_thinking_key. Without message_property_mappings

@@ -529,7 +529,8 @@ std::string describe_chat_options(const RecordOptions& o) {
   const ChatTemplateDataset& c = o.chat;
   std::string s = "{axolotl 0.19 " + c.field_messages + " " + c.field_system + " " + c.field_tools +
                   " train_on_eos " + c.train_on_eos + " train_on_eot " + c.train_on_eot.value_or("(eos)") +
-                  " training " + c.message_field_training + (c.drop_system_message ? " drop_system" : "") +
+                  " training " + c.message_field_training + " detail " + c.message_field_training_detail +
+                  (c.drop_system_message ? " drop_system" : "") +
                   (c.split_thinking ? " split_thinking" : "") + " thinking " + c.template_thinking_key + "=" +
                   c.field_thinking + " mappings";
   for (const auto& [k, v] : c.property_mappings) s += " " + k + "=" + v;

@@ -87,10 +87,21 @@ namespace {
 // bytes of the conversation's rendering it spans (its locator's diff), or where the tokenizer maps no
 // offsets, the index in its record's texts of the conversation rendered up to it with a dummy message
 // in its place (the next text: up to it as it is; its token diff).
+// axolotl's training_detail: characters [begin, end] (end included) of a message's text, trained or not.
+struct Detail {
+  int64_t begin = 0, end = 0;
+  bool train = false;
+};
+
 struct Turn {
   bool trains = false;
   std::optional<std::pair<size_t, size_t>> span;
   size_t dummy = 0;
+  // Where its content's (or its reasoning's) training_detail says which tokens train: the details,
+  // the index in the record's texts of that text alone, and the reasoning's span in the rendering.
+  std::vector<Detail> detail, reasoning_detail;
+  size_t content_text = 0, reasoning_text = 0;
+  std::optional<std::pair<size_t, size_t>> reasoning_span;
 };
 
 // The texts one record is tokenized from, and where it is in its file ("line 3", "record 3");
@@ -211,34 +222,75 @@ std::optional<std::pair<std::string, std::string>> split_thinking(const std::str
   return std::nullopt;
 }
 
+// The characters (code points) of UTF-8 text, as Python's len counts them.
+int64_t characters(std::string_view s) {
+  int64_t n = 0;
+  for (const char ch : s) n += (static_cast<unsigned char>(ch) & 0xC0) != 0x80;
+  return n;
+}
+
 // axolotl's _convert_content_parts: a list of content parts as one string, each object part's first
-// truthy "text", "content" or "value" (a string) in order; other parts add nothing. A part's "train"
-// or "weight" (per-part training, axolotl's training_detail) is refused: memrt does not build it.
-void join_content_parts(const std::string& path, const std::string& where, rapidjson::Value& content,
-                        rapidjson::Document::AllocatorType& a) {
-  if (!content.IsArray()) return;
+// truthy "text", "content" or "value" (a string) in order; other parts add nothing. Where a part
+// says "train" (or "weight": trained unless 0), each part's text is a training_detail of its
+// characters (a part without "train" or "weight" trains); nullopt otherwise.
+std::optional<std::vector<Detail>> join_content_parts(const std::string& path, const std::string& where,
+                                                      rapidjson::Value& content, rapidjson::Document::AllocatorType& a) {
+  if (!content.IsArray()) return std::nullopt;
   auto truthy = [](const rapidjson::Value& v) {
     return !(v.IsNull() || (v.IsBool() && !v.GetBool()) || (v.IsNumber() && v.GetDouble() == 0) ||
              (v.IsString() && v.GetStringLength() == 0) || (v.IsArray() && v.Empty()) ||
              (v.IsObject() && v.MemberCount() == 0));
   };
   std::string text;
+  std::vector<Detail> details;
+  bool explicit_training = false;
   for (const auto& part : content.GetArray()) {
     if (!part.IsObject()) continue;
-    for (const char* flag : {"train", "weight"})
-      if (part.HasMember(flag) && !part[flag].IsNull())
-        throw FileError(path, where + ": a content part has \"" + flag + "\" (per-part training, axolotl's "
-                                  "training_detail), which memrt does not build; leave it out to train on the turn whole");
+    std::string piece;
     for (const char* key : {"text", "content", "value"}) {
       const auto it = part.FindMember(key);
       if (it == part.MemberEnd() || !truthy(it->value)) continue;
       if (!it->value.IsString())
         throw FileError(path, where + ": a content part's \"" + key + "\" must be a string");
-      text.append(it->value.GetString(), it->value.GetStringLength());
+      piece.assign(it->value.GetString(), it->value.GetStringLength());
       break;
     }
+    bool train = true;
+    const auto flag = part.FindMember("train"), weight = part.FindMember("weight");
+    if (flag != part.MemberEnd() && !flag->value.IsNull()) {
+      if (!flag->value.IsBool()) throw FileError(path, where + ": a content part's \"train\" must be true or false");
+      train = flag->value.GetBool();
+      explicit_training = true;
+    } else if (weight != part.MemberEnd() && !weight->value.IsNull()) {
+      if (!weight->value.IsNumber()) throw FileError(path, where + ": a content part's \"weight\" must be a number");
+      train = weight->value.GetDouble() != 0;
+      explicit_training = true;
+    }
+    if (!piece.empty()) {
+      const int64_t begin = characters(text);
+      details.push_back({begin, begin + characters(piece) - 1, train});
+    }
+    text += piece;
   }
   content.SetString(text.c_str(), static_cast<rapidjson::SizeType>(text.size()), a);
+  if (!explicit_training) return std::nullopt;
+  return details;
+}
+
+// A message's message_field_training_detail: a list of {begin_offset, end_offset, train}.
+std::vector<Detail> read_details(const std::string& path, const std::string& where, const rapidjson::Value& v,
+                                 const std::string& key) {
+  const std::string expected = ": \"" + key + "\" (message_field_training_detail) must be a list of "
+                               "{\"begin_offset\": N, \"end_offset\": N, \"train\": true|false}";
+  if (!v.IsArray()) throw FileError(path, where + expected);
+  std::vector<Detail> out;
+  for (const auto& d : v.GetArray()) {
+    if (!d.IsObject() || !d.HasMember("begin_offset") || !d["begin_offset"].IsInt64() || !d.HasMember("end_offset") ||
+        !d["end_offset"].IsInt64() || !d.HasMember("train") || !d["train"].IsBool())
+      throw FileError(path, where + expected);
+    out.push_back({d["begin_offset"].GetInt64(), d["end_offset"].GetInt64(), d["train"].GetBool()});
+  }
+  return out;
 }
 
 // axolotl's _diff_char_span: the part of `full` that differs from `other`, compared from the front,
@@ -291,7 +343,15 @@ Record read_axolotl_conversation(const std::string& path, Record r, const rapidj
   };
   rapidjson::Document doc(rapidjson::kObjectType);
   auto& a = doc.GetAllocator();
-  // transform_message: the mapped keys, the role renamed, then the message's other keys.
+  // What of a turn is trained, beyond its role: message_field_training, and training_detail (the
+  // message's field, or its content parts' flags) of its content and of its reasoning.
+  struct Training {
+    std::optional<bool> turn;
+    std::optional<std::vector<Detail>> content, reasoning;
+  };
+  std::vector<Training> training;
+  // transform_message: the mapped keys, the role renamed, then the message's other keys; then
+  // get_conversation_thread's training keys and its content parts joined.
   auto transform = [&](const rapidjson::Value& m) {
     if (!m.IsObject()) throw FileError(path, r.where + ": every message must be a JSON object");
     rapidjson::Value out(rapidjson::kObjectType);
@@ -318,10 +378,26 @@ Record read_axolotl_conversation(const std::string& path, Record r, const rapidj
     for (const auto& [name, value] : m.GetObject()) {
       const std::string key(name.GetString(), name.GetStringLength());
       const bool mapped = std::any_of(mappings.begin(), mappings.end(), [&](const auto& kv) { return kv.second == key; });
-      if (!mapped && !value.IsNull() && key != c.message_field_training) set(key, value);
+      if (!mapped && !value.IsNull() && key != c.message_field_training && key != c.message_field_training_detail)
+        set(key, value);
     }
-    for (const std::string& key : {std::string("content"), c.template_thinking_key})
-      if (out.HasMember(key.c_str())) join_content_parts(path, r.where, out[key.c_str()], a);
+    Training t;
+    const auto flag = c.message_field_training.empty() ? m.MemberEnd() : m.FindMember(c.message_field_training.c_str());
+    if (flag != m.MemberEnd() && !flag->value.IsNull()) {
+      if (!flag->value.IsBool())
+        throw FileError(path, r.where + ": \"" + c.message_field_training + "\" (message_field_training) must be "
+                                  "true or false");
+      t.turn = flag->value.GetBool();
+    }
+    const auto detail =
+        c.message_field_training_detail.empty() ? m.MemberEnd() : m.FindMember(c.message_field_training_detail.c_str());
+    if (detail != m.MemberEnd() && !detail->value.IsNull())
+      t.content = read_details(path, r.where, detail->value, c.message_field_training_detail);
+    if (out.HasMember("content"))
+      if (auto parts = join_content_parts(path, r.where, out["content"], a)) t.content = std::move(parts);
+    if (out.HasMember(c.template_thinking_key.c_str()))
+      t.reasoning = join_content_parts(path, r.where, out[c.template_thinking_key.c_str()], a);
+    training.push_back(std::move(t));
     check_content(path, r.where, out);
     if (out.HasMember("tool_calls") && out["tool_calls"].IsArray())
       for (auto& call : out["tool_calls"].GetArray())
@@ -331,18 +407,7 @@ Record read_axolotl_conversation(const std::string& path, Record r, const rapidj
     return out;
   };
   rapidjson::Value said(rapidjson::kArrayType);  // the messages as turns
-  std::vector<std::optional<bool>> training;
-  for (const auto& m : messages->value.GetArray()) {
-    said.PushBack(transform(m), a);
-    training.emplace_back();
-    const auto t = c.message_field_training.empty() ? m.MemberEnd() : m.FindMember(c.message_field_training.c_str());
-    if (t != m.MemberEnd() && !t->value.IsNull()) {
-      if (!t->value.IsBool())
-        throw FileError(path, r.where + ": \"" + c.message_field_training + "\" (message_field_training) must be "
-                                  "true or false");
-      training.back() = t->value.GetBool();
-    }
-  }
+  for (const auto& m : messages->value.GetArray()) said.PushBack(transform(m), a);
   // The record's system field opens the conversation when its first message is not a system one.
   const auto system = rec.FindMember(c.field_system.c_str());
   rapidjson::Value turns(rapidjson::kArrayType);
@@ -351,7 +416,7 @@ Record read_axolotl_conversation(const std::string& path, Record r, const rapidj
     turn.AddMember("role", "system", a);
     turn.AddMember("content", rapidjson::Value(system->value, a), a);
     turns.PushBack(turn, a);
-    training.insert(training.begin(), std::nullopt);
+    training.insert(training.begin(), Training{});
   }
   for (auto& turn : said.GetArray()) turns.PushBack(turn, a);  // moved
   if (c.drop_system_message && std::string(turns[0]["role"].GetString()) == "system") {
@@ -378,7 +443,8 @@ Record read_axolotl_conversation(const std::string& path, Record r, const rapidj
   };
   const std::string eot_mode = c.train_on_eot.value_or(c.train_on_eos);
   const size_t n = turns.Size();
-  r.legacy = c.roles_to_train.empty() && c.train_on_eos.empty() && eot_mode.empty() && c.message_field_training.empty();
+  r.legacy = c.roles_to_train.empty() && c.train_on_eos.empty() && eot_mode.empty() && c.message_field_training.empty() &&
+             c.message_field_training_detail.empty();
   if (r.legacy) {  // the conversation but its last turn with the generation prompt, then the whole
     r.texts = {render(path, r.where, o, tok, prefix(n - 1), nullptr, true, 0).text,
                render(path, r.where, o, tok, turns, nullptr, false, 0).text};
@@ -386,34 +452,80 @@ Record read_axolotl_conversation(const std::string& path, Record r, const rapidj
   }
   r.texts = {render(path, r.where, o, tok, turns, tools_or_none, false, 0).text};
   const bool locate = tok.has_offsets(r.texts[0]);
-  auto placeholder = [&](const std::string& role, const char* text) {
+  const char* thinking = c.template_thinking_key.c_str();
+  // _build_dummy_turn: the turn with a placeholder for its content — keeping its reasoning for a
+  // span of the content alone — or, for a span of its reasoning, for that.
+  enum class Part { kTurn, kContent, kReasoning };
+  auto placeholder = [&](const rapidjson::Value& turn, const char* text, Part part) {
     rapidjson::Value dummy(rapidjson::kObjectType);
-    dummy.AddMember("role", rapidjson::Value(role.c_str(), a), a);
-    dummy.AddMember("content", rapidjson::StringRef(text), a);
+    dummy.AddMember("role", rapidjson::Value(turn["role"], a), a);
+    if (part == Part::kReasoning) {
+      dummy.AddMember("content", turn.HasMember("content") ? rapidjson::Value(turn["content"], a) : rapidjson::Value(""), a);
+      if (turn.HasMember(thinking)) dummy.AddMember(rapidjson::Value(thinking, a), rapidjson::Value(text, a), a);
+    } else {
+      dummy.AddMember("content", rapidjson::StringRef(text), a);
+      if (part == Part::kContent && turn.HasMember(thinking))
+        dummy.AddMember(rapidjson::Value(thinking, a), rapidjson::Value(turn[thinking], a), a);
+    }
     return dummy;
   };
+  auto locate_turn = [&](size_t i, Part part) {
+    std::optional<std::pair<size_t, size_t>> span;
+    for (const char* text : {"[[dummy_message]]", "zzdummymessagezz"}) {  // edges no template glues to both
+      rapidjson::Value with = prefix(n);
+      with[static_cast<rapidjson::SizeType>(i)] = placeholder(turns[static_cast<rapidjson::SizeType>(i)], text, part);
+      const std::string other = render(path, r.where, o, tok, with, tools_or_none, false, 0).text;
+      const auto [begin, end] = differing_span(r.texts[0], other);
+      span = span ? std::pair{std::min(span->first, begin), std::max(span->second, end)} : std::pair{begin, end};
+    }
+    return span;
+  };
   for (size_t i = 0; i < n; ++i) {
-    const std::string role = turns[static_cast<rapidjson::SizeType>(i)]["role"].GetString();
+    const rapidjson::Value& said_turn = turns[static_cast<rapidjson::SizeType>(i)];
+    const std::string role = said_turn["role"].GetString();
+    const Training& said_training = training[i];
     bool trains = o.train_on_prompt;
     for (const std::string& name : c.roles_to_train) trains = trains || template_role(name) == role;
-    if (training[i]) trains = *training[i];
+    const std::optional<std::vector<Detail>>&content = said_training.content, &reasoning = said_training.reasoning;
+    const bool content_detail = content && !content->empty(), reasoning_detail = reasoning && !reasoning->empty();
+    if (said_training.turn)
+      trains = *said_training.turn;
+    else if (content || reasoning)
+      trains = content_detail || reasoning_detail;
     if (!trains && c.train_on_eos != "all" && eot_mode != "all") continue;
+    if ((content_detail || reasoning_detail) && !locate)
+      throw FileError(path, r.where + ": training_detail marks characters of a message, which memrt maps to tokens "
+                                      "through the tokenizer's offsets, and " + tok.describe() + " has none for this "
+                                      "conversation (a byte-level tokenizer that adds no prefix space has them)");
     if (locate) {
-      std::optional<std::pair<size_t, size_t>> span;
-      for (const char* text : {"[[dummy_message]]", "zzdummymessagezz"}) {  // edges no template glues to both
-        rapidjson::Value with = prefix(n);
-        with[static_cast<rapidjson::SizeType>(i)] = placeholder(role, text);
-        const std::string other = render(path, r.where, o, tok, with, tools_or_none, false, 0).text;
-        const auto [begin, end] = differing_span(r.texts[0], other);
-        span = span ? std::pair{std::min(span->first, begin), std::max(span->second, end)} : std::pair{begin, end};
+      Turn turn;
+      turn.trains = trains;
+      turn.span = locate_turn(i, content_detail || reasoning_detail ? Part::kContent : Part::kTurn);
+      auto alone = [&](const char* key, size_t& index) {  // the text, tokenized alone
+        if (!said_turn.HasMember(key) || !said_turn[key].IsString())
+          throw FileError(path, r.where + ": training_detail needs the message's \"" + key + "\" to be text");
+        index = r.texts.size();
+        r.texts.emplace_back(said_turn[key].GetString(), said_turn[key].GetStringLength());
+      };
+      if (trains && content_detail) {
+        turn.detail = *content;
+        alone("content", turn.content_text);
       }
-      r.turns.push_back({trains, span, 0});
+      if (trains && reasoning_detail && said_turn.HasMember(thinking)) {
+        turn.reasoning_detail = *reasoning;
+        alone(thinking, turn.reasoning_text);
+        turn.reasoning_span = locate_turn(i, Part::kReasoning);
+      }
+      r.turns.push_back(std::move(turn));
       continue;
     }
     rapidjson::Value with_dummy = prefix(i);
-    with_dummy.PushBack(placeholder(role, "[[dummy_message]]"), a);
+    with_dummy.PushBack(placeholder(said_turn, "[[dummy_message]]", Part::kTurn), a);
     const auto last = static_cast<int64_t>(n) - 1;
-    r.turns.push_back({trains, std::nullopt, r.texts.size()});
+    Turn turn;
+    turn.trains = trains;
+    turn.dummy = r.texts.size();
+    r.turns.push_back(std::move(turn));
     r.texts.push_back(render(path, r.where, o, tok, with_dummy, tools_or_none, false, last).text);
     r.texts.push_back(render(path, r.where, o, tok, prefix(i + 1), tools_or_none, false, last).text);
   }
@@ -528,6 +640,35 @@ std::pair<int64_t, int64_t> find_turn(const Tokenizer::Offsets& offsets, std::pa
   return {start, stop};
 }
 
+// axolotl's get_offsets_for_train_detail: which tokens of `text`, tokenized alone as `ids`, lie whole
+// inside a detail that trains — each token spanning the characters from its offset to the next
+// token's, and each detail first widened to the tokens it touches (adjust_train_details).
+std::vector<uint8_t> detail_tokens(const Tokenizer& tok, const std::vector<int32_t>& ids, const std::string& text,
+                                   const std::vector<Detail>& details) {
+  const auto n = static_cast<int64_t>(ids.size());
+  std::vector<uint8_t> trained(ids.size(), 0);
+  if (n == 0) return trained;
+  const Tokenizer::Offsets offsets = tok.token_offsets(ids, text);
+  std::vector<int64_t> begin(ids.size()), end(ids.size());  // characters, end included
+  for (int64_t i = 0; i < n; ++i)
+    begin[static_cast<size_t>(i)] = characters(std::string_view(text).substr(0, offsets.starts[static_cast<size_t>(i)]));
+  for (int64_t i = 0; i + 1 < n; ++i) end[static_cast<size_t>(i)] = begin[static_cast<size_t>(i) + 1] - 1;
+  end.back() = characters(text) - 1;
+  auto at = [](const std::vector<int64_t>& v, int64_t i) { return v[static_cast<size_t>(i)]; };
+  for (const Detail& d : details) {
+    int64_t first = 0, last = n - 1;
+    while (first < n && at(begin, first) < d.begin) ++first;
+    if (first > 0 && at(end, first - 1) > d.begin) --first;
+    while (last >= 0 && at(end, last) > d.end) --last;
+    if (last < n - 1 && at(begin, last + 1) < d.end) ++last;
+    if (first > last || !d.train) continue;
+    const int64_t from = at(begin, first), to = at(end, last);
+    for (int64_t i = 0; i < n; ++i)
+      if (at(begin, i) >= from && at(end, i) <= to) trained[static_cast<size_t>(i)] = 1;
+  }
+  return trained;
+}
+
 // axolotl's find_first_eot_token / find_first_eos_token: the first of `ids` from `from` on that is one
 // of `targets`, -1 for none — as Python's range(from, len) reads it: from -1 (a turn not found)
 // looks at the last token first, and finding it there reads as not found.
@@ -601,8 +742,25 @@ void axolotl_labels(const std::string& path, const Record& rec, const std::vecto
     }
     const auto [start, end] = turn.span ? find_turn(*offsets, *turn.span)
                                         : find_turn(encoded[first + turn.dummy], encoded[first + turn.dummy + 1]);
-    if (turn.trains && start >= 0)
-      for (int64_t i = start; i < std::min(end, n); ++i) labels[static_cast<size_t>(i)] = 1;
+    // training_detail: the text's own tokens that train, laid from where its span starts
+    auto train_detail = [&](int64_t from, size_t text, const std::vector<Detail>& detail) {
+      try {
+        const std::vector<uint8_t> trained = detail_tokens(tok, encoded[first + text], rec.texts[text], detail);
+        for (size_t i = 0; i < trained.size() && from + static_cast<int64_t>(i) < n; ++i)
+          if (trained[i]) labels[static_cast<size_t>(from) + i] = 1;
+      } catch (const Error& e) {
+        throw FileError(path, rec.where + ": training_detail: " + e.what());
+      }
+    };
+    if (turn.trains && start >= 0) {
+      if (!turn.detail.empty())
+        train_detail(start, turn.content_text, turn.detail);
+      else if (turn.reasoning_detail.empty())
+        for (int64_t i = start; i < std::min(end, n); ++i) labels[static_cast<size_t>(i)] = 1;
+    }
+    if (turn.trains && !turn.reasoning_detail.empty())
+      if (const auto [from, to] = find_turn(*offsets, *turn.reasoning_span); from >= 0)
+        train_detail(from, turn.reasoning_text, turn.reasoning_detail);
     for (auto [targets, mode, last] : {std::tuple{&eot, &eot_mode, &last_eot}, std::tuple{&eos, &o.chat.train_on_eos, &last_eos}}) {
       const int64_t at = find_first(ids, end, *targets);
       if (at < 0 || std::abs(at - end) > 3) continue;
