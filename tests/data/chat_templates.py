@@ -47,6 +47,17 @@ CONVERSATIONS = [
          {"name": "get_weather", "arguments": {"city": "Rome"}}]},
      {"role": "tool", "content": "21"}, {"role": "tool", "content": "25"},
      {"role": "assistant", "content": "21 and 25."}, {"role": "system", "content": "A late system note."}],
+    [{"role": "system", "content": "Be brief."}, {"role": "system", "content": "Use tools."},
+     {"role": "user", "content": "Weather in Paris and Rome?"},
+     {"role": "assistant", "content": None, "tool_calls": [
+         {"type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}},
+         {"type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Rome\"}"}}]},
+     {"role": "tool", "content": "21"}, {"role": "tool", "content": "25"}, {"role": "assistant", "content": "21 and 25."},
+     {"role": "user", "content": "Sure?"}, {"role": "assistant", "content": "<think>check</think>Yes."},
+     {"role": "user", "content": "Again"},
+     {"role": "assistant", "content": "Calling.", "tool_calls": [
+         {"type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},
+     {"role": "tool", "content": "20"}],
 ]
 
 # Which conversations each family takes (its roles and content kinds).
@@ -64,7 +75,8 @@ FAMILIES = {
 AXOLOTL_NAMED = {"chatml": [0, 1, 2, 5], "llama3": [0, 1, 2, 4, 5], "phi_3": [0, 1, 2, 5], "phi_4": [0, 1, 2, 5],
                  "qwen_25": [0, 1, 2, 3, 6], "qwen3": [0, 1, 2, 3, 6], "gemma3": [0, 1, 2, 4, 5],
                  "alpaca": [0, 1, 2, 3, 5], "gemma": [0, 1, 2, 4, 5], "mistral_v1": [0, 1, 2, 3, 4, 5],
-                 "phi_35": [0, 1, 2, 3, 5, 6], "mistral_v7_tekken": [0, 1, 2, 3, 4, 5, 6]}
+                 "phi_35": [0, 1, 2, 3, 5, 6], "mistral_v7_tekken": [0, 1, 2, 3, 4, 5, 6],
+                 "cohere": [0, 1, 2, 3, 5], "deepseek_v3": [0, 1, 2, 5, 7]}
 
 
 def axolotl_template(name):

@@ -1,5 +1,6 @@
 // The chat templates a run can name (axolotl's `chat_template: chatml | llama3 | phi_3 | phi_4 |
-// qwen_25 | qwen3 | gemma3 | alpaca | gemma | mistral_v1 | phi_35 | mistral_v7_tekken`), written
+// qwen_25 | qwen3 | gemma3 | alpaca | gemma | mistral_v1 | phi_35 | mistral_v7_tekken | cohere |
+// deepseek_v3`), written
 // here to render what axolotl's templates of those names render, byte for byte
 // (ChatTemplate.RendersAsTransformersDoes checks them against axolotl's own files).
 #include <utility>
@@ -210,6 +211,43 @@ const std::vector<std::pair<std::string, std::string>>& named() {
        "{% elif m['role'] == 'assistant' %}{{ text(m['content']) + eos_token }}{% else %}"
        "{{ raise_exception('Only user, system and assistant roles are supported!') }}{% endif %}"
        "{% endfor %}"},
+      // Cohere (Command R): BOS; an optional system turn, then user and chatbot turns strictly
+      // alternating, each text stripped.
+      {"cohere",
+       "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{% set turns = messages[1:] %}"
+       "{{ '<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>' + messages[0]['content'] + '<|END_OF_TURN_TOKEN|>' }}"
+       "{% else %}{% set turns = messages %}{% endif %}{% for m in turns %}"
+       "{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+       "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+       "{% endif %}{% if m['role'] == 'user' %}"
+       "{{ '<|START_OF_TURN_TOKEN|><|USER_TOKEN|>' + m['content'].strip() + '<|END_OF_TURN_TOKEN|>' }}"
+       "{% elif m['role'] == 'assistant' %}"
+       "{{ '<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>' + m['content'].strip() + '<|END_OF_TURN_TOKEN|>' }}"
+       "{% endif %}{% endfor %}{% if add_generation_prompt %}"
+       "{{ '<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>' }}{% endif %}"},
+      // DeepSeek V3: BOS and every system turn's text (joined by blank lines) first; user and
+      // assistant turns, an assistant's text after its last </think>; tool calls as fenced JSON
+      // between the tool-call markers, consecutive tool results in one block of outputs.
+      {"deepseek_v3",
+       "{% set ns = namespace(system='', systems=0, tool=false) %}{% for m in messages %}"
+       "{% if m['role'] == 'system' %}"
+       "{% set ns.system = ns.system + ('\\n\\n' if ns.systems else '') + m['content'] %}"
+       "{% set ns.systems = ns.systems + 1 %}{% endif %}{% endfor %}{{ bos_token + ns.system }}"
+       "{% for m in messages %}{% if m['role'] == 'user' %}{% set ns.tool = false %}"
+       "{{ '<｜User｜>' + m['content'] }}{% elif m['role'] == 'assistant' and 'tool_calls' in m %}"
+       "{% if ns.tool %}{{ '<｜tool▁outputs▁end｜>' }}{% endif %}{% set ns.tool = false %}"
+       "{% for call in m['tool_calls'] %}{% if loop.first %}"
+       "{{ '<｜Assistant｜>' + ('' if m['content'] is none else m['content']) + '<｜tool▁calls▁begin｜>' }}"
+       "{% else %}{{ '\\n' }}{% endif %}"
+       "{{ '<｜tool▁call▁begin｜>' + call['type'] + '<｜tool▁sep｜>' + call['function']['name'] + '\\n```json\\n' + call['function']['arguments'] + '\\n```<｜tool▁call▁end｜>' }}"
+       "{% endfor %}{{ '<｜tool▁calls▁end｜><｜end▁of▁sentence｜>' }}{% elif m['role'] == 'assistant' %}"
+       "{% set content = '' if m['content'] is none else m['content'] %}{% if ns.tool %}"
+       "{{ '<｜tool▁outputs▁end｜>' + content + '<｜end▁of▁sentence｜>' }}{% set ns.tool = false %}{% else %}"
+       "{{ '<｜Assistant｜>' + content.split('</think>')[-1] + '<｜end▁of▁sentence｜>' }}{% endif %}"
+       "{% elif m['role'] == 'tool' %}"
+       "{{ ('' if ns.tool else '<｜tool▁outputs▁begin｜>') + '<｜tool▁output▁begin｜>' + m['content'] + '<｜tool▁output▁end｜>' }}"
+       "{% set ns.tool = true %}{% endif %}{% endfor %}{% if ns.tool %}{{ '<｜tool▁outputs▁end｜>' }}"
+       "{% endif %}{% if add_generation_prompt and not ns.tool %}{{ '<｜Assistant｜>' }}{% endif %}"},
   };
   return templates;
 }

@@ -486,7 +486,8 @@ Record read_axolotl_conversation(const std::string& path, Record r, const rapidj
     const Training& said_training = training[i];
     bool trains = o.train_on_prompt;
     for (const std::string& name : c.roles_to_train) trains = trains || template_role(name) == role;
-    const std::optional<std::vector<Detail>>&content = said_training.content, &reasoning = said_training.reasoning;
+    const auto& content = said_training.content;
+    const auto& reasoning = said_training.reasoning;
     const bool content_detail = content && !content->empty(), reasoning_detail = reasoning && !reasoning->empty();
     if (said_training.turn)
       trains = *said_training.turn;
