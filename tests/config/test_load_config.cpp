@@ -599,4 +599,13 @@ TEST(PrintConfig, ResolvedJsonNamesTheDatasetsAndTheHeldOutOnes) {
   EXPECT_EQ(back.at_path("data.eval_datasets[0].type")->as_string(), "chat_template");
   EXPECT_EQ(back.at_path("data.eval.steps")->as_int(), 5);
   EXPECT_EQ(back.find("data")->find("eval_file"), nullptr);
+  // Records held out of the training ones (val_set_size) instead.
+  const TrainConfig held = load("", "datasets:\n  - path: " + readme + "\n    type: alpaca\nval_set_size: 0.05\n"
+                                    "shuffle_merged_datasets: false\n", {}, 1);
+  const ConfigNode held_back = parse_json_text(resolved_config_json(held), "printed");
+  ASSERT_NE(held_back.at_path("data.val_set_size"), nullptr) << resolved_config_json(held);
+  EXPECT_EQ(held_back.at_path("data.val_set_size")->as_double(), 0.05);
+  EXPECT_FALSE(held_back.at_path("data.shuffle_merged_datasets")->as_bool());
+  EXPECT_NE(held_back.at_path("data.eval"), nullptr);
+  EXPECT_EQ(held_back.find("data")->find("eval_datasets"), nullptr);
 }

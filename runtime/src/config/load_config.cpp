@@ -2127,11 +2127,16 @@ std::string resolved_config_json(const TrainConfig& cfg) {
   data.set("block_size", num(static_cast<double>(cfg.data.block_size)));
   data.set("tokenizer", str(cfg.data.tokenizer.empty() ? "(bytes)" : cfg.data.tokenizer));
   if (!cfg.data.cache_dir.empty()) data.set("dataset_prepared_path", str(cfg.data.cache_dir));
-  if (!cfg.data.eval_file.empty() || !cfg.data.eval_datasets.empty()) {
-    if (cfg.data.eval_datasets.empty())
+  const HeldOut& held = cfg.data.held_out;
+  if (!cfg.data.eval_file.empty() || !cfg.data.eval_datasets.empty() || held.tool != HeldOut::Tool::kNone) {
+    if (held.tool != HeldOut::Tool::kNone) {  // records held out of the training ones
+      data.set(held.key, num(held.size));
+      if (held.tool == HeldOut::Tool::kAxolotl) data.set("shuffle_merged_datasets", ConfigNode::boolean(held.shuffle));
+    } else if (cfg.data.eval_datasets.empty()) {
       data.set("eval_file", str(cfg.data.eval_file));
-    else
+    } else {
       data.set("eval_datasets", sources(cfg.data.eval_datasets));
+    }
     ConfigNode eval = ConfigNode::object();
     eval.set("steps", num(static_cast<double>(cfg.eval.steps)));
     eval.set("per_epoch", num(static_cast<double>(cfg.eval.per_epoch)));
