@@ -587,7 +587,8 @@ TEST(PrintConfig, ResolvedJsonHasTheEquationPluginsAndWarnings) {
   EXPECT_EQ(back.find("warnings")->as_array().size(), 1u);
 }
 
-// Records to train on and held-out records (axolotl's datasets and test_datasets) are both printed.
+// Records to train on and held-out records (axolotl's datasets and test_datasets, or val_set_size) are
+// both printed.
 TEST(PrintConfig, ResolvedJsonNamesTheDatasetsAndTheHeldOutOnes) {
   const std::string readme = std::string(MEMRT_SOURCE_DIR) + "/README.md";  // a file that exists
   const TrainConfig c = load("", "datasets:\n  - path: " + readme + "\n    type: alpaca\ntest_datasets:\n  - path: " +
