@@ -191,8 +191,7 @@ void write_file(const std::string& path, const void* data, size_t bytes) {
 
 // <entry>.bin (llm.c's uint32 token file), for records <entry>.labels (a byte per token),
 // <entry>.samples (int64 boundaries) and <entry>.records (each sample's record, int64), and last
-// <entry>.json, each written to a temporary name and
-// renamed into place: an entry is whole or absent.
+// <entry>.json, each written to a temporary name and renamed into place: an entry is whole or absent.
 void write_cache(const std::string& entry, const std::vector<uint32_t>& ids, const std::string& kind, int64_t documents,
                  int64_t vocab_size, const std::string& what, const std::string& tokenizer,
                  const std::optional<CachedSamples>& samples = std::nullopt) {

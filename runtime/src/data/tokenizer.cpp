@@ -1152,8 +1152,8 @@ bool Tokenizer::has_offsets(std::string_view text) const {
 
 Tokenizer::Offsets Tokenizer::token_offsets(const std::vector<int32_t>& ids, std::string_view text) const {
   if (!has_offsets(text))
-    throw Error("token offsets: memrt maps them for byte-level tokenizers that add no prefix space, on text their "
-                "normalizer leaves as it is (this one is " + describe() + ")");
+    throw Error("token offsets: memrt maps them for byte-level tokenizers that add no prefix space and remove no "
+                "text, on text their normalizer leaves as it is (this one is " + describe() + ")");
   const Impl& t = *impl_;
   std::unordered_map<int32_t, const Impl::AddedToken*> added;
   for (const Impl::AddedToken& a : t.added) added[a.id] = &a;
