@@ -65,6 +65,21 @@ void expect_samples(const TokenDataset& d, const rapidjson::Value& want) {
   }
 }
 
+// The run a train.yaml holding `text` (written as dir/`name`) configures, its records read with
+// `tokenizer` in samples of `block_size` tokens, cached in dir/cache.
+TrainConfig load_records(const memrt::test::TempDir& dir, const std::string& name, const std::string& text,
+                         const std::string& tokenizer, int64_t block_size) {
+  const std::string path = dir.file(name);
+  std::ofstream(path) << text;
+  ConfigSources sources;
+  sources.train_yaml_path = path;
+  TrainConfig cfg = load_train_config(sources);
+  cfg.data.tokenizer = tokenizer;
+  cfg.data.cache_dir = dir.file("cache");
+  cfg.data.block_size = block_size;
+  return cfg;
+}
+
 struct Fixture {
   memrt::test::TempDir dir;
   bool made = memrt::test::run_reference("hf_tokenizers.py", dir.file("tok")) &&
@@ -295,15 +310,9 @@ TEST(Records, AxolotlChatTemplateDatasetsTokenizeAsAxolotlDoes) {
     rapidjson::StringBuffer text;
     rapidjson::Writer<rapidjson::StringBuffer> w(text);
     yaml.Accept(w);
-    const std::string path = f.dir.file(name + ".yaml");
-    std::ofstream(path) << text.GetString();
-    ConfigSources sources;
-    sources.train_yaml_path = path;
-    DataConfig cfg = load_train_config(sources).data;
+    const DataConfig cfg = load_records(f.dir, name + ".yaml", text.GetString(), f.dir.file("tok/llama3/tokenizer.json"),
+                                        c.value["max_length"].GetInt64()).data;
     ASSERT_EQ(cfg.datasets.size(), 1u);
-    cfg.tokenizer = f.dir.file("tok/llama3/tokenizer.json");
-    cfg.cache_dir = f.dir.file("cache");
-    cfg.block_size = c.value["max_length"].GetInt64();
     const std::shared_ptr<TokenDataset> d = TokenDataset::open(cfg);
     const rapidjson::Value& w_case = want[("chat_template " + name).c_str()];
     expect_samples(*d, w_case);
@@ -352,31 +361,20 @@ TEST(Records, HeldOutRecordsAreTheToolsOwn) {
       k.value.Accept(w);
       yaml += std::string(k.name.GetString()) + ": " + text.GetString() + "\n";
     }
-    const std::string path = f.dir.file(std::string(c.name.GetString()) + ".yaml");
-    std::ofstream(path) << yaml;
-    ConfigSources sources;
-    sources.train_yaml_path = path;
-    const TrainConfig cfg = load_train_config(sources);
-    DataConfig data = cfg.data;
-    data.tokenizer = f.dir.file("tok/llama3/tokenizer.json");
-    data.cache_dir = f.dir.file("cache");
-    data.block_size = want["max_length"].GetInt64();
-    const TokenDataset::Split split = TokenDataset::hold_out(*TokenDataset::open(data), data.held_out, cfg.seed);
+    const TrainConfig cfg = load_records(f.dir, std::string(c.name.GetString()) + ".yaml", yaml,
+                                         f.dir.file("tok/llama3/tokenizer.json"), want["max_length"].GetInt64());
+    const TokenDataset::Split split = TokenDataset::hold_out(*TokenDataset::open(cfg.data), cfg.data.held_out, cfg.seed);
     for (const auto& [side, d] : {std::pair{"train", split.train}, std::pair{"eval", split.eval}}) {
       SCOPED_TRACE(side);
       expect_samples(*d, c.value[side]);
     }
   }
-  // Holding every record out, or all but none, names the key.
-  memrt::test::TempDir dir;
-  const std::string path = dir.file("all.yaml");
-  std::ofstream(path) << "datasets:\n  - path: " + f.dir.file("held_out.jsonl") + "\n    type: alpaca\nval_set_size: 36\n";
-  ConfigSources sources;
-  sources.train_yaml_path = path;
-  DataConfig data = load_train_config(sources).data;
-  data.tokenizer = f.dir.file("tok/llama3/tokenizer.json");
-  data.cache_dir = f.dir.file("cache");
-  data.block_size = want["max_length"].GetInt64();
+  // Holding every record out names the key.
+  const DataConfig data = load_records(f.dir, "all.yaml",
+                                       "datasets:\n  - path: " + f.dir.file("held_out.jsonl") +
+                                           "\n    type: alpaca\nval_set_size: 36\n",
+                                       f.dir.file("tok/llama3/tokenizer.json"), want["max_length"].GetInt64())
+                              .data;
   const auto all = TokenDataset::open(data);
   expect_error<Error>([&] { TokenDataset::hold_out(*all, data.held_out, 42); },
                       {"val_set_size", "36 held out of 36 samples", "none to train on"});
@@ -475,15 +473,10 @@ TEST(Records, NamedTemplatesAndTheModelsOwn) {
   ASSERT_TRUE(f.made);
   const Tokenizer tok = Tokenizer::from_file(f.dir.file("tok/llama3/tokenizer.json"));
   auto first_sample = [&](const std::string& yaml) {
-    const std::string path = f.dir.file("named.yaml");
-    std::ofstream(path) << yaml << "train_file: " << f.dir.file("messages.jsonl") << "\n";
-    ConfigSources sources;
-    sources.train_yaml_path = path;
-    DataConfig cfg = load_train_config(sources).data;
-    cfg.tokenizer = f.dir.file("tok/llama3/tokenizer.json");
-    cfg.cache_dir = f.dir.file("cache");
-    cfg.block_size = 256;
-    const std::shared_ptr<TokenDataset> d = TokenDataset::open(cfg);
+    const std::shared_ptr<TokenDataset> d = TokenDataset::open(
+        load_records(f.dir, "named.yaml", yaml + "train_file: " + f.dir.file("messages.jsonl") + "\n",
+                     f.dir.file("tok/llama3/tokenizer.json"), 256)
+            .data);
     std::vector<int64_t> ids(static_cast<size_t>(d->sample_length(0)));
     d->copy_tokens(d->sample_begin(0), d->sample_length(0), ids.data());
     return ids;
