@@ -58,6 +58,11 @@ CONVERSATIONS = [
      {"role": "assistant", "content": "Calling.", "tool_calls": [
          {"type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},
      {"role": "tool", "content": "20"}],
+    [{"role": "system", "content": "Use tools."}, {"role": "user", "content": "Weather in Paris?"},
+     {"role": "assistant", "content": "", "tool_calls": [
+         {"id": "abc123XYZ", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+     {"role": "tool", "tool_call_id": "abc123XYZ", "content": "21"}, {"role": "assistant", "content": " It is 21. "},
+     {"role": "user", "content": "Thanks"}],
 ]
 
 # Which conversations each family takes (its roles and content kinds).
@@ -76,7 +81,8 @@ AXOLOTL_NAMED = {"chatml": [0, 1, 2, 5], "llama3": [0, 1, 2, 4, 5], "phi_3": [0,
                  "qwen_25": [0, 1, 2, 3, 6], "qwen3": [0, 1, 2, 3, 6], "gemma3": [0, 1, 2, 4, 5],
                  "alpaca": [0, 1, 2, 3, 5], "gemma": [0, 1, 2, 4, 5], "mistral_v1": [0, 1, 2, 3, 4, 5],
                  "phi_35": [0, 1, 2, 3, 5, 6], "mistral_v7_tekken": [0, 1, 2, 3, 4, 5, 6],
-                 "cohere": [0, 1, 2, 3, 5], "deepseek_v3": [0, 1, 2, 5, 7]}
+                 "cohere": [0, 1, 2, 3, 5], "deepseek_v3": [0, 1, 2, 5, 7],
+                 "mistral_v2v3": [0, 1, 2, 3, 4, 5, 8], "mistral_v3_tekken": [0, 1, 2, 3, 4, 5, 8]}
 
 
 def axolotl_template(name):
@@ -103,8 +109,8 @@ def main():
         for k in picks:
             for gen in (False, True):
                 variables = dict(SPECIAL, messages=CONVERSATIONS[k], add_generation_prompt=gen)
-                if family in ("llama3", "qwen3") or named in ("qwen_25", "qwen3"):
-                    variables["tools"] = [TOOL] if k in (3, 6) else None
+                if family in ("llama3", "qwen3") or named in ("qwen_25", "qwen3", "mistral_v2v3", "mistral_v3_tekken"):
+                    variables["tools"] = [TOOL] if k in (3, 6, 8) else None
                 if (family == "qwen3" or (named == "qwen3" and k in (1, 3))) and gen:
                     variables["enable_thinking"] = False
                 kwargs = {key: v for key, v in variables.items() if key not in ("messages", "tools", "add_generation_prompt")}
