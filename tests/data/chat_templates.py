@@ -82,7 +82,10 @@ AXOLOTL_NAMED = {"chatml": [0, 1, 2, 5], "llama3": [0, 1, 2, 4, 5], "phi_3": [0,
                  "alpaca": [0, 1, 2, 3, 5], "gemma": [0, 1, 2, 4, 5], "mistral_v1": [0, 1, 2, 3, 4, 5],
                  "phi_35": [0, 1, 2, 3, 5, 6], "mistral_v7_tekken": [0, 1, 2, 3, 4, 5, 6],
                  "cohere": [0, 1, 2, 3, 5], "deepseek_v3": [0, 1, 2, 5, 7],
-                 "mistral_v2v3": [0, 1, 2, 3, 4, 5, 8], "mistral_v3_tekken": [0, 1, 2, 3, 4, 5, 8]}
+                 "mistral_v2v3": [0, 1, 2, 3, 4, 5, 8], "mistral_v3_tekken": [0, 1, 2, 3, 4, 5, 8],
+                 "llama4": [0, 1, 2, 3, 4, 5, 8]}
+# The named templates that render tools (given with the tool conversations).
+TOOL_NAMED = ("qwen_25", "qwen3", "mistral_v2v3", "mistral_v3_tekken", "llama4")
 
 
 def axolotl_template(name):
@@ -109,7 +112,7 @@ def main():
         for k in picks:
             for gen in (False, True):
                 variables = dict(SPECIAL, messages=CONVERSATIONS[k], add_generation_prompt=gen)
-                if family in ("llama3", "qwen3") or named in ("qwen_25", "qwen3", "mistral_v2v3", "mistral_v3_tekken"):
+                if family in ("llama3", "qwen3") or named in TOOL_NAMED:
                     variables["tools"] = [TOOL] if k in (3, 6, 8) else None
                 if (family == "qwen3" or (named == "qwen3" and k in (1, 3))) and gen:
                     variables["enable_thinking"] = False

@@ -499,10 +499,10 @@ TEST(Records, NamedTemplatesAndTheModelsOwn) {
   EXPECT_EQ(first_sample("chat_template: tokenizer_default_fallback_chatml\n"), rendered(*own));
   std::ofstream(f.dir.file("mine.jinja")) << *named_chat_template("chatml");  // axolotl's chat_template: jinja
   EXPECT_EQ(first_sample("chat_template: jinja\nchat_template_jinja: " + f.dir.file("mine.jinja") + "\n"), rendered(chatml));
-  expect_error<FileError>([&] { first_sample("chat_template: llama4\n"); },
-                          {"named.yaml: chat_template", "llama4",
+  expect_error<FileError>([&] { first_sample("chat_template: gemma4\n"); },
+                          {"named.yaml: chat_template", "gemma4",
                            "chatml, llama3, phi_3, phi_4, qwen_25, qwen3, gemma3, alpaca, gemma, mistral_v1, phi_35, "
-                           "mistral_v7_tekken, cohere, deepseek_v3, mistral_v2v3, mistral_v3_tekken",
+                           "mistral_v7_tekken, cohere, deepseek_v3, mistral_v2v3, mistral_v3_tekken, llama4",
                            "tokenizer_default"});
 }
 

@@ -1,6 +1,6 @@
 // The chat templates a run can name (axolotl's `chat_template: chatml | llama3 | phi_3 | phi_4 |
 // qwen_25 | qwen3 | gemma3 | alpaca | gemma | mistral_v1 | phi_35 | mistral_v7_tekken | cohere |
-// deepseek_v3 | mistral_v2v3 | mistral_v3_tekken`), written
+// deepseek_v3 | mistral_v2v3 | mistral_v3_tekken | llama4`), written
 // here to render what axolotl's templates of those names render, byte for byte
 // (ChatTemplate.RendersAsTransformersDoes checks them against axolotl's own files).
 #include <utility>
@@ -320,6 +320,50 @@ const std::vector<std::pair<std::string, std::string>>& named() {
        "{{ '\"call_id\": \"' + m.tool_call_id + '\"}[/TOOL_RESULTS]' }}{% else %}"
        "{{ raise_exception('Only user and assistant roles are supported, with the exception of an initial optional system message!') }}"
        "{% endif %}{% endfor %}"},
+      // Llama 4: BOS; a system turn (its text trimmed; "Environment: ipython" with tools); the tools
+      // and their guidance in the first user turn (or, with tools_in_user_message false, in the
+      // system turn); <|header_start|>ROLE<|header_end|> turns ended by <|eot|>, images as <|image|>;
+      // tool calls as {"name", "parameters"} JSON after <|python_start|>...<|python_end|>; tool
+      // results as ipython turns (as JSON).
+      {"llama4",
+       "{% set tools = custom_tools if custom_tools is defined else tools %}"
+       "{% set in_user = tools_in_user_message if tools_in_user_message is defined else true %}"
+       "{% set has_tools = tools is defined and tools is not none %}{% macro body(content) %}"
+       "{% if content is string %}{{ content }}{% else %}{% for part in content %}"
+       "{% if part['type'] == 'image' %}{{ '<|image|>' }}{% elif part['type'] == 'text' %}"
+       "{{ part['text'] }}{% endif %}{% endfor %}{% endif %}{% endmacro %}{% macro trimmed(content) %}"
+       "{{ (content if content is string else content | selectattr('text', 'defined') | "
+       "map(attribute='text') | join('')) | trim }}"
+       "{% endmacro %}"
+       "{% set guide = 'Respond in the format {\"name\": function name, \"parameters\": dictionary of "
+       "argument name and its value}.Do not use variables.\\n\\n' %}"
+       "{{ bos_token }}{% set turns = messages %}{% if messages[0]['role'] == 'system' %}"
+       "{% set turns = messages[1:] %}{{ '<|header_start|>system<|header_end|>\\n\\n' }}{% if has_tools %}"
+       "{{ 'Environment: ipython\\n' }}{% endif %}{% if has_tools and not in_user %}"
+       "{{ 'You have access to the following functions. To call a function, please respond with JSON for "
+       "a function call.' + guide }}"
+       "{% for t in tools %}{{ t | tojson(indent=4) + '\\n\\n' }}{% endfor %}{% endif %}"
+       "{{ trimmed(messages[0]['content']) + '<|eot|>' }}{% endif %}{% if in_user and has_tools %}"
+       "{% if turns | length == 0 %}"
+       "{{ raise_exception(\"Cannot put tools in the first user message when there's no first user message!\") }}"
+       "{% endif %}"
+       "{{ '<|header_start|>user<|header_end|>\\n\\nGiven the following functions, please respond with a "
+       "JSON for a function call with its proper arguments that best answers the given prompt.\\n\\n' + "
+       "guide }}"
+       "{% for t in tools %}{{ t | tojson(indent=4) + '\\n\\n' }}{% endfor %}"
+       "{{ trimmed(turns[0]['content']) + '<|eot|>' }}{% set turns = turns[1:] %}{% endif %}"
+       "{% for m in turns %}{% if not (m.role in ['ipython', 'tool'] or 'tool_calls' in m) %}"
+       "{{ '<|header_start|>' + m['role'] + '<|header_end|>\\n\\n' + body(m['content']) + '<|eot|>' }}"
+       "{% elif 'tool_calls' in m and m.tool_calls | length > 0 %}"
+       "{{ '<|header_start|>assistant<|header_end|>\\n\\n<|python_start|>' + body(m['content']) + "
+       "'<|python_end|>' }}"
+       "{% for call in m.tool_calls %}"
+       "{{ '{\"name\": \"' + call.function.name + '\", \"parameters\": ' + call.function.arguments | tojson + '}' }}"
+       "{% endfor %}{{ '<|eot|>' }}{% elif m.role in ['tool', 'ipython'] %}"
+       "{{ '<|header_start|>ipython<|header_end|>\\n\\n' + (m.content | tojson if m.content is mapping or "
+       "m.content is iterable else m.content) + '<|eot|>' }}"
+       "{% endif %}{% endfor %}{% if add_generation_prompt %}"
+       "{{ '<|header_start|>assistant<|header_end|>\\n\\n' }}{% endif %}"},
   };
   return templates;
 }
