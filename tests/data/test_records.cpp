@@ -502,7 +502,8 @@ TEST(Records, NamedTemplatesAndTheModelsOwn) {
   expect_error<FileError>([&] { first_sample("chat_template: gemma4\n"); },
                           {"named.yaml: chat_template", "gemma4",
                            "chatml, llama3, phi_3, phi_4, qwen_25, qwen3, gemma3, alpaca, gemma, mistral_v1, phi_35, "
-                           "mistral_v7_tekken, cohere, deepseek_v3, mistral_v2v3, mistral_v3_tekken, llama4",
+                           "mistral_v7_tekken, cohere, deepseek_v3, mistral_v2v3, mistral_v3_tekken, llama4, exaone, deepseek_v2, "
+                           "nemotron_h, metharme, falcon_h1, aya",
                            "tokenizer_default"});
 }
 

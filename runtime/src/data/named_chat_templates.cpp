@@ -1,6 +1,7 @@
 // The chat templates a run can name (axolotl's `chat_template: chatml | llama3 | phi_3 | phi_4 |
 // qwen_25 | qwen3 | gemma3 | alpaca | gemma | mistral_v1 | phi_35 | mistral_v7_tekken | cohere |
-// deepseek_v3 | mistral_v2v3 | mistral_v3_tekken | llama4`), written
+// deepseek_v3 | mistral_v2v3 | mistral_v3_tekken | llama4 | exaone | deepseek_v2 | nemotron_h |
+// metharme | falcon_h1 | aya`), written
 // here to render what axolotl's templates of those names render, byte for byte
 // (ChatTemplate.RendersAsTransformersDoes checks them against axolotl's own files).
 #include <utility>
@@ -12,7 +13,8 @@ namespace memrt {
 namespace {
 
 const std::vector<std::pair<std::string, std::string>>& named() {
-  static const std::vector<std::pair<std::string, std::string>> templates = {
+  static const std::vector<std::pair<std::string, std::string>> templates = [] {
+    std::vector<std::pair<std::string, std::string>> t = {
       // ChatML: every turn between <|im_start|>ROLE and <|im_end|>, each on its own line.
       {"chatml",
        "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
@@ -364,7 +366,65 @@ const std::vector<std::pair<std::string, std::string>>& named() {
        "m.content is iterable else m.content) + '<|eot|>' }}"
        "{% endif %}{% endfor %}{% if add_generation_prompt %}"
        "{{ '<|header_start|>assistant<|header_end|>\\n\\n' }}{% endif %}"},
-  };
+      // EXAONE 3: [|ROLE|] turns, a user's ended by a newline, the others by [|endofturn|]; an empty
+      // system turn first when there is none.
+      {"exaone",
+       "{% for m in messages %}{% if loop.first and m['role'] != 'system' %}"
+       "{{ '[|system|][|endofturn|]\\n' }}{% endif %}"
+       "{{ '[|' + m['role'] + '|]' + m['content'] + ('\\n' if m['role'] == 'user' else '[|endofturn|]\\n') }}"
+       "{% endfor %}{% if add_generation_prompt %}{{ '[|assistant|]' }}{% endif %}"},
+      // DeepSeek V2: BOS; system texts as they are (a blank line after), <｜User｜> and
+      // <｜Assistant｜> turns, the assistant's ended by EOS.
+      {"deepseek_v2",
+       "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}{{ '<｜User｜>' + m['content'] }}"
+       "{% elif m['role'] == 'assistant' %}{{ '<｜Assistant｜>' + m['content'] + eos_token }}"
+       "{% elif m['role'] == 'system' %}{{ m['content'] + '\\n\\n' }}{% endif %}{% endfor %}"
+       "{% if add_generation_prompt %}{{ '<｜Assistant｜>' }}{% endif %}"},
+      // Nemotron-H: ChatML for an optional leading system turn, then user and assistant turns only.
+      {"nemotron_h",
+       "{% set turns = messages %}{% if messages and messages[0].role == 'system' %}"
+       "{{ '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
+       "{% set turns = messages[1:] %}{% endif %}{% for m in turns %}"
+       "{% if m.role in ['user', 'assistant'] %}"
+       "{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{% else %}"
+       "{{ raise_exception('Unexpected role: ' + m.role) }}{% endif %}{% endfor %}"
+       "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"},
+      // Metharme (Pygmalion): BOS, a system prompt always (the role-play one by default), <|user|> and
+      // <|model|> texts stripped, then EOS (or the generation prompt).
+      {"metharme",
+       "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{% set system = messages[0]['content'] %}"
+       "{% set turns = messages[1:] %}{% else %}"
+       "{% set system = 'Enter RP mode. You shall reply to the user while staying in character. Your "
+       "responses must be detailed, creative, immersive, and drive the scenario forward.' %}"
+       "{% set turns = messages %}{% endif %}{{ '<|system|>' + system }}{% for m in turns %}"
+       "{% if m['role'] == 'user' %}{{ '<|user|>' + m['content'].strip() }}"
+       "{% elif m['role'] == 'assistant' %}{{ '<|model|>' + m['content'].strip() }}{% endif %}{% endfor %}"
+       "{{ '<|model|>' if add_generation_prompt else eos_token }}"},
+      // Falcon-H1: ChatML; with tools, the system turn (left open, as Falcon's file leaves it) holds
+      // the tools' signatures in <tools>, each in brackets, and the tool-call schema.
+      {"falcon_h1",
+       "{{ bos_token }}{% set first_system = messages[0].role == 'system' %}{% if tools %}"
+       "{{ '<|im_start|>system\\n' + (messages[0].content + '\\n\\n' if first_system else '') }}"
+       "{{ \"You are a function calling AI model. You are provided with function signature within <tools> "
+       "</tools> XML tags. You may call one or more functions to assist with the user query. Don't make "
+       "assumptions about what values to plug into functions.\\n<tools>\\n\" }}"
+       "{% for tool in tools %}{{ '[' + tool | tojson + ']' }}{% endfor %}"
+       "{{ \"\\n</tools>\\nFor each function call, return a json object with function name and arguments "
+       "within <tool_call> </tool_call> tags with the following schema:\\n<tool_call>\\n{'arguments': "
+       "<args-dict>, 'name': <function-name>}\\n</tool_call>\\n\" }}"
+       "{% elif first_system %}{{ '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
+       "{% endif %}{% for m in messages %}{% if m.role != 'system' %}"
+       "{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endif %}{% endfor %}"
+       "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"},
+    };
+    // Aya: axolotl's aya file is Cohere's, its other default system prompt in a branch never taken.
+    for (const auto& [name, source] : t)
+      if (name == "cohere") {
+        t.emplace_back("aya", source);
+        break;
+      }
+    return t;
+  }();
   return templates;
 }
 
