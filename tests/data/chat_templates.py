@@ -85,7 +85,8 @@ AXOLOTL_NAMED = {"chatml": [0, 1, 2, 5], "llama3": [0, 1, 2, 4, 5], "phi_3": [0,
                  "mistral_v2v3": [0, 1, 2, 3, 4, 5, 8], "mistral_v3_tekken": [0, 1, 2, 3, 4, 5, 8],
                  "llama4": [0, 1, 2, 3, 4, 5, 8], "exaone": [0, 1, 2, 3, 5, 6], "deepseek_v2": [0, 1, 2, 3, 5, 6],
                  "nemotron_h": [0, 1, 2, 3, 5, 6], "metharme": [0, 1, 2, 3, 5, 6], "falcon_h1": [0, 1, 2, 3, 5, 6],
-                 "aya": [0, 1, 2, 3, 5]}
+                 "aya": [0, 1, 2, 3, 5], "qwen2_vl": [0, 1, 2, 3, 4, 5, 6], "llava": [0, 1, 2, 3, 4, 5, 6],
+                 "gemma3n": [0, 1, 2, 4, 5]}
 # The named templates that render tools (given with the tool conversations).
 TOOL_NAMED = ("qwen_25", "qwen3", "mistral_v2v3", "mistral_v3_tekken", "llama4", "falcon_h1")
 

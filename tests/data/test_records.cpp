@@ -503,7 +503,7 @@ TEST(Records, NamedTemplatesAndTheModelsOwn) {
                           {"named.yaml: chat_template", "gemma4",
                            "chatml, llama3, phi_3, phi_4, qwen_25, qwen3, gemma3, alpaca, gemma, mistral_v1, phi_35, "
                            "mistral_v7_tekken, cohere, deepseek_v3, mistral_v2v3, mistral_v3_tekken, llama4, exaone, deepseek_v2, "
-                           "nemotron_h, metharme, falcon_h1, aya",
+                           "nemotron_h, metharme, falcon_h1, qwen2_vl, llava, aya, gemma3n",
                            "tokenizer_default"});
 }
 

@@ -1,7 +1,7 @@
 // The chat templates a run can name (axolotl's `chat_template: chatml | llama3 | phi_3 | phi_4 |
 // qwen_25 | qwen3 | gemma3 | alpaca | gemma | mistral_v1 | phi_35 | mistral_v7_tekken | cohere |
 // deepseek_v3 | mistral_v2v3 | mistral_v3_tekken | llama4 | exaone | deepseek_v2 | nemotron_h |
-// metharme | falcon_h1 | aya`), written
+// metharme | falcon_h1 | qwen2_vl | llava | aya | gemma3n`), written
 // here to render what axolotl's templates of those names render, byte for byte
 // (ChatTemplate.RendersAsTransformersDoes checks them against axolotl's own files).
 #include <utility>
@@ -416,13 +416,49 @@ const std::vector<std::pair<std::string, std::string>>& named() {
        "{% endif %}{% for m in messages %}{% if m.role != 'system' %}"
        "{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endif %}{% endfor %}"
        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"},
+      // Qwen2-VL: ChatML with a default system turn; list content's images and videos as vision pads
+      // (numbered with add_vision_id), its texts as they are.
+      {"qwen2_vl",
+       "{% set counts = namespace(image=0, video=0) %}{% for m in messages %}"
+       "{% if loop.first and m['role'] != 'system' %}"
+       "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}"
+       "{{ '<|im_start|>' + m['role'] + '\\n' }}{% if m['content'] is string %}"
+       "{{ m['content'] + '<|im_end|>\\n' }}{% else %}{% for part in m['content'] %}"
+       "{% if part['type'] == 'image' or 'image' in part or 'image_url' in part %}"
+       "{% set counts.image = counts.image + 1 %}{% if add_vision_id %}"
+       "{{ 'Picture ' + counts.image | string + ': ' }}{% endif %}"
+       "{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
+       "{% elif part['type'] == 'video' or 'video' in part %}{% set counts.video = counts.video + 1 %}"
+       "{% if add_vision_id %}{{ 'Video ' + counts.video | string + ': ' }}{% endif %}"
+       "{{ '<|vision_start|><|video_pad|><|vision_end|>' }}{% elif 'text' in part %}{{ part['text'] }}"
+       "{% endif %}{% endfor %}{{ '<|im_end|>\\n' }}{% endif %}{% endfor %}{% if add_generation_prompt %}"
+       "{{ '<|im_start|>assistant\\n' }}{% endif %}"},
+      // LLaVA: USER: / ASSISTANT: turns, each text followed by a space (a list's images first, as
+      // <image> lines), the assistant's text in generation blocks.
+      {"llava",
+       "{% for m in messages %}{% if m['role'] != 'system' %}{{ m['role'].upper() + ': ' }}{% endif %}"
+       "{% if m['content'] is string %}{% if m['role'] != 'assistant' %}{{ m['content'] + ' ' }}{% else %}"
+       "{% generation %}{{ m['content'] + ' ' }}{% endgeneration %}{% endif %}{% else %}"
+       "{% for part in m['content'] | selectattr('type', 'equalto', 'image') %}{{ '<image>\\n' }}"
+       "{% endfor %}{% for part in m['content'] | selectattr('type', 'equalto', 'text') %}"
+       "{% if m['role'] != 'assistant' %}{{ part['text'] + ' ' }}{% else %}{% generation %}"
+       "{{ part['text'] + ' ' }}{% endgeneration %}{% endif %}{% endfor %}{% endif %}{% endfor %}"
+       "{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"},
+    };
+    auto source = [&t](const std::string& name) {
+      for (const auto& [n, s] : t)
+        if (n == name) return s;
+      return std::string();
     };
     // Aya: axolotl's aya file is Cohere's, its other default system prompt in a branch never taken.
-    for (const auto& [name, source] : t)
-      if (name == "cohere") {
-        t.emplace_back("aya", source);
-        break;
-      }
+    t.emplace_back("aya", source("cohere"));
+    // Gemma 3n: Gemma 3's, with soft tokens for a list's images and audio.
+    std::string gemma3n = source("gemma3");
+    const std::string image = "{% if item['type'] == 'image' %}{{ '<start_of_image>' }}";
+    gemma3n.replace(gemma3n.find(image), image.size(),
+                    "{% if item['type'] == 'audio' %}{{ '<audio_soft_token>' }}"
+                    "{% elif item['type'] == 'image' %}{{ '<image_soft_token>' }}");
+    t.emplace_back("gemma3n", gemma3n);
     return t;
   }();
   return templates;
