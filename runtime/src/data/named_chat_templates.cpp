@@ -12,6 +12,57 @@ namespace memrt {
 
 namespace {
 
+// Mistral v2/v3 and v3 Tekken (axolotl's mistral_v2v3, mistral_v3_tekken): BOS; [INST] user [/INST]
+// turns strictly alternating (tool turns aside); the optional system prompt opens the last user turn
+// when that is the last message; the tools before the last user turn; tool calls as JSON with
+// 9-character ids, and their results. The two differ in a space after each marker (none in Tekken)
+// and in v2/v3 trimming the answer behind a space.
+std::string mistral_v3(bool tekken) {
+  const std::string sp = tekken ? "" : " ";
+  const std::string answer = tekken ? "text(m['content'])" : "' ' + text(m['content']) | trim";
+  return std::string() +
+         "{% macro text(content) %}{% if content is string %}{{ content }}{% else %}"
+         + "{{ content | selectattr('type', 'equalto', 'text') | map(attribute='text') | join('') }}"
+         + "{% endif %}{% endmacro %}{% set first_system = messages[0]['role'] == 'system' %}"
+         + "{% set turns = messages[1:] if first_system else messages %}"
+         + "{% set users = turns | selectattr('role', 'equalto', 'user') | list %}"
+         + "{% set ns = namespace(index=0) %}{% for m in turns %}"
+         + "{% if not (m.role in ['tool', 'tool_results'] or (m.tool_calls is defined and m.tool_calls is not "
+         + "none)) %}"
+         + "{% if (m['role'] == 'user') != (ns.index % 2 == 0) %}"
+         + "{{ raise_exception('After the optional system message, conversation roles must alternate "
+         + "user/assistant/user/assistant/...') }}"
+         + "{% endif %}{% set ns.index = ns.index + 1 %}{% endif %}{% endfor %}{{ bos_token }}"
+         + "{% for m in turns %}{% if m['role'] == 'user' %}"
+         + "{% if tools is defined and tools is not none and m == users[-1] %}"
+         + "{{ '[AVAILABLE_TOOLS]" + sp + "[' }}{% for tool in tools %}"
+         + "{{ '{\"type\": \"function\", \"function\": {' }}"
+         + "{% for key, val in tool.function.items() if key != 'return' %}"
+         + "{{ '\"' + key + '\": ' + ('\"' + val + '\"' if val is string else val | tojson) }}"
+         + "{% if not loop.last %}{{ ', ' }}{% endif %}{% endfor %}"
+         + "{{ '}}' + (', ' if not loop.last else ']') }}{% endfor %}{{ '[/AVAILABLE_TOOLS]' }}{% endif %}"
+         + "{{ '[INST]" + sp + "' }}{% if loop.last and first_system %}"
+         + "{{ text(messages[0]['content']) + '\\n\\n' }}{% endif %}{{ text(m['content']) + '[/INST]' }}"
+         + "{% elif m.tool_calls is defined and m.tool_calls is not none %}"
+         + "{{ '[TOOL_CALLS]" + sp + "[' }}{% for call in m.tool_calls %}"
+         + "{% set call_json = call.function | tojson %}{{ call_json[:-1] }}"
+         + "{% if call.id is not defined or call.id | length != 9 %}"
+         + "{{ raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}"
+         + "{% endif %}"
+         + "{{ ', \"id\": \"' + call.id + '\"}' + (', ' if not loop.last else ']' + eos_token) }}"
+         + "{% endfor %}{% elif m['role'] == 'assistant' %}{{ " + answer + " + eos_token }}"
+         + "{% elif m['role'] in ['tool', 'tool_results'] %}"
+         + "{% set content = m.content.content if m.content is mapping and m.content.content is defined else "
+         + "m.content %}"
+         + "{{ '[TOOL_RESULTS]" + sp + "{\"content\": ' + content | string + ', ' }}"
+         + "{% if m.tool_call_id is not defined or m.tool_call_id | length != 9 %}"
+         + "{{ raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}"
+         + "{% endif %}{{ '\"call_id\": \"' + m.tool_call_id + '\"}[/TOOL_RESULTS]' }}{% else %}"
+         + "{{ raise_exception('Only user and assistant roles are supported, with the exception of an initial "
+         + "optional system message!') }}"
+         + "{% endif %}{% endfor %}";
+}
+
 const std::vector<std::pair<std::string, std::string>>& named() {
   static const std::vector<std::pair<std::string, std::string>> templates = [] {
     std::vector<std::pair<std::string, std::string>> t = {
@@ -250,78 +301,8 @@ const std::vector<std::pair<std::string, std::string>>& named() {
        "{{ ('' if ns.tool else '<｜tool▁outputs▁begin｜>') + '<｜tool▁output▁begin｜>' + m['content'] + '<｜tool▁output▁end｜>' }}"
        "{% set ns.tool = true %}{% endif %}{% endfor %}{% if ns.tool %}{{ '<｜tool▁outputs▁end｜>' }}"
        "{% endif %}{% if add_generation_prompt and not ns.tool %}{{ '<｜Assistant｜>' }}{% endif %}"},
-      // Mistral v2/v3 (and v3 Tekken, the same without spaces after the markers and with the answer
-      // untrimmed): BOS; [INST] user [/INST] turns strictly alternating (tool turns aside); the
-      // optional system prompt opens the last user turn when that is the last message; the tools
-      // before the last user turn; tool calls as JSON with 9-character ids, and their results.
-      {"mistral_v2v3",
-       "{% macro text(content) %}{% if content is string %}{{ content }}{% else %}"
-       "{{ content | selectattr('type', 'equalto', 'text') | map(attribute='text') | join('') }}"
-       "{% endif %}{% endmacro %}{% set first_system = messages[0]['role'] == 'system' %}"
-       "{% set turns = messages[1:] if first_system else messages %}"
-       "{% set users = turns | selectattr('role', 'equalto', 'user') | list %}"
-       "{% set ns = namespace(index=0) %}{% for m in turns %}"
-       "{% if not (m.role in ['tool', 'tool_results'] or (m.tool_calls is defined and m.tool_calls is not none)) %}"
-       "{% if (m['role'] == 'user') != (ns.index % 2 == 0) %}"
-       "{{ raise_exception('After the optional system message, conversation roles must alternate user/assistant/user/assistant/...') }}"
-       "{% endif %}{% set ns.index = ns.index + 1 %}{% endif %}{% endfor %}{{ bos_token }}"
-       "{% for m in turns %}{% if m['role'] == 'user' %}"
-       "{% if tools is defined and tools is not none and m == users[-1] %}{{ '[AVAILABLE_TOOLS] [' }}"
-       "{% for tool in tools %}{{ '{\"type\": \"function\", \"function\": {' }}"
-       "{% for key, val in tool.function.items() if key != 'return' %}"
-       "{{ '\"' + key + '\": ' + ('\"' + val + '\"' if val is string else val | tojson) }}"
-       "{% if not loop.last %}{{ ', ' }}{% endif %}{% endfor %}"
-       "{{ '}}' + (', ' if not loop.last else ']') }}{% endfor %}{{ '[/AVAILABLE_TOOLS]' }}{% endif %}"
-       "{{ '[INST] ' }}{% if loop.last and first_system %}{{ text(messages[0]['content']) + '\\n\\n' }}"
-       "{% endif %}{{ text(m['content']) + '[/INST]' }}"
-       "{% elif m.tool_calls is defined and m.tool_calls is not none %}{{ '[TOOL_CALLS] [' }}"
-       "{% for call in m.tool_calls %}{% set call_json = call.function | tojson %}{{ call_json[:-1] }}"
-       "{% if call.id is not defined or call.id | length != 9 %}"
-       "{{ raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}{% endif %}"
-       "{{ ', \"id\": \"' + call.id + '\"}' + (', ' if not loop.last else ']' + eos_token) }}{% endfor %}"
-       "{% elif m['role'] == 'assistant' %}{{ ' ' + text(m['content']) | trim + eos_token }}"
-       "{% elif m['role'] in ['tool', 'tool_results'] %}"
-       "{% set content = m.content.content if m.content is mapping and m.content.content is defined else m.content %}"
-       "{{ '[TOOL_RESULTS] {\"content\": ' + content | string + ', ' }}"
-       "{% if m.tool_call_id is not defined or m.tool_call_id | length != 9 %}"
-       "{{ raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}{% endif %}"
-       "{{ '\"call_id\": \"' + m.tool_call_id + '\"}[/TOOL_RESULTS]' }}{% else %}"
-       "{{ raise_exception('Only user and assistant roles are supported, with the exception of an initial optional system message!') }}"
-       "{% endif %}{% endfor %}"},
-      {"mistral_v3_tekken",
-       "{% macro text(content) %}{% if content is string %}{{ content }}{% else %}"
-       "{{ content | selectattr('type', 'equalto', 'text') | map(attribute='text') | join('') }}"
-       "{% endif %}{% endmacro %}{% set first_system = messages[0]['role'] == 'system' %}"
-       "{% set turns = messages[1:] if first_system else messages %}"
-       "{% set users = turns | selectattr('role', 'equalto', 'user') | list %}"
-       "{% set ns = namespace(index=0) %}{% for m in turns %}"
-       "{% if not (m.role in ['tool', 'tool_results'] or (m.tool_calls is defined and m.tool_calls is not none)) %}"
-       "{% if (m['role'] == 'user') != (ns.index % 2 == 0) %}"
-       "{{ raise_exception('After the optional system message, conversation roles must alternate user/assistant/user/assistant/...') }}"
-       "{% endif %}{% set ns.index = ns.index + 1 %}{% endif %}{% endfor %}{{ bos_token }}"
-       "{% for m in turns %}{% if m['role'] == 'user' %}"
-       "{% if tools is defined and tools is not none and m == users[-1] %}{{ '[AVAILABLE_TOOLS][' }}"
-       "{% for tool in tools %}{{ '{\"type\": \"function\", \"function\": {' }}"
-       "{% for key, val in tool.function.items() if key != 'return' %}"
-       "{{ '\"' + key + '\": ' + ('\"' + val + '\"' if val is string else val | tojson) }}"
-       "{% if not loop.last %}{{ ', ' }}{% endif %}{% endfor %}"
-       "{{ '}}' + (', ' if not loop.last else ']') }}{% endfor %}{{ '[/AVAILABLE_TOOLS]' }}{% endif %}"
-       "{{ '[INST]' }}{% if loop.last and first_system %}{{ text(messages[0]['content']) + '\\n\\n' }}"
-       "{% endif %}{{ text(m['content']) + '[/INST]' }}"
-       "{% elif m.tool_calls is defined and m.tool_calls is not none %}{{ '[TOOL_CALLS][' }}"
-       "{% for call in m.tool_calls %}{% set call_json = call.function | tojson %}{{ call_json[:-1] }}"
-       "{% if call.id is not defined or call.id | length != 9 %}"
-       "{{ raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}{% endif %}"
-       "{{ ', \"id\": \"' + call.id + '\"}' + (', ' if not loop.last else ']' + eos_token) }}{% endfor %}"
-       "{% elif m['role'] == 'assistant' %}{{ text(m['content']) + eos_token }}"
-       "{% elif m['role'] in ['tool', 'tool_results'] %}"
-       "{% set content = m.content.content if m.content is mapping and m.content.content is defined else m.content %}"
-       "{{ '[TOOL_RESULTS]{\"content\": ' + content | string + ', ' }}"
-       "{% if m.tool_call_id is not defined or m.tool_call_id | length != 9 %}"
-       "{{ raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}{% endif %}"
-       "{{ '\"call_id\": \"' + m.tool_call_id + '\"}[/TOOL_RESULTS]' }}{% else %}"
-       "{{ raise_exception('Only user and assistant roles are supported, with the exception of an initial optional system message!') }}"
-       "{% endif %}{% endfor %}"},
+      {"mistral_v2v3", mistral_v3(false)},
+      {"mistral_v3_tekken", mistral_v3(true)},
       // Llama 4: BOS; a system turn (its text trimmed; "Environment: ipython" with tools); the tools
       // and their guidance in the first user turn (or, with tools_in_user_message false, in the
       // system turn); <|header_start|>ROLE<|header_end|> turns ended by <|eot|>, images as <|image|>;
