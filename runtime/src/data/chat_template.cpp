@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "data/tokenizer_config.h"
+#include "data/utf8.h"
 #include "memrt/error.h"
 
 namespace memrt {
@@ -1824,19 +1825,10 @@ std::optional<ChatTemplate> load_chat_template(const std::string& dir) {
 
 namespace {
 
-// The byte length of the whitespace character (as str.isspace() says) that starts at s[at], or 0:
-// U+0009..000D, U+001C..0020, U+0085, U+00A0, U+1680, U+2000..200A, U+2028, U+2029, U+202F,
-// U+205F and U+3000.
+// The byte length of the whitespace character (as str.isspace() says) that starts at s[at], or 0.
 size_t space_at(const std::string& s, size_t at) {
-  const auto byte = [&](size_t k) { return at + k < s.size() ? static_cast<unsigned char>(s[at + k]) : 0u; };
-  const unsigned c = byte(0);
-  if ((c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20)) return 1;
-  if (c == 0xC2) return byte(1) == 0x85 || byte(1) == 0xA0 ? 2 : 0;
-  if ((c != 0xE1 && c != 0xE2 && c != 0xE3) || (byte(1) & 0xC0) != 0x80 || (byte(2) & 0xC0) != 0x80) return 0;
-  const unsigned cp = ((c & 0x0F) << 12) | ((byte(1) & 0x3F) << 6) | (byte(2) & 0x3F);
-  const bool space = cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 ||
-                     cp == 0x202F || cp == 0x205F || cp == 0x3000;
-  return space ? 3 : 0;
+  const size_t n = utf8_sequence(s, at);
+  return n && is_python_space(code_point(s, at, n)) ? n : 0;
 }
 
 }  // namespace
@@ -1847,7 +1839,7 @@ std::string python_strip(const std::string& s, bool left, bool right) {
   if (right) {
     while (e > b) {
       size_t last = e - 1;  // the first byte of the last character
-      while (last > b && (static_cast<unsigned char>(s[last]) & 0xC0) == 0x80) --last;
+      while (last > b && is_continuation(s[last])) --last;
       if (space_at(s, last) != e - last) break;
       e = last;
     }

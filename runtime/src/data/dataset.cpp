@@ -742,10 +742,13 @@ TokenDataset::Split TokenDataset::hold_out(const TokenDataset& all, const HeldOu
     return k;
   };
   const int64_t n = all.num_records();
-  std::vector<int64_t> order = numpy_permutation(n, seed);  // datasets' shuffle and split: numpy's default_rng
-  std::vector<int64_t> place(static_cast<size_t>(n));       // record -> its place in `order`
+  // datasets' shuffle and split: numpy's default_rng; axolotl without shuffle_merged_datasets: file order
+  std::vector<int64_t> order(static_cast<size_t>(n));
   if (held.tool == HeldOut::Tool::kAxolotl && !held.shuffle)
     for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = i;
+  else
+    order = numpy_permutation(n, seed);
+  std::vector<int64_t> place(static_cast<size_t>(n));  // record -> its place in `order`
   for (int64_t i = 0; i < n; ++i) place[static_cast<size_t>(order[static_cast<size_t>(i)])] = i;
   std::vector<int64_t> samples(static_cast<size_t>(all.num_samples()));  // in `order`
   for (size_t k = 0; k < samples.size(); ++k) samples[k] = static_cast<int64_t>(k);

@@ -11,6 +11,7 @@
 #include <rapidjson/error/en.h>
 
 #include "data/chat_template.h"
+#include "data/utf8.h"
 #include "data/llamafactory.h"
 #include "data/mapped_file.h"
 #include "data/tokenizer.h"
@@ -222,13 +223,6 @@ std::optional<std::pair<std::string, std::string>> split_thinking(const std::str
   return std::nullopt;
 }
 
-// The characters (code points) of UTF-8 text, as Python's len counts them.
-int64_t characters(std::string_view s) {
-  int64_t n = 0;
-  for (const char ch : s) n += (static_cast<unsigned char>(ch) & 0xC0) != 0x80;
-  return n;
-}
-
 // axolotl's _convert_content_parts: a list of content parts as one string, each object part's first
 // truthy "text", "content" or "value" (a string) in order; other parts add nothing. Where a part
 // says "train" (or "weight": trained unless 0), each part's text is a training_detail of its
@@ -267,8 +261,8 @@ std::optional<std::vector<Detail>> join_content_parts(const std::string& path, c
       explicit_training = true;
     }
     if (!piece.empty()) {
-      const int64_t begin = characters(text);
-      details.push_back({begin, begin + characters(piece) - 1, train});
+      const int64_t begin = code_points(text);
+      details.push_back({begin, begin + code_points(piece) - 1, train});
     }
     text += piece;
   }
@@ -297,17 +291,15 @@ std::vector<Detail> read_details(const std::string& path, const std::string& whe
 // then from the back no further than the front's match — in bytes, at character boundaries, as
 // Python compares characters.
 std::pair<size_t, size_t> differing_span(std::string_view full, std::string_view other) {
-  auto continuation = [](std::string_view s, size_t i) {
-    return i < s.size() && (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80;
-  };
+  auto continuation = [&full](size_t i) { return i < full.size() && is_continuation(full[i]); };
   const size_t limit = std::min(full.size(), other.size());
   size_t begin = 0;
   while (begin < limit && full[begin] == other[begin]) ++begin;
-  while (begin > 0 && continuation(full, begin)) --begin;
+  while (begin > 0 && continuation(begin)) --begin;
   size_t suffix = 0;
   while (suffix < limit - begin && full[full.size() - 1 - suffix] == other[other.size() - 1 - suffix]) ++suffix;
   size_t end = full.size() - suffix;
-  while (continuation(full, end)) ++end;
+  while (continuation(end)) ++end;
   return {begin, end};
 }
 
@@ -652,9 +644,9 @@ std::vector<uint8_t> detail_tokens(const Tokenizer& tok, const std::vector<int32
   const Tokenizer::Offsets offsets = tok.token_offsets(ids, text);
   std::vector<int64_t> begin(ids.size()), end(ids.size());  // characters, end included
   for (int64_t i = 0; i < n; ++i)
-    begin[static_cast<size_t>(i)] = characters(std::string_view(text).substr(0, offsets.starts[static_cast<size_t>(i)]));
+    begin[static_cast<size_t>(i)] = code_points(std::string_view(text).substr(0, offsets.starts[static_cast<size_t>(i)]));
   for (int64_t i = 0; i + 1 < n; ++i) end[static_cast<size_t>(i)] = begin[static_cast<size_t>(i) + 1] - 1;
-  end.back() = characters(text) - 1;
+  end.back() = code_points(text) - 1;
   auto at = [](const std::vector<int64_t>& v, int64_t i) { return v[static_cast<size_t>(i)]; };
   for (const Detail& d : details) {
     int64_t first = 0, last = n - 1;

@@ -24,6 +24,7 @@
 
 #include "data/sentencepiece_model.h"
 #include "data/tokenizer_config.h"
+#include "data/utf8.h"
 #include "memrt/error.h"
 
 namespace memrt {
@@ -32,37 +33,6 @@ namespace {
 using Json = rapidjson::Value;
 
 // ---- UTF-8 ------------------------------------------------------------------------------------
-
-// The length of the UTF-8 sequence starting at s[i] when it is well-formed (RFC 3629: no overlong
-// forms, no surrogates, nothing above U+10FFFF), else 0.
-size_t utf8_sequence(std::string_view s, size_t i) {
-  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[i + k]); };
-  const auto cont = [&](size_t k) { return i + k < s.size() && (b(k) & 0xC0) == 0x80; };
-  const unsigned char c = b(0);
-  if (c < 0x80) return 1;
-  if (c >= 0xC2 && c <= 0xDF) return cont(1) ? 2 : 0;
-  if (c >= 0xE0 && c <= 0xEF) {
-    if (!cont(1) || !cont(2)) return 0;
-    if ((c == 0xE0 && b(1) < 0xA0) || (c == 0xED && b(1) > 0x9F)) return 0;
-    return 3;
-  }
-  if (c >= 0xF0 && c <= 0xF4) {
-    if (!cont(1) || !cont(2) || !cont(3)) return 0;
-    if ((c == 0xF0 && b(1) < 0x90) || (c == 0xF4 && b(1) > 0x8F)) return 0;
-    return 4;
-  }
-  return 0;
-}
-
-uint32_t code_point(std::string_view s, size_t i, size_t n) {
-  const auto b = [&](size_t k) { return static_cast<uint32_t>(static_cast<unsigned char>(s[i + k])); };
-  switch (n) {
-    case 1: return b(0);
-    case 2: return ((b(0) & 0x1F) << 6) | (b(1) & 0x3F);
-    case 3: return ((b(0) & 0x0F) << 12) | ((b(1) & 0x3F) << 6) | (b(2) & 0x3F);
-    default: return ((b(0) & 0x07) << 18) | ((b(1) & 0x3F) << 12) | ((b(2) & 0x3F) << 6) | (b(3) & 0x3F);
-  }
-}
 
 void append_utf8(std::string& out, uint32_t cp) {
   if (cp < 0x80) {
@@ -80,12 +50,6 @@ void append_utf8(std::string& out, uint32_t cp) {
     out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
     out += static_cast<char>(0x80 | (cp & 0x3F));
   }
-}
-
-// Rust's char::is_whitespace (Unicode White_Space), which `tokenizers` strips added tokens with.
-bool is_whitespace(uint32_t c) {
-  return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
 // The length of the maximal prefix of a well-formed sequence at s[i] (at least 1): what
@@ -641,7 +605,7 @@ void Tokenizer::Impl::split_added(std::string_view s, const std::array<std::vect
     if (hit->lstrip) {  // the whitespace before it is the token's
       while (begin > from) {
         size_t c = begin - 1;
-        while (c > from && (static_cast<unsigned char>(s[c]) & 0xC0) == 0x80) --c;
+        while (c > from && is_continuation(s[c])) --c;
         if (!is_whitespace(code_point(s, c, begin - c))) break;
         begin = c;
       }
@@ -1165,7 +1129,7 @@ Tokenizer::Offsets Tokenizer::token_offsets(const std::vector<int32_t>& ids, std
     const uint32_t c = code_point(s, i, n);
     return is_whitespace(c) || (g && c == 0x120) ? n : 0;
   };
-  auto continuation = [&](size_t i) { return i < text.size() && (static_cast<unsigned char>(text[i]) & 0xC0) == 0x80; };
+  auto continuation = [&](size_t i) { return i < text.size() && is_continuation(text[i]); };
   Offsets out;
   out.starts.reserve(ids.size());
   out.ends.reserve(ids.size());
@@ -1191,8 +1155,7 @@ Tokenizer::Offsets Tokenizer::token_offsets(const std::vector<int32_t>& ids, std
       }
     } else {  // one byte of `text` per character of GPT-2's alphabet
       const std::string& token = id_to_token(ids[i]);
-      size_t chars = 0;
-      for (size_t k = 0; k < token.size(); ++k) chars += (static_cast<unsigned char>(token[k]) & 0xC0) != 0x80;
+      const auto chars = static_cast<size_t>(code_points(token));
       for (size_t k = 0; k + 1 < token.size() && token.compare(k, 2, "\xC4\xA0") == 0; k += 2) ++lead;
       for (size_t k = token.size(); k >= 2 && token.compare(k - 2, 2, "\xC4\xA0") == 0; k -= 2) ++trail;
       at += chars;
