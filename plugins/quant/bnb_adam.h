@@ -15,7 +15,6 @@
 
 namespace memrt::quant {
 
-constexpr int64_t kBnbBlock = 256;         // bitsandbytes' optimizer block
 constexpr int64_t kBnbMin8BitSize = 4096;  // bitsandbytes' min_8bit_size
 constexpr const char* kBnb8Format = "bnb_blockwise8";
 constexpr const char* kBnb32Format = "bnb_fp32";

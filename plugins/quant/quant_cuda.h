@@ -2,7 +2,7 @@
 // MEMRT_BUILD_CUDA is ON). Each is a CPU loop of blockwise.h / bnb_adam.h run on the GPU over the
 // same quant_math.h functions, so the CPU tests against bitsandbytes vouch for it and
 // tests/cuda/test_cuda_kernels.cpp holds it to its CPU twin bit for bit where a GPU is present:
-// one thread block per quantization block, the block's absmax an integer max over |x|'s bits (as
+// a thread block per quantization block in turn, the block's absmax an integer max over |x|'s bits (as
 // the CPU takes it), every fp32 operation rounded as the source writes it (no contraction).
 // Pointers are device pointers; `stream` is a cudaStream_t; failures throw memrt::Error.
 // Plain C++: no CUDA or LibTorch header.
@@ -35,6 +35,12 @@ void dequantize_blockwise8(const uint8_t* codes, const float* absmax, int64_t n,
 // nested_block] + *offset (two fp32 roundings), for `blocks` blocks.
 void double_quant_scales(const uint8_t* codes, const float* nested_absmax, const float* offset, int64_t blocks,
                          int64_t nested_block, const Map256& signed_map, float* scale, void* stream);
+// A 4-bit map's 16 values (map4_value() of each code), passed to the kernels by value.
+struct Map16 {
+  float value[16];
+};
+Map16 map16(Map4 type);
+
 // dequantize_4bit(): out[i] = map4[code i] * scale[i / block], rounded to the output's type to
 // nearest-even: OutType kFloat (float*), kBFloat16 or kHalf (their 16 bits).
 enum class OutType { kFloat, kBFloat16, kHalf };

@@ -129,6 +129,8 @@ MEMRT_HOST_DEVICE inline float nested_scale(const float* map256, uint8_t code, f
 }
 
 // ---- bitsandbytes' Adam/AdamW (8-bit blockwise and 32-bit), as its CPU backend computes them ----
+constexpr int64_t kBnbBlock = 256;  // bitsandbytes' optimizer block
+
 // Scalars of one update, computed in double from the hyper-parameters and rounded to fp32 once, as
 // torch does with the Python floats bitsandbytes passes to its tensor operations.
 struct BnbAdamScalars {

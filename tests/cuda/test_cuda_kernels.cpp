@@ -172,10 +172,16 @@ TEST_F(Cuda, FourBitDequantizationIsTheCpuFormatBitForBit) {
       const std::pair<at::ScalarType, qc::OutType> outs[] = {
           {at::kFloat, qc::OutType::kFloat}, {at::kBFloat16, qc::OutType::kBFloat16}, {at::kHalf, qc::OutType::kHalf}};
       for (const auto& [dtype, out_type] : outs) {
+        const at::Tensor want = quant::dequantize_4bit(q, dtype).flatten();
         at::Tensor out = at::empty({n}, packed.options().dtype(dtype));
         qc::dequantize4(packed.data_ptr<uint8_t>(), n, type, 64, scale.data_ptr<float>(), out_type, out.data_ptr(),
                         stream());
-        expect_same_bits(quant::dequantize_4bit(q, dtype).flatten(), out, what + " into " + c10::toString(dtype));
+        expect_same_bits(want, out, what + " into " + c10::toString(dtype));
+        // One element in, where 16-byte stores cannot go: the one-byte-a-thread path for every value.
+        at::Tensor shifted = at::empty({n + 1}, packed.options().dtype(dtype)).narrow(0, 1, n);
+        qc::dequantize4(packed.data_ptr<uint8_t>(), n, type, 64, scale.data_ptr<float>(), out_type,
+                        shifted.data_ptr(), stream());
+        expect_same_bits(want, shifted, what + " into " + c10::toString(dtype) + ", unaligned");
       }
     }
   }
