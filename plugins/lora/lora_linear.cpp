@@ -1,14 +1,21 @@
 #include "lora_linear.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
 #include <torch/nn/init.h>
 
+#include <memrt/dense_weight.h>
 #include <memrt/error.h>
 #include <memrt/ops.h>
 
 namespace memrt::lora {
+
+namespace {
+// Rows of W + scaling · B A made at once for DoRA's norm: the whole (out, in) sum never exists.
+constexpr int64_t kNormTileBytes = int64_t{8} << 20;
+}  // namespace
 
 double lora_scaling(const LoraOptions& o) {
   return o.rslora ? o.alpha / std::sqrt(static_cast<double>(o.r)) : o.alpha / static_cast<double>(o.r);
@@ -38,29 +45,40 @@ at::Tensor LoraLinearImpl::base_bias() const {
   return b ? *b : at::Tensor();
 }
 
-at::Tensor LoraLinearImpl::base_weight(at::ScalarType dtype) {
-  at::NoGradGuard no_grad;
+at::Tensor LoraLinearImpl::base_weight_parameter() const {
   const auto own = named_parameters(/*recurse=*/false);
   const at::Tensor* w = own.find("weight");
-  if (w && at::isFloatingType(w->scalar_type())) return w->to(dtype);
-  // Another format (4-bit codes): the base's forward on the identity, less its bias, is W^T.
-  const at::Tensor eye = at::eye(in_features_, at::TensorOptions().dtype(dtype));
-  at::Tensor wt = base_.forward<at::Tensor>(eye).to(dtype);  // (in, out)
-  if (const at::Tensor b = base_bias(); b.defined()) wt = wt - b.to(dtype);
-  return wt.t();
+  return w && at::isFloatingType(w->scalar_type()) ? *w : at::Tensor();
 }
 
-at::Tensor LoraLinearImpl::weight_norm(const at::Tensor& w) {
+at::Tensor LoraLinearImpl::base_rows(int64_t r0, int64_t r1, at::ScalarType dtype) const {
   at::NoGradGuard no_grad;
-  const at::Tensor lora = at::mm(lora_B->weight, lora_A->weight).to(w.scalar_type());  // (out, in)
-  return at::linalg_vector_norm(w + lora * scaling_, 2, {1}, false, std::nullopt);
+  if (const at::Tensor w = base_weight_parameter(); w.defined()) return w.narrow(0, r0, r1 - r0).to(dtype);
+  if (const auto* dense = dynamic_cast<const DenseWeight*>(base_.ptr().get())) return dense->dense_rows(r0, r1, dtype);
+  throw Error("LoRA: DoRA needs the weight of the layer it adapts, and " + base_.ptr()->name() +
+              " has no floating \"weight\" and does not implement memrt::DenseWeight (memrt/dense_weight.h): "
+              "the plugin that made the layer should implement it, or train this target without use_dora");
+}
+
+at::Tensor LoraLinearImpl::weight_norm(at::ScalarType dtype) const {
+  at::NoGradGuard no_grad;
+  const int64_t out = lora_B->weight.size(0);
+  const int64_t rows = std::max<int64_t>(1, kNormTileBytes / (in_features_ * static_cast<int64_t>(c10::elementSize(dtype))));
+  at::Tensor norm = at::empty({out}, at::TensorOptions().dtype(dtype));
+  for (int64_t r0 = 0; r0 < out; r0 += rows) {
+    const int64_t r1 = std::min(out, r0 + rows);
+    const at::Tensor lora = at::mm(lora_B->weight.narrow(0, r0, r1 - r0), lora_A->weight).to(dtype);  // (rows, in)
+    norm.narrow(0, r0, r1 - r0).copy_(at::linalg_vector_norm(base_rows(r0, r1, dtype) + lora * scaling_, 2, {1}, false,
+                                                             std::nullopt));
+  }
+  return norm;
 }
 
 void LoraLinearImpl::reset_parameters() {
   at::NoGradGuard no_grad;
   torch::nn::init::kaiming_uniform_(lora_A->weight, std::sqrt(5.0));
   lora_B->weight.zero_();
-  if (options_.dora) lora_magnitude_vector.copy_(weight_norm(base_weight(at::kFloat)));
+  if (options_.dora) lora_magnitude_vector.copy_(weight_norm(at::kFloat));
 }
 
 at::Tensor LoraLinearImpl::forward(const at::Tensor& x) {
@@ -69,11 +87,17 @@ at::Tensor LoraLinearImpl::forward(const at::Tensor& x) {
     const at::ScalarType dtype = x.scalar_type();
     const bool drop = options_.dropout > 0.0 && is_training();
     const at::Tensor h = drop ? at::dropout(x, options_.dropout, true) : x;
-    const at::Tensor w = base_weight(dtype);
-    const at::Tensor scale = lora_magnitude_vector.to(dtype) / weight_norm(w);  // (out)
+    const at::Tensor scale = lora_magnitude_vector.to(dtype) / weight_norm(dtype);  // (out)
     const at::Tensor bias = base_bias();
-    // ops::linear: a 16-bit product at speed on CPUs without 16-bit GEMM too.
-    const at::Tensor base_result = drop ? memrt::ops::linear(h, w) : bias.defined() ? y - bias : y;
+    // x_d W^T: the base's output less its bias, unless dropout changed x; then the product by a
+    // floating weight (ops::linear: a 16-bit product at speed on CPUs without 16-bit GEMM too), or
+    // the base's own forward for one in another format (which multiplies by the same W).
+    at::Tensor base_result = bias.defined() ? y - bias : y;
+    if (drop) {
+      const at::Tensor w = base_weight_parameter();
+      base_result = w.defined() ? memrt::ops::linear(h, w.to(dtype)) : base_.forward<at::Tensor>(h).to(dtype);
+      if (!w.defined() && bias.defined()) base_result = base_result - bias.to(dtype);
+    }
     const at::Tensor lora = lora_B(lora_A(h.to(lora_A->weight.scalar_type()))).to(dtype);
     return (y + ((scale - 1) * base_result + scale * lora * scaling_)).to(y.scalar_type());
   }

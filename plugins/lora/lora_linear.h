@@ -12,7 +12,7 @@
 //
 // where x_d = dropout(x), and x_d W^T is base(x) less its bias when no dropout applies. W is the
 // base's "weight" parameter when it is a floating tensor, else (a 4-bit base: QDoRA) read through
-// the base's forward, base(I) - bias, which dequantizes exactly.
+// memrt::DenseWeight, a tile of rows at a time: n never needs all of W + scaling · B A at once.
 //
 // `base` is any layer of in -> out features (nn::Linear, plugins/quant's Linear4bit: the lora plugin
 // sees only its forward and its tensors). The wrapper registers the base's own parameters and
@@ -54,9 +54,9 @@ class LoraLinearImpl : public torch::nn::Module {
   // DoRA, m = ||W + scaling · B A||_row (= ||W||_row).
   void reset_parameters();
 
-  // DoRA's column norm ||W + scaling · B A||_row for the base weight `w` (out, in), in its dtype,
-  // without gradient.
-  at::Tensor weight_norm(const at::Tensor& w);
+  // DoRA's norm ||W + scaling · B A||_row (out) in `dtype`, without gradient, made a tile of rows at
+  // a time (W's rows through base_rows()).
+  at::Tensor weight_norm(at::ScalarType dtype) const;
 
   double scaling() const { return scaling_; }
   const LoraOptions& options() const { return options_; }
@@ -67,8 +67,11 @@ class LoraLinearImpl : public torch::nn::Module {
   at::Tensor lora_magnitude_vector;  // DoRA's m (out); undefined without DoRA
 
  private:
-  at::Tensor base_weight(at::ScalarType dtype);  // W (out, in), no gradient
-  at::Tensor base_bias() const;                  // the base's bias, or undefined
+  // Rows [r0, r1) of the base's W in `dtype`, no gradient: its floating "weight", or through
+  // memrt::DenseWeight (a 4-bit base); another base is an error naming it.
+  at::Tensor base_rows(int64_t r0, int64_t r1, at::ScalarType dtype) const;
+  at::Tensor base_weight_parameter() const;  // the base's floating "weight", or undefined
+  at::Tensor base_bias() const;              // the base's bias, or undefined
   torch::nn::AnyModule base_;
   LoraOptions options_;
   double scaling_;

@@ -78,8 +78,9 @@ class LoraPlugin final : public memrt::Plugin {
   // no gradient). Plugins after this one that re-derive the activations (another compute dtype,
   // checkpointing) keep the term.
   // With DoRA, the two products by the magnitude's scale keep their other operands: the base's
-  // result and the adapter's, each as wide as the output (the (out, in) sums W + scaling · B A are
-  // transient and not counted: DoRA's estimate is not to the byte).
+  // result and the adapter's, each as wide as the output. Not counted (DoRA's estimate is not to the
+  // byte, docs/lora.md): the (out) vectors n, s and s - 1 each target keeps, backward's (tokens,
+  // out) temporaries, and the norm's tiles of W + scaling · B A (8 MB at most, transient).
   void estimate_memory(memrt::memory::MemoryEstimate& e) const override {
     if (freeze_mode_ || (options_.dropout == 0.0 && !options_.dora)) return;
     const int64_t tokens = e.run->micro_batch_size * e.run->block_size;

@@ -197,4 +197,13 @@ at::Tensor Linear4bitImpl::multiply_transposed(const at::Tensor& dy) const {
   return dx;
 }
 
+at::Tensor Linear4bitImpl::dense_rows(int64_t r0, int64_t r1, at::ScalarType dtype) const {
+  if (r0 < 0 || r1 < r0 || r1 > out_features())
+    throw Error("Linear4bit: rows " + std::to_string(r0) + ".." + std::to_string(r1) + " of a weight of " +
+                std::to_string(out_features()) + " rows");
+  at::Tensor w = at::empty({r1 - r0, in_features()}, at::TensorOptions().dtype(compute_dtype_.value_or(dtype)));
+  dequantize_4bit_tile(q_, dynamic_map_values(true), r0, r1, 0, in_features(), w);
+  return w.to(dtype);
+}
+
 }  // namespace memrt::quant

@@ -17,6 +17,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include <memrt/dense_weight.h>
 #include <memrt/param_store.h>
 
 #include "blockwise.h"
@@ -70,7 +71,7 @@ FrozenLayout linear4bit_layout(const std::string& weight_name, int64_t numel, Ma
 // "weight_offset". The input is cast to the compute dtype (bnb_4bit_compute_dtype; unset: the
 // input's) and the output back to the input's dtype, as bitsandbytes does. Tiles take up to
 // `tile_budget` bytes of `scratch`, which must hold tile_scratch_bytes(..., tile_budget).
-class Linear4bitImpl : public torch::nn::Module {
+class Linear4bitImpl : public torch::nn::Module, public DenseWeight {
  public:
   Linear4bitImpl(Quantized4 q, const at::Tensor& bias, std::optional<at::ScalarType> compute_dtype,
                  std::shared_ptr<const TileScratch> scratch, int64_t tile_budget = kTileBytes);
@@ -83,6 +84,8 @@ class Linear4bitImpl : public torch::nn::Module {
   // y (M, out) in the compute dtype = x (M, in) W^T (+ bias), and dx (M, in) = dy (M, out) W.
   at::Tensor multiply(const at::Tensor& x, const at::Tensor& bias) const;
   at::Tensor multiply_transposed(const at::Tensor& dy) const;
+  // memrt::DenseWeight: rows of W dequantized as forward does (in the compute dtype), then `dtype`.
+  at::Tensor dense_rows(int64_t r0, int64_t r1, at::ScalarType dtype) const override;
 
  private:
   Quantized4 q_;

@@ -15,6 +15,8 @@
 #include "reference_run.h"
 #include "memrt/safetensors.h"
 #include "lora/lora_linear.h"
+#include "memrt/dense_weight.h"
+#include "memrt/error.h"
 
 namespace memrt::lora {
 namespace {
@@ -112,6 +114,76 @@ TEST(LoraLinear, KeepsTheBaseNamesAndStartsAsTheBase) {
   EXPECT_TRUE(base->weight.eq(0.5).all().item<bool>()) << "set_data on the wrapper's weight reaches the base";
   EXPECT_DOUBLE_EQ(lora_scaling(LoraOptions{16, 32, 0.0, false}), 2.0);
   EXPECT_DOUBLE_EQ(lora_scaling(LoraOptions{16, 32, 0.0, true}), 8.0);
+}
+
+// A base that stores W in a format of its own: int8 codes times 0.5 (exact in fp32), its forward
+// multiplying by the decoded W, and W's rows through memrt::DenseWeight — as plugins/quant's 4-bit
+// base does.
+class CodedLinearImpl : public torch::nn::Module, public DenseWeight {
+ public:
+  explicit CodedLinearImpl(const at::Tensor& codes) { weight = register_parameter("weight", codes, false); }
+  at::Tensor decoded() const { return weight.to(at::kFloat) * 0.5; }
+  at::Tensor forward(const at::Tensor& x) { return at::linear(x, decoded().to(x.scalar_type())); }
+  at::Tensor dense_rows(int64_t r0, int64_t r1, at::ScalarType dtype) const override {
+    return decoded().narrow(0, r0, r1 - r0).to(dtype);
+  }
+  at::Tensor weight;
+};
+TORCH_MODULE(CodedLinear);
+
+// The same base without DenseWeight: DoRA cannot read its W.
+class OpaqueLinearImpl : public torch::nn::Module {
+ public:
+  explicit OpaqueLinearImpl(const at::Tensor& codes) { weight = register_parameter("weight", codes, false); }
+  at::Tensor forward(const at::Tensor& x) { return at::linear(x, weight.to(x.scalar_type()) * 0.5); }
+  at::Tensor weight;
+};
+TORCH_MODULE(OpaqueLinear);
+
+// DoRA reads W a tile of rows at a time (8 MB of fp32: 1024 rows of 2048 here, so two tiles and a
+// partial one): its norms equal the whole (out, in) sum's, and a base giving W through
+// memrt::DenseWeight trains as a floating base holding the same W does.
+TEST(LoraLinear, DoraReadsTheWeightInTilesOfRowsFromAnyBase) {
+  at::manual_seed(11);
+  const int64_t out = 2100, in = 2048;
+  const at::Tensor codes = at::randint(-100, 100, {out, in}, at::kChar);
+  const LoraOptions dora{8, 16, 0.0, false, true};
+  torch::nn::Linear floating(torch::nn::LinearOptions(in, out).bias(false));
+  {
+    at::NoGradGuard no_grad;
+    floating->weight.copy_(codes.to(at::kFloat) * 0.5);
+  }
+  floating->weight.set_requires_grad(false);
+  LoraLinear plain(torch::nn::AnyModule(floating), in, out, dora);
+  LoraLinear coded(torch::nn::AnyModule(CodedLinear(codes)), in, out, dora);
+  for (LoraLinear* layer : {&plain, &coded}) {  // the same adapter in both, B away from zero
+    at::manual_seed(12);
+    at::NoGradGuard no_grad;
+    (*layer)->lora_A->weight.copy_(at::randn({8, in}) * 0.01);
+    (*layer)->lora_B->weight.copy_(at::randn({out, 8}) * 0.01);
+  }
+  const at::Tensor a = plain->lora_A->weight, b = plain->lora_B->weight;
+  const at::Tensor whole = at::linalg_vector_norm(floating->weight + at::mm(b, a) * plain->scaling(), 2, {1}, false,
+                                                  std::nullopt);
+  EXPECT_TRUE(at::allclose(plain->weight_norm(at::kFloat), whole, 1e-6, 0.0));
+  EXPECT_TRUE(coded->weight_norm(at::kFloat).equal(plain->weight_norm(at::kFloat)));
+  EXPECT_TRUE(coded->lora_magnitude_vector.equal(plain->lora_magnitude_vector)) << "m starts as ||W||_row";
+
+  const at::Tensor x = at::randn({6, in});
+  const at::Tensor y_plain = plain->forward(x), y_coded = coded->forward(x);
+  EXPECT_TRUE(y_coded.equal(y_plain));
+  y_coded.sum().backward();
+  y_plain.sum().backward();
+  EXPECT_TRUE(coded->lora_B->weight.grad().equal(plain->lora_B->weight.grad()));
+  EXPECT_TRUE(coded->lora_magnitude_vector.grad().equal(plain->lora_magnitude_vector.grad()));
+
+  try {
+    LoraLinear opaque(torch::nn::AnyModule(OpaqueLinear(codes.narrow(0, 0, 16))), in, 16, dora);
+    ADD_FAILURE() << "DoRA over a base whose W it cannot read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("memrt::DenseWeight"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("OpaqueLinearImpl"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

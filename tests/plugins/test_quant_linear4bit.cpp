@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -116,6 +117,24 @@ TEST(Linear4bit, TilesDequantizeEveryElementAsTheWholeWeight) {
   EXPECT_THROW(dequantize_4bit_tile(quantize_4bit(at::randn({4, 64}), Map4::kNf4, 64, false), nullptr, 0, 5, 0, 64,
                                     at::empty({5, 64})),
                Error);
+}
+
+// memrt::DenseWeight, which DoRA reads W through: rows of W as the layer's forward multiplies by them
+// (without a bias, its forward on the identity is W^T exactly: products by one, sums with zeros),
+// in the compute dtype and then the caller's.
+TEST(Linear4bit, DenseRowsAreTheWeightForwardMultipliesBy) {
+  at::manual_seed(4);
+  const int64_t out = 70, in = 96;
+  for (std::optional<at::ScalarType> compute : {std::optional<at::ScalarType>(), std::optional(at::kBFloat16)}) {
+    auto scratch = std::make_shared<TileScratch>(tile_scratch_bytes(out, in, 4, kTileBytes));
+    Linear4bit layer(quantize_4bit(at::randn({out, in}), Map4::kNf4, 64, true), at::Tensor(), compute, scratch);
+    const at::Tensor w = layer->forward(at::eye(in)).t();  // (out, in), fp32
+    const DenseWeight& dense = *layer;
+    EXPECT_TRUE(dense.dense_rows(0, out, at::kFloat).equal(w)) << (compute ? "bf16 compute" : "fp32 compute");
+    EXPECT_TRUE(dense.dense_rows(13, 41, at::kBFloat16).equal(w.slice(0, 13, 41).to(at::kBFloat16)));
+    EXPECT_EQ(dense.dense_rows(5, 5, at::kFloat).numel(), 0);
+    EXPECT_THROW(dense.dense_rows(60, out + 1, at::kFloat), Error);
+  }
 }
 
 // Every instruction set's kernel gives the portable loop's bits, for each output dtype, from tiles
