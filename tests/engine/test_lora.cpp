@@ -34,8 +34,9 @@ RunResult launch(const TempDir& dir, const std::string& name, const std::string&
 
 }  // namespace
 
-// PEFT's default targets for GPT-2 (c_attn) and every projection of a Llama (all-linear): only the
-// adapters train, they are counted as adapters, and the run's peak is the estimate to the byte.
+// PEFT's default targets for GPT-2 (c_attn) and every projection of a Llama and of a GPT-2
+// (all-linear): only the adapters train, they are counted as adapters, and the run's peak is the
+// estimate to the byte.
 TEST(Lora, AdaptersAloneTrainAndTheRunIsAsEstimated) {
   TempDir dir("lora_plain");
   {
@@ -54,6 +55,19 @@ TEST(Lora, AdaptersAloneTrainAndTheRunIsAsEstimated) {
     // (160 -> 64); an adapter of rank 2 holds 2 * (in + out) values.
     const int64_t per_block = 2 * ((64 + 64) + 2 * (64 + 32) + (64 + 64) + 2 * (64 + 160) + (160 + 64));
     EXPECT_EQ(expect_peak_as_estimated(dir.path() / "llama"), 2 * per_block * 4);
+  }
+  {
+    // Every projection of a GPT-2 whose MLP is wide enough for backward's peak to be in the last
+    // block, at the adapter on mlp.c_proj: gelu(fc)'s gradient computed by the base and by the
+    // adapter, alive together, beside the adapter's own gradients (docs/memory.md).
+    const RunResult r = launch(dir, "gpt2_all", "model: {arch: gpt2, n_layer: 2, n_head: 2, d_model: 64, d_ff: 1024, "
+                                                "vocab_size: 256, n_ctx: 32}\nblock_size: 32\nmax_steps: 2\n"
+                                                "use_peft: true\nlora_r: 4\nlora_target_modules: all-linear\n");
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_NE(r.out.find("(16 trainable tensors)"), std::string::npos) << r.out;
+    // Per block: c_attn 64 -> 192, attn.c_proj 64 -> 64, c_fc 64 -> 1024, mlp.c_proj 1024 -> 64.
+    const int64_t per_block = 4 * ((64 + 192) + (64 + 64) + 2 * (64 + 1024));
+    EXPECT_EQ(expect_peak_as_estimated(dir.path() / "gpt2_all"), 2 * per_block * 4);
   }
 }
 

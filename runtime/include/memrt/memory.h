@@ -143,8 +143,9 @@ ActivationEstimate activation_estimate(const ModelShape& shape, int64_t micro_ba
 // norm, untied lm_head).
 int64_t param_segment(const std::string& name, int64_t n_layer);
 // Whether a block's backward has handed this parameter's gradient over at the block's peak
-// (docs/memory.md, "The peak"): Llama's down projection weight. GPT-2's c_proj weight and bias
-// gradients are still in flight then (block_backward_bytes counts them).
+// (docs/memory.md, "The peak"): Llama's down projection weight; the A and B of a LoRA adapter on
+// GPT-2's mlp.c_proj. GPT-2's c_proj weight and bias gradients are still in flight then
+// (block_backward_bytes counts them).
 bool is_last_projection(const std::string& name, const std::string& arch);
 
 // The same, training only the trainable ones of `params` (the model's parameters as planned), op

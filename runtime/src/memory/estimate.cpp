@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <initializer_list>
+#include <map>
 #include <set>
 
 #include "models/model_factory.h"
@@ -115,9 +116,12 @@ int64_t param_segment(const std::string& name, int64_t n_layer) {
 }
 
 bool is_last_projection(const std::string& name, const std::string& arch) {
-  const std::string tail = ".mlp.down_proj.weight";
-  return arch == "llama" && name.size() > tail.size() &&
-         name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+  const auto ends_with = [&](const std::string& tail) {
+    return name.size() > tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  if (arch == "llama") return ends_with(".mlp.down_proj.weight");
+  // GPT-2: a LoRA adapter on mlp.c_proj, whose backward is the block's peak (gpt2_block).
+  return ends_with(".mlp.c_proj.lora_A.weight") || ends_with(".mlp.c_proj.lora_B.weight");
 }
 
 namespace {
@@ -127,8 +131,13 @@ namespace {
 struct Trainable {
   std::vector<std::set<std::string>> blocks;
   std::set<std::string> outside;
+  // Per block, the rank of each LoRA adapter by its module ("mlp.c_proj" -> r, from
+  // "mlp.c_proj.lora_A.weight" (r, in)).
+  std::vector<std::map<std::string, int64_t>> adapters;
 
-  Trainable(const std::vector<ParamEstimate>& params, int64_t n_layer) : blocks(static_cast<size_t>(n_layer)) {
+  Trainable(const std::vector<ParamEstimate>& params, int64_t n_layer)
+      : blocks(static_cast<size_t>(n_layer)), adapters(static_cast<size_t>(n_layer)) {
+    static const std::string kA = ".lora_A.weight";
     for (const ParamEstimate& p : params) {
       if (!p.trainable) continue;
       const int64_t segment = param_segment(p.name, n_layer);
@@ -137,8 +146,17 @@ struct Trainable {
         continue;
       }
       const std::string index = "." + std::to_string(segment) + ".";
-      blocks[static_cast<size_t>(segment)].insert(p.name.substr(p.name.find(index) + index.size()));
+      const std::string local = p.name.substr(p.name.find(index) + index.size());
+      blocks[static_cast<size_t>(segment)].insert(local);
+      if (local.size() > kA.size() && local.compare(local.size() - kA.size(), kA.size(), kA) == 0 && !p.shape.empty())
+        adapters[static_cast<size_t>(segment)][local.substr(0, local.size() - kA.size())] = p.shape[0];
     }
+  }
+  // The rank of the LoRA adapter on a projection of the block, 0 without one.
+  int64_t adapter_rank(int64_t block, const char* module) const {
+    const auto& a = adapters[static_cast<size_t>(block)];
+    const auto it = a.find(module);
+    return it == a.end() ? 0 : it->second;
   }
   bool any(int64_t block, std::initializer_list<const char*> names) const {
     for (const char* n : names)
@@ -201,7 +219,12 @@ BlockOps gpt2_block(const ModelShape& s, const Trainable& t, int64_t i, bool in_
   const int64_t at_proj = (g_fc ? BT * ff * b : 0) + (t.any(i, {"mlp.c_proj.weight"}) ? ff * d * b : 0) +
                           (proj_b ? d * b : 0);
   const int64_t at_gelu = g_fc ? 2 * BT * ff * b - (proj_w ? BT * ff * b : 0) : 0;
-  o.backward = std::max(at_proj, at_gelu);
+  // With a LoRA adapter on c_proj: its backward computes gelu(fc)'s gradient twice, the base's and
+  // the adapter's A's, alive together before autograd sums them (A's output, r a token, freed by
+  // then; A's input, gelu(fc), not yet).
+  const int64_t proj_rank = t.adapter_rank(i, "mlp.c_proj");
+  const int64_t at_adapter = proj_rank > 0 && g_fc ? 2 * BT * ff * b - BT * proj_rank * b : 0;
+  o.backward = std::max({at_proj, at_gelu, at_adapter});
   return o;
 }
 
