@@ -63,7 +63,8 @@ at::Tensor LoraLinearImpl::base_rows(int64_t r0, int64_t r1, at::ScalarType dtyp
 at::Tensor LoraLinearImpl::weight_norm(at::ScalarType dtype) const {
   at::NoGradGuard no_grad;
   const int64_t out = lora_B->weight.size(0);
-  const int64_t rows = std::max<int64_t>(1, kNormTileBytes / (in_features_ * static_cast<int64_t>(c10::elementSize(dtype))));
+  const int64_t row_bytes = in_features_ * static_cast<int64_t>(c10::elementSize(dtype));
+  const int64_t rows = std::max<int64_t>(1, kNormTileBytes / row_bytes);
   at::Tensor norm = at::empty({out}, at::TensorOptions().dtype(dtype));
   for (int64_t r0 = 0; r0 < out; r0 += rows) {
     const int64_t r1 = std::min(out, r0 + rows);
