@@ -103,8 +103,13 @@ at::Tensor LoraLinearImpl::forward(const at::Tensor& x) {
     return (y + ((scale - 1) * base_result + scale * lora * scaling_)).to(y.scalar_type());
   }
   const at::Tensor h = options_.dropout > 0.0 ? at::dropout(x, options_.dropout, is_training()) : x;
-  // As PEFT: the adapter in its own dtype, added in the wider of the two, the sum in the base's dtype.
-  return (y + lora_B(lora_A(h.to(lora_A->weight.scalar_type()))) * scaling_).to(y.scalar_type());
+  // As PEFT: the adapter in its own dtype, added in the wider of the two, the sum in the base's
+  // dtype. One statement each: B's output is freed once scaled, so the forward holds three (tokens,
+  // out) tensors at once, as PEFT's does — one expression would keep its temporaries to the end, four
+  // (docs/lora.md). (Not in place: the base's output may be a custom Function's view.)
+  at::Tensor lora = lora_B(lora_A(h.to(lora_A->weight.scalar_type())));
+  lora = lora * scaling_;
+  return (y + lora).to(y.scalar_type());
 }
 
 }  // namespace memrt::lora

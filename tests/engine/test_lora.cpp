@@ -69,6 +69,15 @@ TEST(Lora, AdaptersAloneTrainAndTheRunIsAsEstimated) {
     const int64_t per_block = 4 * ((64 + 192) + (64 + 64) + 2 * (64 + 1024));
     EXPECT_EQ(expect_peak_as_estimated(dir.path() / "gpt2_all"), 2 * per_block * 4);
   }
+  {
+    // c_fc alone on that GPT-2: the adapter's forward frees B's output once scaled (three (tokens,
+    // d_ff) tensors at once, not four), so the step's peak stays in backward, where the estimate is.
+    const RunResult r = launch(dir, "gpt2_fc", "model: {arch: gpt2, n_layer: 2, n_head: 2, d_model: 64, d_ff: 1024, "
+                                               "vocab_size: 256, n_ctx: 32}\nblock_size: 32\nmax_steps: 2\n"
+                                               "use_peft: true\nlora_r: 4\nlora_target_modules: c_fc\n");
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_EQ(expect_peak_as_estimated(dir.path() / "gpt2_fc"), 2 * 4 * (64 + 1024) * 4);
+  }
 }
 
 // Targets by PEFT's rules: a name matches a module whose dotted name ends with it; one that
