@@ -100,7 +100,14 @@ at::Tensor LoraLinearImpl::forward(const at::Tensor& x) {
       if (!w.defined() && bias.defined()) base_result = base_result - bias.to(dtype);
     }
     const at::Tensor lora = lora_B(lora_A(h.to(lora_A->weight.scalar_type()))).to(dtype);
-    return (y + ((scale - 1) * base_result + scale * lora * scaling_)).to(y.scalar_type());
+    // (s - 1) · base_result + (s · lora) · scaling, added to y: PEFT's operations in its order, one
+    // statement each so that each (tokens, out) temporary is freed as soon as it is used.
+    at::Tensor adapted = scale * lora;
+    adapted = adapted * scaling_;
+    at::Tensor dora = (scale - 1) * base_result;
+    dora = dora + adapted;
+    adapted.reset();
+    return (y + dora).to(y.scalar_type());
   }
   const at::Tensor h = options_.dropout > 0.0 ? at::dropout(x, options_.dropout, is_training()) : x;
   // As PEFT: the adapter in its own dtype, added in the wider of the two, the sum in the base's
