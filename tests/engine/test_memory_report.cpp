@@ -135,6 +135,26 @@ max_steps: 12
   EXPECT_EQ(leaks[0]["last_step"].GetInt64(), 7);
 }
 
+// MEMRT_PEAK_BACKTRACE: the report names where the peak's last allocation came from — in this
+// run, the step's backward (memrt's engine among the frames) — and says nothing of it by default.
+TEST(MemoryReport, PeakBacktraceNamesWhereThePeakWasReached) {
+  TempDir dir("peak_trace");
+  const std::string ds = dir.write("ds.json", R"({"train_micro_batch_size_per_gpu": 2})");
+  const std::string yaml = dir.write("train.yaml", R"(model: {arch: gpt2, n_layer: 1, n_head: 2, d_model: 32, d_ff: 64, vocab_size: 256, n_ctx: 16}
+block_size: 16
+max_steps: 2
+)");
+  const std::string args = " --deepspeed " + ds + " " + yaml + " --output_dir=" + dir.path().string();
+  const RunResult traced = run("env MEMRT_PEAK_BACKTRACE=1 " + kLauncher + args);
+  ASSERT_EQ(traced.exit_code, 0) << traced.out;
+  const auto at = traced.out.find("the allocation that set the peak: ");
+  ASSERT_NE(at, std::string::npos) << traced.out;
+  EXPECT_NE(traced.out.find("memrt::Engine::", at), std::string::npos) << traced.out;
+  const RunResult plain = run("env MEMRT_PEAK_BACKTRACE=0 " + kLauncher + args);
+  ASSERT_EQ(plain.exit_code, 0) << plain.out;
+  EXPECT_EQ(plain.out.find("the allocation that set the peak"), std::string::npos) << plain.out;
+}
+
 // What a run makes resident follows the allocator: with activation checkpointing each step frees
 // and re-allocates activations of many sizes, which glibc's malloc kept resident (peak RSS grew by
 // 2.5x the allocator's peak on this model). The block cache holds no more than the highest live

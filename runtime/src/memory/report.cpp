@@ -300,6 +300,12 @@ std::string memory_table_text(const RankMemoryReport& r, int world_size) {
                 megabytes(r.activations_kept_bytes).c_str(),
                 megabytes(r.activations_peak_bytes).c_str());
   os << line;
+  if (!r.measured.peak_backtrace.empty()) {  // MEMRT_PEAK_BACKTRACE: the frames that name a function
+    os << "  the allocation that set the peak: " << r.measured.peak_allocation_bytes << " bytes, from\n";
+    std::istringstream frames(r.measured.peak_backtrace);
+    for (std::string f; std::getline(frames, f);)
+      if (!f.empty() && f.find("<unknown function>") == std::string::npos) os << "    " << f << "\n";
+  }
   const ResidentMemory& rss = r.resident;
   if (rss.peak_bytes > 0) {
     std::snprintf(line, sizeof line,

@@ -9,12 +9,15 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <mutex>
+#include <string>
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
+#include <c10/util/Backtrace.h>
 
 #include "memory/block_cache.h"
 
@@ -56,6 +59,13 @@ struct Counters {
   std::atomic<int64_t> window_total{0};
   std::mutex peak_mutex;  // taken only when the peak rises
   Table at_peak;
+  // MEMRT_PEAK_BACKTRACE: where the peak's last allocation came from (a diagnostic: slow).
+  const bool trace_peaks = [] {
+    const char* v = std::getenv("MEMRT_PEAK_BACKTRACE");
+    return v != nullptr && *v != '\0' && std::string(v) != "0";
+  }();
+  int64_t peak_allocation = 0;
+  std::string peak_trace;
 
   Table snapshot() const {
     Table t;
@@ -73,6 +83,10 @@ struct Counters {
       if (now > peak.load(std::memory_order_relaxed)) {
         peak.store(now, std::memory_order_relaxed);
         at_peak = snapshot();
+        if (trace_peaks) {
+          peak_allocation = n;
+          peak_trace = c10::get_backtrace(/*frames_to_skip=*/3, /*maximum_number_of_frames=*/64);
+        }
       }
     }
   }
@@ -164,6 +178,8 @@ AllocatorStats allocator_stats() {
   std::lock_guard<std::mutex> lock(c.peak_mutex);
   s.peak_bytes = c.peak.load();
   s.at_peak = c.at_peak;
+  s.peak_allocation_bytes = c.peak_allocation;
+  s.peak_backtrace = c.peak_trace;
   return s;
 }
 
@@ -201,6 +217,8 @@ void reset_peak() {
   std::lock_guard<std::mutex> lock(c.peak_mutex);
   c.peak.store(c.current.load());
   c.at_peak = c.snapshot();
+  c.peak_allocation = 0;
+  c.peak_trace.clear();
 }
 
 // ---- the SDK (memrt/memory.h) ---------------------------------------------------------------------

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include <c10/core/Device.h>
 
@@ -20,6 +21,10 @@ struct AllocatorStats {
   int64_t allocations = 0;
   int64_t frees = 0;
   Table at_peak;  // the cells at the instant live bytes last reached peak_bytes
+  // With MEMRT_PEAK_BACKTRACE set (to anything but 0): the size and C++ call stack of the
+  // allocation that set the peak (c10::get_backtrace, taken each time the peak rises); else empty.
+  int64_t peak_allocation_bytes = 0;
+  std::string peak_backtrace;
 };
 AllocatorStats allocator_stats();
 
