@@ -78,9 +78,10 @@ class LoraPlugin final : public memrt::Plugin {
   // no gradient). Plugins after this one that re-derive the activations (another compute dtype,
   // checkpointing) keep the term.
   // With DoRA, the two products by the magnitude's scale keep their other operands: the base's
-  // result and the adapter's, each as wide as the output. Not counted (DoRA's estimate is not to the
-  // byte, docs/lora.md): the (out) vectors n, s and s - 1 each target keeps, backward's (tokens,
-  // out) temporaries, and the norm's tiles of W + scaling · B A (8 MB at most, transient).
+  // result and the adapter's, each as wide as the output, and three (out) vectors a target: the
+  // norm n (for s = m / n's gradient), s and s - 1. Not counted (DoRA's estimate is not to the
+  // byte, docs/lora.md): backward's (tokens, out) temporaries, and the norm's tiles of
+  // W + scaling · B A (8 MB at most, transient).
   void estimate_memory(memrt::memory::MemoryEstimate& e) const override {
     if (freeze_mode_ || (options_.dropout == 0.0 && !options_.dora)) return;
     const int64_t tokens = e.run->micro_batch_size * e.run->block_size;
@@ -88,7 +89,8 @@ class LoraPlugin final : public memrt::Plugin {
     for (const auto& [name, t] : targets_) {
       const int64_t block = memrt::memory::param_segment(name + ".weight", e.run->shape.n_layer);
       const int64_t per_token = (options_.dropout > 0.0 ? 2 * t.in : 0) + (options_.dora ? 2 * t.out : 0);
-      e.activations.per_block.at(static_cast<size_t>(block)) += tokens * per_token * width;
+      const int64_t per_target = options_.dora ? 3 * t.out : 0;
+      e.activations.per_block.at(static_cast<size_t>(block)) += (tokens * per_token + per_target) * width;
     }
     e.refresh_activations();
   }

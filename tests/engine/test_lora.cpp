@@ -327,6 +327,15 @@ TEST(Lora, DoraAdapterTrainsAsInPeft) {
   const RunResult r = run("env OMP_NUM_THREADS=1 " + kLauncher + " --deepspeed " + ds + " " + yaml + " --output_dir=" + out.string());
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("(12 trainable tensors)"), std::string::npos) << r.out;
+  {
+    // DoRA's estimate is not to the byte (docs/lora.md) but must not fall below the measured peak.
+    const rapidjson::Document report = read_json(out / "memory_report.json");
+    const auto& rank = report["ranks"][0];
+    const int64_t measured = rank["measured"]["peak_bytes"].GetInt64();
+    const int64_t estimated = rank["estimate"]["peak_bytes"].GetInt64();
+    EXPECT_GE(estimated, measured);
+    EXPECT_LT(estimated - measured, measured / 100);
+  }
   const fs::path merged = dir.path() / "merged";
   const RunResult m = run(kLauncher + " export " + (out / "global_step20").string() + " " + merged.string() + " --merge");
   ASSERT_EQ(m.exit_code, 0) << m.out;
