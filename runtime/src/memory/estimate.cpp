@@ -105,6 +105,14 @@ ActivationEstimate activation_estimate(const ModelShape& s, int64_t micro_batch,
   return a;
 }
 
+namespace {
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() > tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+// A LoRA adapter's A, "<module>.lora_A.weight" (r, in), as PEFT names it.
+const std::string kLoraA = ".lora_A.weight";
+}  // namespace
+
 int64_t param_segment(const std::string& name, int64_t n_layer) {
   for (const char* prefix : {"transformer.h.", "model.layers."}) {
     const std::string p = prefix;
@@ -116,12 +124,9 @@ int64_t param_segment(const std::string& name, int64_t n_layer) {
 }
 
 bool is_last_projection(const std::string& name, const std::string& arch) {
-  const auto ends_with = [&](const std::string& tail) {
-    return name.size() > tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
-  };
-  if (arch == "llama") return ends_with(".mlp.down_proj.weight");
+  if (arch == "llama") return ends_with(name, ".mlp.down_proj.weight");
   // GPT-2: a LoRA adapter on mlp.c_proj, whose backward is the block's peak (gpt2_block).
-  return ends_with(".mlp.c_proj.lora_A.weight") || ends_with(".mlp.c_proj.lora_B.weight");
+  return ends_with(name, ".mlp.c_proj" + kLoraA) || ends_with(name, ".mlp.c_proj.lora_B.weight");
 }
 
 namespace {
@@ -137,7 +142,6 @@ struct Trainable {
 
   Trainable(const std::vector<ParamEstimate>& params, int64_t n_layer)
       : blocks(static_cast<size_t>(n_layer)), adapters(static_cast<size_t>(n_layer)) {
-    static const std::string kA = ".lora_A.weight";
     for (const ParamEstimate& p : params) {
       if (!p.trainable) continue;
       const int64_t segment = param_segment(p.name, n_layer);
@@ -148,8 +152,8 @@ struct Trainable {
       const std::string index = "." + std::to_string(segment) + ".";
       const std::string local = p.name.substr(p.name.find(index) + index.size());
       blocks[static_cast<size_t>(segment)].insert(local);
-      if (local.size() > kA.size() && local.compare(local.size() - kA.size(), kA.size(), kA) == 0 && !p.shape.empty())
-        adapters[static_cast<size_t>(segment)][local.substr(0, local.size() - kA.size())] = p.shape[0];
+      if (ends_with(local, kLoraA) && !p.shape.empty())
+        adapters[static_cast<size_t>(segment)][local.substr(0, local.size() - kLoraA.size())] = p.shape[0];
     }
   }
   // The rank of the LoRA adapter on a projection of the block, 0 without one.
@@ -294,11 +298,8 @@ void freeze_segments(ActivationEstimate& a, const ModelShape& s, int64_t BT, at:
 // the op model's: its input, as for a weight that trains.)
 void add_adapter_outputs(ActivationEstimate& a, const ModelShape& s, int64_t BT, at::ScalarType dtype,
                          const std::vector<ParamEstimate>& params) {
-  static const std::string kA = ".lora_A.weight";
   for (const ParamEstimate& p : params) {
-    if (!p.trainable || p.shape.size() != 2 || p.name.size() < kA.size() ||
-        p.name.compare(p.name.size() - kA.size(), kA.size(), kA) != 0)
-      continue;
+    if (!p.trainable || p.shape.size() != 2 || !ends_with(p.name, kLoraA)) continue;
     const int64_t block = param_segment(p.name, s.n_layer);
     if (block < 0 || block >= s.n_layer) continue;
     a.per_block[static_cast<size_t>(block)] += BT * p.shape[0] * static_cast<int64_t>(c10::elementSize(dtype));
