@@ -32,8 +32,11 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMEMRT_PYTHON="$(com
       -DMEMRT_CUDA_ARCHITECTURES="${MEMRT_CUDA_ARCH:-native}" > "$build/configure.log" ||
   { cat "$build/configure.log"; exit 1; }
 grep "memrt:" "$build/configure.log"
+targets=(test_cuda_kernels bench_cuda_step launcher memrt_plugins)
+# c10d's NCCL backend library, where the wheel's nccl.h was found (its collectives need two GPUs).
+grep -q "NCCL backend enabled" "$build/configure.log" && targets+=(memrt_nccl)
 step "build"
-time cmake --build "$build" --target test_cuda_kernels bench_cuda_step launcher memrt_plugins
+time cmake --build "$build" --target "${targets[@]}"
 step "tests/cuda: every CUDA kernel against its CPU twin"
 "$build/bin/test_cuda_kernels"
 step "bench_cuda_step: the kernels on the GPU"
