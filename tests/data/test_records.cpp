@@ -49,6 +49,14 @@ void split(const TokenizedRecords& r, std::vector<std::vector<uint32_t>>& ids, s
   }
 }
 
+// A JSON value as text (YAML reads JSON: the tests write train.yaml files this way).
+std::string json_text(const rapidjson::Value& v) {
+  rapidjson::StringBuffer text;
+  rapidjson::Writer<rapidjson::StringBuffer> w(text);
+  v.Accept(w);
+  return text.GetString();
+}
+
 // The samples of `d` against the oracle's {"ids": [[...]...], "labels": [[0|1...]...]}: their
 // tokens, and which of them trained() marks.
 void expect_samples(const TokenDataset& d, const rapidjson::Value& want) {
@@ -307,10 +315,7 @@ TEST(Records, AxolotlChatTemplateDatasetsTokenizeAsAxolotlDoes) {
     datasets.PushBack(entry, a);
     yaml.AddMember("datasets", datasets, a);
     for (const auto& k : c.value["run"].GetObject()) yaml.AddMember(rapidjson::Value(k.name, a), rapidjson::Value(k.value, a), a);
-    rapidjson::StringBuffer text;
-    rapidjson::Writer<rapidjson::StringBuffer> w(text);
-    yaml.Accept(w);
-    const DataConfig cfg = load_records(f.dir, name + ".yaml", text.GetString(), f.dir.file("tok/llama3/tokenizer.json"),
+    const DataConfig cfg = load_records(f.dir, name + ".yaml", json_text(yaml), f.dir.file("tok/llama3/tokenizer.json"),
                                         c.value["max_length"].GetInt64()).data;
     ASSERT_EQ(cfg.datasets.size(), 1u);
     const std::shared_ptr<TokenDataset> d = TokenDataset::open(cfg);
@@ -355,12 +360,8 @@ TEST(Records, HeldOutRecordsAreTheToolsOwn) {
     SCOPED_TRACE(c.name.GetString());
     std::string yaml = "datasets:\n  - path: " + f.dir.file("held_out.jsonl") + "\n    type: alpaca\nseed: " +
                        std::to_string(c.value["seed"].GetUint64()) + "\n";
-    for (const auto& k : c.value["keys"].GetObject()) {
-      rapidjson::StringBuffer text;
-      rapidjson::Writer<rapidjson::StringBuffer> w(text);
-      k.value.Accept(w);
-      yaml += std::string(k.name.GetString()) + ": " + text.GetString() + "\n";
-    }
+    for (const auto& k : c.value["keys"].GetObject())
+      yaml += std::string(k.name.GetString()) + ": " + json_text(k.value) + "\n";
     const TrainConfig cfg = load_records(f.dir, std::string(c.name.GetString()) + ".yaml", yaml,
                                          f.dir.file("tok/llama3/tokenizer.json"), want["max_length"].GetInt64());
     const TokenDataset::Split split = TokenDataset::hold_out(*TokenDataset::open(cfg.data), cfg.data.held_out, cfg.seed);
@@ -407,11 +408,8 @@ TEST(Records, LlamaFactoryDatasetsTokenizeAsLlamaFactoryDoes) {
     yaml.CopyFrom(c.value["yaml"], a);
     yaml.AddMember("dataset_dir", rapidjson::Value(dir.file("lf/data").c_str(), a), a);
     yaml.AddMember("stage", "sft", a);
-    rapidjson::StringBuffer text;
-    rapidjson::Writer<rapidjson::StringBuffer> w(text);
-    yaml.Accept(w);
     const std::string path = dir.file("lf.yaml");
-    std::ofstream(path) << text.GetString();
+    std::ofstream(path) << json_text(yaml);
     ConfigSources sources;
     sources.train_yaml_path = path;
     DataConfig cfg = load_train_config(sources).data;
