@@ -1,7 +1,8 @@
 // memrt/ops.h: which path 16-bit matrix products take on which processor, and that the
 // fp32-arithmetic path computes what LibTorch computes (float64 references), keeps the bytes
 // LibTorch's own 16-bit kernels keep, and runs on every machine (these tests call it directly);
-// the fused GELU against float64, its scalar function and LibTorch's gelu.
+// the fused GELU against float64, its scalar function and LibTorch's gelu; the chunked LM head
+// and cross-entropy against LibTorch's unfused float64 loss.
 #include <gtest/gtest.h>
 
 #include <torch/autograd.h>
@@ -371,6 +372,107 @@ TEST(FusedGelu, KeepsWhatLibTorchsGeluKeeps) {
   auto [fused_bytes, y2] = kept(true);
   EXPECT_EQ(fused_bytes, libtorch_bytes);
   EXPECT_GT(fused_bytes, 0);
+}
+
+// ---- the LM head and its cross-entropy, chunked ----------------------------------------------
+
+// The unfused loss in float64 (LibTorch's linear and cross_entropy) of the same values, its
+// backward run with the same incoming scalar; the chunked loss and gradients against it.
+struct CrossEntropyCase {
+  int64_t rows, width, vocab;
+  bool x_grad, w_grad;
+};
+
+void check_linear_cross_entropy(const CrossEntropyCase& c, at::ScalarType dtype, double tol) {
+  SCOPED_TRACE(std::string(c10::toString(dtype)) + " rows " + std::to_string(c.rows));
+  at::manual_seed(11);
+  auto [x, x64] = leaf(at::randn({c.rows, c.width}), dtype);
+  auto [w, w64] = leaf(at::randn({c.vocab, c.width}) / std::sqrt(double(c.width)), dtype);
+  x.requires_grad_(c.x_grad);
+  x64.requires_grad_(c.x_grad);
+  w.requires_grad_(c.w_grad);
+  w64.requires_grad_(c.w_grad);
+  at::Tensor targets = at::randint(c.vocab, {c.rows}, at::kLong);
+  targets.index_put_({at::arange(0, c.rows, 7)}, -100);  // every 7th row not counted
+  const double scale = 0.37;  // as the engine scales: world size / tokens counted
+
+  at::Tensor loss = linear_cross_entropy_sum(x, w, targets);
+  EXPECT_EQ(loss.scalar_type(), at::kFloat);
+  // The reference rounds the logits to the compute dtype before the fp32 softmax, as at::linear
+  // does; in float64 from there.
+  const at::Tensor logits = at::linear(x64, w64).to(dtype).to(at::kDouble);
+  at::Tensor loss64 = at::cross_entropy_loss(logits, targets, {}, at::Reduction::Sum);
+  EXPECT_LT(std::abs(loss.item<double>() / loss64.item<double>() - 1.0), dtype == at::kFloat ? 1e-6 : 1e-5);
+  (loss * scale).backward();
+  (loss64 * scale).backward();
+  if (c.x_grad) {
+    EXPECT_EQ(x.grad().scalar_type(), dtype);
+    EXPECT_LT(rel_err(x.grad(), x64.grad()), tol);
+    // Rows not counted have no gradient at all.
+    EXPECT_EQ(x.grad()[0].abs().max().item<double>(), 0.0);
+  }
+  if (c.w_grad) {
+    EXPECT_EQ(w.grad().scalar_type(), dtype);
+    EXPECT_LT(rel_err(w.grad(), w64.grad()), tol);
+  } else {
+    EXPECT_FALSE(w.grad().defined());
+  }
+}
+
+TEST(LinearCrossEntropy, MatchesTheUnfusedLossAndGradients) {
+  // 40000 logits a row: 32 MiB of fp32 hold 209, so three chunks of 500 rows, the last one short.
+  for (const CrossEntropyCase& c : {CrossEntropyCase{500, 48, 40000, true, true}, CrossEntropyCase{30, 16, 300, true, true},
+                                    CrossEntropyCase{450, 32, 40000, true, false},
+                                    CrossEntropyCase{450, 32, 40000, false, true}}) {
+    check_linear_cross_entropy(c, at::kFloat, 1e-5);
+  }
+  // 16-bit: the gradients of the logits are rounded to the compute dtype for both products, as
+  // LibTorch's 16-bit linear rounds them; the weight's gradient is also rounded once per chunk.
+  check_linear_cross_entropy({500, 48, 40000, true, true}, at::kBFloat16, kBf16Tol);
+  check_linear_cross_entropy({500, 48, 40000, true, true}, at::kHalf, kFp16Tol);
+}
+
+// No logits held whole: in forward and backward together the allocator's peak above the inputs is
+// the two gradients and one chunk's logits (and its fp32 copy in 16 bits), not rows x vocab — with
+// room for the BLAS's own scratch (oneDNN's bf16 GEMM takes ~0.3 MB from the allocator).
+TEST(LinearCrossEntropy, HoldsOneChunkOfLogitsAndTheGradients) {
+  memory::install_tracking_allocator();
+  at::manual_seed(3);
+  const int64_t N = 2048, C = 64, V = 32768;  // 32 MiB of fp32 logits: chunks of 256 rows
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    const at::Tensor x = at::randn({N, C}).to(dtype).requires_grad_(true);
+    const at::Tensor w = (at::randn({V, C}) * 0.1).to(dtype).requires_grad_(true);
+    const at::Tensor t = at::randint(V, {N}, at::kLong);
+    const int64_t b = static_cast<int64_t>(c10::elementSize(dtype));
+    const int64_t before = memory::allocator_stats().current_bytes;
+    memory::reset_peak();
+    linear_cross_entropy_sum(x, w, t).backward();
+    const int64_t chunk = 256 * V * (dtype == at::kFloat ? 4 : 4 + b);
+    const int64_t grads = (N * C + V * C) * b;
+    const int64_t peak = memory::allocator_stats().peak_bytes - before;
+    EXPECT_GE(peak, chunk + grads);
+    EXPECT_LT(peak, chunk + grads + (1 << 20)) << "small tensors only beyond a chunk and the gradients";
+    EXPECT_LT(peak, N * V * 4 / 4) << "a quarter of the whole logits";
+  }
+}
+
+TEST(LinearCrossEntropy, WithoutGradientsComputesTheLossAlone) {
+  at::manual_seed(4);
+  const at::Tensor x = at::randn({100, 16}), w = at::randn({500, 16}), t = at::randint(500, {100}, at::kLong);
+  const double want = at::cross_entropy_loss(at::linear(x.to(at::kDouble), w.to(at::kDouble)), t, {},
+                                             at::Reduction::Sum).item<double>();
+  at::NoGradGuard no_grad;
+  EXPECT_NEAR(linear_cross_entropy_sum(x, w, t).item<double>(), want, 1e-5 * std::abs(want));
+}
+
+TEST(LinearCrossEntropy, ATargetOutsideTheVocabularyIsAnErrorNamingIt) {
+  const at::Tensor x = at::randn({4, 8}), w = at::randn({10, 8});
+  try {
+    linear_cross_entropy_sum(x, w, at::tensor({1, 2, 10, -100}, at::kLong));
+    FAIL() << "no error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("target 10 is outside the vocabulary [0, 10)"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

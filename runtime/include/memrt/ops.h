@@ -45,6 +45,21 @@ void linear_into(const at::Tensor& y, const at::Tensor& x, const at::Tensor& wei
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             double dropout_p);
 
+// The causal LM's loss summed over tokens without the (N, V) logits ever held whole, as
+// at::cross_entropy_loss(at::linear(x, weight).to(at::kFloat), targets, {}, Sum, ignore_index)
+// computes it: x (N, C) and weight (V, C) of one floating dtype on the CPU, targets (N) int64 in
+// [0, V) or ignore_index (those rows add nothing). Rows go a chunk at a time (32 MiB of fp32
+// logits, at least 64 rows): the chunk's logits in x's dtype (rounded as at::linear rounds them),
+// log-softmax in fp32, and — the loss being the graph's last node — the chunk's gradients with
+// respect to x and weight at once, so backward only scales them by its incoming scalar. It keeps
+// those two gradients (N x C and V x C, for the inputs that require one) from forward to backward,
+// never logits. Returns an fp32 scalar.
+at::Tensor linear_cross_entropy_sum(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets,
+                                    int64_t ignore_index = -100);
+// The rows of each chunk it takes for `rows` tokens and a vocabulary of `vocab` (the last chunk
+// may be shorter); a chunk holds rows x vocab logits in x's dtype, and again in fp32 for 16 bits.
+int64_t linear_cross_entropy_chunk_rows(int64_t rows, int64_t vocab);
+
 // GPT-2's GELU, the tanh approximation: as at::gelu(x, "tanh"). On contiguous fp32 CPU tensors it
 // is one fused pass forward and one backward (x / (1 + e^(-2u)), no tanh: about twice LibTorch's
 // speed on a Zen 4, within a few ulp of the exact function where LibTorch's 1 + tanh cancels);

@@ -1,5 +1,6 @@
 // memrt/ops.h: linear and causal attention, with fp32 arithmetic on 16-bit storage where the
-// processor has no 16-bit GEMM (see cpu_math.h for the choice).
+// processor has no 16-bit GEMM (see cpu_math.h for the choice); the fused GELU; the LM head with
+// its cross-entropy a chunk of rows at a time.
 //
 // The fp32-arithmetic nodes save exactly what LibTorch's own 16-bit kernels save (linear: x and
 // W; flash attention: q, k, v, the output and the fp32 log-sum-exp), so forward keeps the same
@@ -7,11 +8,13 @@
 // are converted a block at a time, the block sized to kBlockBytes; the linear's blocks live in a
 // per-thread scratch outside the allocator, so it allocates what LibTorch's kernel allocates.
 #include <algorithm>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include <torch/autograd.h>
 
+#include "memrt/error.h"
 #include "memrt/ops.h"
 #include "ops/activations_cpu.h"
 #include "ops/cpu_math.h"
@@ -80,8 +83,10 @@ std::pair<int64_t, int64_t> linear_blocks(int64_t M, int64_t N, int64_t K) {
   return {nb, mb};
 }
 
-// y (M, N) = x (M, K) w (N, K)^T + b in fp32 blocks; any strides (copy_ gathers them).
-void fp32_linear_into(const at::Tensor& y, const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias) {
+// y (M, N) = x (M, K) w (N, K)^T + b in fp32 blocks (with `accumulate`, y += x w^T + b, each block
+// of y rounded once); any strides (copy_ gathers them).
+void fp32_linear_into(const at::Tensor& y, const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,
+                      bool accumulate = false) {
   const int64_t M = x.size(0), K = w.size(1), N = w.size(0);
   const auto [nb, mb] = linear_blocks(M, N, K);
   const Scratch s = scratch(nb * K, mb * K, mb * nb, nb);
@@ -93,7 +98,12 @@ void fp32_linear_into(const at::Tensor& y, const at::Tensor& x, const at::Tensor
       const int64_t m = std::min(mb, M - m0);
       const at::Tensor x32 = s.b.narrow(0, 0, m * K).view({m, K}).copy_(x.narrow(0, m0, m));
       at::Tensor y32 = s.c.narrow(0, 0, m * n).view({m, n});
-      at::mm_out(y32, x32, w32.t());
+      if (accumulate) {
+        y32.copy_(y.narrow(0, m0, m).narrow(1, n0, n));
+        y32.addmm_(x32, w32.t());
+      } else {
+        at::mm_out(y32, x32, w32.t());
+      }
       if (b32.defined()) y32.add_(b32);
       y.narrow(0, m0, m).narrow(1, n0, n).copy_(y32);
     }
@@ -237,6 +247,73 @@ bool fp32_arithmetic(const at::Tensor& t) {
   return matmul_path(t.scalar_type(), t.device()) == MatmulPath::kFp32Arithmetic;
 }
 
+// y += x w^T (y (M, N), x (M, K), w (N, K), any strides), by the path linear() takes.
+void linear_accumulate(const at::Tensor& y, const at::Tensor& x, const at::Tensor& w) {
+  if (fp32_arithmetic(w)) {
+    fp32_linear_into(y, x, w, {}, /*accumulate=*/true);
+  } else {
+    at::Tensor out = y;
+    at::addmm_out(out, y, x, w.t());
+  }
+}
+
+// ---- the LM head and its cross-entropy, a chunk of rows at a time ----------------------------
+// The summed loss; with gx / gw defined, the gradients of that sum with respect to x and weight
+// written into them (gw accumulated: zero it first).
+double linear_cross_entropy_chunks(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets,
+                                   int64_t ignore_index, const at::Tensor& gx, const at::Tensor& gw) {
+  const int64_t N = x.size(0), V = weight.size(0);
+  const int64_t chunk = linear_cross_entropy_chunk_rows(N, V);
+  const bool fp32 = x.scalar_type() == at::kFloat;
+  const at::Tensor t = targets.contiguous();
+  const int64_t* target = t.data_ptr<int64_t>();
+  // The chunk's logits in x's dtype (a 16-bit product rounds them, as at::linear does), then in
+  // fp32, where the softmax turns them into their gradient; that gradient in x's dtype again for
+  // the two products.
+  at::Tensor logits = at::empty({chunk, V}, x.options());
+  at::Tensor logits32 = fp32 ? logits : at::empty({chunk, V}, x.options().dtype(at::kFloat));
+  at::Tensor loss = at::empty({chunk}, x.options().dtype(at::kFloat));
+  double sum = 0.0;
+  for (int64_t r0 = 0; r0 < N; r0 += chunk) {
+    const int64_t n = std::min(chunk, N - r0);
+    const at::Tensor xs = x.narrow(0, r0, n);
+    at::Tensor l = logits.narrow(0, 0, n), l32 = logits32.narrow(0, 0, n);
+    linear_into(l, xs, weight);
+    if (!fp32) l32.copy_(l);
+    float* row_loss = loss.data_ptr<float>();
+    cross_entropy_rows_cpu(l32.data_ptr<float>(), target + r0, row_loss, n, V, ignore_index);
+    for (int64_t r = 0; r < n; ++r) sum += row_loss[r];  // in double, allocating nothing
+    if (!gx.defined() && !gw.defined()) continue;
+    if (!fp32) l.copy_(l32);
+    if (gx.defined()) linear_into(gx.narrow(0, r0, n), l, weight.t());
+    if (gw.defined()) linear_accumulate(gw, l.t(), xs.t());
+  }
+  return sum;
+}
+
+// The loss is the graph's last node: forward computes its gradients, backward scales them by the
+// incoming scalar (the loss scale, 1 / the tokens counted) in place and hands them on.
+struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& targets, int64_t ignore_index) {
+    const at::Tensor gx = x.requires_grad() ? at::empty(x.sizes(), x.options()) : at::Tensor();
+    const at::Tensor gw = weight.requires_grad() ? at::zeros(weight.sizes(), weight.options()) : at::Tensor();
+    const double sum = linear_cross_entropy_chunks(x, weight, targets, ignore_index, gx, gw);
+    ctx->saved_data["gx"] = gx;
+    ctx->saved_data["gw"] = gw;
+    return at::scalar_tensor(sum, x.options().dtype(at::kFloat));
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    at::Tensor gx = ctx->saved_data["gx"].toTensor(), gw = ctx->saved_data["gw"].toTensor();
+    ctx->saved_data.clear();  // the only references: handed on, not kept beside their products
+    const at::Tensor& scale = grads[0];
+    if (gx.defined()) gx.mul_(scale);
+    if (gw.defined()) gw.mul_(scale);
+    return {gx, gw, at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
 
 at::Tensor linear_fp32_arithmetic(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
@@ -282,6 +359,43 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
                                             std::nullopt, /*enable_gqa=*/k.size(1) != q.size(1));
   }
   return causal_attention_fp32_arithmetic(q, k, v);
+}
+
+int64_t linear_cross_entropy_chunk_rows(int64_t rows, int64_t vocab) {
+  // fp32 logits per chunk. Each chunk reads the whole weight twice (its logits, its input's
+  // gradient), so chunks much smaller than this lose more to that traffic and to the GEMMs' short
+  // sides than they save (bench/RESULTS.md, "The chunked head").
+  constexpr int64_t kLogitBytes = int64_t{32} << 20;
+  return std::clamp<int64_t>(kLogitBytes / (4 * std::max<int64_t>(vocab, 1)), std::min<int64_t>(kMinBlockRows, rows),
+                             std::max<int64_t>(rows, 1));
+}
+
+at::Tensor linear_cross_entropy_sum(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets,
+                                    int64_t ignore_index) {
+  if (x.dim() != 2 || weight.dim() != 2 || x.size(1) != weight.size(1) || targets.dim() != 1 ||
+      targets.size(0) != x.size(0))
+    throw Error("linear_cross_entropy_sum: expected x (N, C), weight (V, C) and targets (N), got " +
+                c10::str(x.sizes(), ", ", weight.sizes(), " and ", targets.sizes()));
+  if (!x.device().is_cpu() || !weight.device().is_cpu())
+    throw Error("linear_cross_entropy_sum: the chunked head runs on the CPU only, and x is on " +
+                x.device().str() + ": set chunked_cross_entropy: false");
+  if (x.scalar_type() != weight.scalar_type() || !at::isFloatingType(x.scalar_type()) ||
+      targets.scalar_type() != at::kLong)
+    throw Error("linear_cross_entropy_sum: expected floating x and weight of one dtype and int64 targets, got " +
+                std::string(c10::toString(x.scalar_type())) + ", " + c10::toString(weight.scalar_type()) + " and " +
+                c10::toString(targets.scalar_type()));
+  if (const at::Tensor t = targets.masked_select(targets.ne(ignore_index)); t.numel() > 0) {
+    const int64_t lo = t.min().item<int64_t>(), hi = t.max().item<int64_t>();
+    if (lo < 0 || hi >= weight.size(0))
+      throw Error("linear_cross_entropy_sum: target " + std::to_string(lo < 0 ? lo : hi) +
+                  " is outside the vocabulary [0, " + std::to_string(weight.size(0)) + ")");
+  }
+  if (!at::GradMode::is_enabled() || (!x.requires_grad() && !weight.requires_grad())) {
+    at::NoGradGuard no_grad;
+    const double sum = linear_cross_entropy_chunks(x, weight, targets, ignore_index, {}, {});
+    return at::scalar_tensor(sum, x.options().dtype(at::kFloat));
+  }
+  return LinearCrossEntropy::apply(x, weight, targets, ignore_index);
 }
 
 at::Tensor gelu_tanh(const at::Tensor& x) {
