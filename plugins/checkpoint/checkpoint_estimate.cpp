@@ -59,10 +59,9 @@ void estimate_checkpointed(memory::MemoryEstimate& e, const std::vector<bool>& c
   // In backward the head's activations are freed, but not the loss the engine holds (and the
   // total weight nll_loss keeps, an fp16 run's scaled loss): what the plain plan's last-block
   // candidate leaves of the head term.
-  const int64_t head_kept =
-      block_backward + tied_grad -
-      memory::activation_estimate(s, run.micro_batch_size, run.block_size, e.compute_dtype, e.params)
-          .backward_in_last_block;
+  const memory::ActivationEstimate unchecked = memory::activation_estimate(
+      s, run.micro_batch_size, run.block_size, e.compute_dtype, e.params, run.chunked_cross_entropy);
+  const int64_t head_kept = block_backward + tied_grad - unchecked.backward_in_last_block;
   const int64_t loss_scalars = a.head - head_kept;
   std::vector<int64_t> prefix(static_cast<size_t>(L + 1), a.embedding);  // kept before block j
   std::vector<int64_t> host_upto(static_cast<size_t>(L + 1), 0);  // saved inputs of blocks <= j-1
@@ -92,13 +91,23 @@ void estimate_checkpointed(memory::MemoryEstimate& e, const std::vector<bool>& c
     }
   }
   a.backward_in_last_block = block_act - kept_total;
+  a.backward_in_embedding = unchecked.kept() + unchecked.backward_in_embedding - kept_total;
 
   // At the loss (reached first, so it wins a tie): everything forward kept, every saved input.
   const int64_t loss_grads = accumulating ? all_grads : 0;
   const bool at_loss = kept_total + a.backward_at_loss + loss_grads >= block_act + block_grads;
-  const int64_t best_act = at_loss ? kept_total + a.backward_at_loss : block_act;
-  const int64_t best_grads = at_loss ? loss_grads : block_grads;
-  const int64_t best_host = !offload ? 0 : at_loss ? host_upto[L] : block_host;
+  int64_t best_act = at_loss ? kept_total + a.backward_at_loss : block_act;
+  int64_t best_grads = at_loss ? loss_grads : block_grads;
+  int64_t best_host = !offload ? 0 : at_loss ? host_upto[L] : block_host;
+  // In the embedding's backward (reached last, so it wins no tie): every block's activations freed,
+  // checkpointed or not; every gradient but the embedding's handed over.
+  const int64_t embedding_act = unchecked.kept() + unchecked.backward_in_embedding;
+  const int64_t embedding_grads = accumulating ? all_grads : grads_from[0];
+  if (unchecked.embedding_trains && embedding_act + embedding_grads > best_act + best_grads) {
+    best_act = embedding_act;
+    best_grads = embedding_grads;
+    best_host = 0;
+  }
   a.backward_peak = best_act - kept_total;
 
   e.backward_grad_elements = best_grads / b;

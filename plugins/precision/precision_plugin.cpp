@@ -120,17 +120,22 @@ class PrecisionPlugin final : public memrt::Plugin {
     // What plugins before this one added to a block (the tensors their own modules keep, LoRA's
     // dropout) is in the old compute dtype: it is kept, scaled to the new one.
     const bool at_loss = e.activations.backward_peak == e.activations.backward_at_loss;
+    const bool at_embedding = !at_loss && e.activations.embedding_trains &&
+                              e.activations.backward_peak == e.activations.backward_in_embedding;
     const memrt::memory::ActivationEstimate host = memrt::memory::activation_estimate(
-        e.run->shape, e.run->micro_batch_size, e.run->block_size, e.compute_dtype, e.params);
+        e.run->shape, e.run->micro_batch_size, e.run->block_size, e.compute_dtype, e.params,
+        e.run->chunked_cross_entropy);
     const int64_t old_width = static_cast<int64_t>(c10::elementSize(e.compute_dtype));
     e.compute_dtype = dtype_;
     const std::vector<int64_t> before = e.activations.per_block;
     e.activations = memrt::memory::activation_estimate(e.run->shape, e.run->micro_batch_size,
-                                                       e.run->block_size, dtype_, e.params);
+                                                       e.run->block_size, dtype_, e.params,
+                                                       e.run->chunked_cross_entropy);
     for (size_t i = 0; i < before.size() && i < host.per_block.size(); ++i)
       e.activations.per_block[i] += (before[i] - host.per_block[i]) / old_width * b;
-    e.activations.backward_peak =
-        at_loss ? e.activations.backward_at_loss : e.activations.backward_in_last_block;
+    e.activations.backward_peak = at_loss        ? e.activations.backward_at_loss
+                                  : at_embedding ? e.activations.backward_in_embedding
+                                                 : e.activations.backward_in_last_block;
     if (scaler_) e.activations.head += 4;  // the scaled loss backward starts from
     if (accumulate_fp32_) {
       // Each 16-bit gradient goes into the store's flat fp32 gradient (its cells come from the

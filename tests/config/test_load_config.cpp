@@ -206,6 +206,20 @@ TEST(Auto, DefaultsWhenTrainYamlIsSilent) {
   EXPECT_EQ(c.scheduler.warmup_num_steps, 0);
 }
 
+// The chunked head: memrt's key, and the Liger kernel switches of Hugging Face's Trainer,
+// LLaMA-Factory and axolotl (the fused linear cross-entropy is the one that changes memory); off
+// by default, as in each of them.
+TEST(TrainYaml, ChunkedCrossEntropyAndTheLigerSwitches) {
+  const std::string ds = R"({"train_micro_batch_size_per_gpu": 2})";
+  EXPECT_FALSE(load(ds, "max_steps: 5\n").chunked_cross_entropy);
+  for (const char* key : {"chunked_cross_entropy", "use_liger_kernel", "enable_liger_kernel",
+                          "liger_fused_linear_cross_entropy"}) {
+    EXPECT_TRUE(load(ds, std::string(key) + ": true\n").chunked_cross_entropy) << key;
+    EXPECT_FALSE(load(ds, std::string(key) + ": false\n").chunked_cross_entropy) << key;
+  }
+  EXPECT_TRUE(load(ds, "use_liger_kernel: false\n", {"--chunked_cross_entropy=true"}).chunked_cross_entropy);
+}
+
 // Saving and evaluating: Hugging Face's defaults (save_strategy steps, save_steps 500), a fraction of
 // the run, axolotl's saves_per_epoch, and an unquoted `no` (YAML's false) as "no".
 TEST(Saving, StrategiesAndTheirDefaults) {

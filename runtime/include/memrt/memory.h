@@ -125,9 +125,17 @@ struct ActivationEstimate {
   int64_t embedding = 0;           // kept by the embedding segment
   int64_t head = 0;                // kept by the final norm, the LM head and the loss
   // Backward's working memory on top of what forward kept, at its two candidate peaks: at the
-  // loss, and in the last block once the head's activations are freed.
+  // loss (with a chunked head: inside its chunks, at the end of forward, where its working memory
+  // sits on what the other segments kept), and in the last block once the head's activations are
+  // freed.
   int64_t backward_at_loss = 0;
   int64_t backward_in_last_block = 0;
+  // ABI 2.12: the third candidate, in the embedding's backward when a parameter of it trains (all
+  // blocks' activations freed; its weight's gradient made whole beside every later one, a tied
+  // one beside the head's): what is alive then, less what forward kept. `embedding_trains` false:
+  // no such candidate.
+  int64_t backward_in_embedding = 0;
+  bool embedding_trains = false;
   int64_t backward_peak = 0;  // the one at the step's peak (the host plan decides)
   int64_t kept() const;       // what forward keeps: blocks, embedding, head
   int64_t total() const;      // kept() + backward_peak: the activations at the step's peak
@@ -135,8 +143,10 @@ struct ActivationEstimate {
 
 // The activation terms of the built-in architectures (docs/memory.md derives them) for a
 // micro-batch of `micro_batch` sequences of `block_size` tokens computed in `dtype`.
+// `chunked_head` (RunInfo::chunked_cross_entropy): the head keeps the gradients of its input and
+// weight from forward to backward, not the log-probabilities, and its peak is inside its chunks.
 ActivationEstimate activation_estimate(const ModelShape& shape, int64_t micro_batch,
-                                       int64_t block_size, at::ScalarType dtype);
+                                       int64_t block_size, at::ScalarType dtype, bool chunked_head = false);
 
 // The segment a parameter belongs to, from its Hugging Face name: -1 the embedding ("wte", "wpe",
 // "embed_tokens"), i for block i ("transformer.h.i." / "model.layers.i."), n_layer the head (final
@@ -157,7 +167,7 @@ bool is_last_projection(const std::string& name, const std::string& arch);
 // segments are frozen, an upper bound otherwise).
 ActivationEstimate activation_estimate(const ModelShape& shape, int64_t micro_batch,
                                        int64_t block_size, at::ScalarType dtype,
-                                       const std::vector<ParamEstimate>& params);
+                                       const std::vector<ParamEstimate>& params, bool chunked_head = false);
 
 // Backward's working memory inside one block at its largest, on top of what the block's forward
 // kept (docs/memory.md: the gradients alive in the MLP's backward). The last-block candidate of

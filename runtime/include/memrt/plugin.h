@@ -110,6 +110,9 @@ struct RunInfo {
   // ABI 2.10: the pretrained directory the model was read from, as the run names it ("" for random
   // init; `launcher export`: the base a checkpoint left its frozen parameters in).
   std::string model_name_or_path;
+  // ABI 2.12: the head computes the loss a chunk of tokens at a time, never holding the logits
+  // whole (train.yaml chunked_cross_entropy; ops::linear_cross_entropy_sum).
+  bool chunked_cross_entropy = false;
 };
 
 // ---- flow control: a small struct of flags, not a handle on the trainer ------------------------
@@ -447,12 +450,13 @@ class Plugin {
 // Plugin::export_model (ExportContext, SavedParameters), StorePlan::set_weights_category,
 // ConfigNode::real. 2.9: Plugin::write_checkpoint_files (CheckpointFilesContext), memrt/safetensors.h
 // in the SDK, model_parameter_shapes (memrt/model.h), ExportContext::merge. 2.10:
-// RunInfo::model_name_or_path. 2.11: StorePlan::keep_weights_only (launcher eval's store). The
-// host refuses a plugin whose ABI major differs, whose ABI minor is newer than the host's, or whose
+// RunInfo::model_name_or_path. 2.11: StorePlan::keep_weights_only (launcher eval's store). 2.12:
+// RunInfo::chunked_cross_entropy, the chunked head in memrt/ops.h and the activation estimates
+// (memrt/memory.h). The host refuses a plugin whose ABI major differs, whose ABI minor is newer than the host's, or whose
 // LibTorch version, C++ ABI flag or CUDA flag differ from its own — plugins pass at::Tensor and
 // nn::Module across the boundary, the same contract as PyTorch C++ extensions.
 #define MEMRT_PLUGIN_ABI_MAJOR 2
-#define MEMRT_PLUGIN_ABI_MINOR 11
+#define MEMRT_PLUGIN_ABI_MINOR 12
 #define MEMRT_PLUGIN_ENTRY_SYMBOL "memrt_plugin_entry"
 
 extern "C" {

@@ -138,6 +138,8 @@ const std::vector<std::pair<std::string, std::vector<std::string>>> kYamlKeys = 
     {"block_size", {"block_size", "sequence_len", "max_seq_length", "cutoff_len", "max_length"}},
     {"output_dir", {"output_dir"}},
     {"seed", {"seed"}},
+    {"chunked_cross_entropy",
+     {"chunked_cross_entropy", "use_liger_kernel", "enable_liger_kernel", "liger_fused_linear_cross_entropy"}},
     {"logging_steps", {"logging_steps"}},
     {"save_steps", {"save_steps"}},
     {"save_strategy", {"save_strategy"}},
@@ -666,6 +668,7 @@ void Loader::resolve_batch(const ConfigNode* tbs, const ConfigNode* mbs, const C
     if (s < 0) throw x->error("must be >= 0");
     cfg.seed = static_cast<uint64_t>(s);
   }
+  if (const ConfigNode* x = yv("chunked_cross_entropy")) cfg.chunked_cross_entropy = x->as_bool();
   if (const ConfigNode* x = yv("resume_from_checkpoint")) {
     if (!(x->is_bool() && !x->as_bool())) {
       throw x->error("is not supported in train.yaml: resume with `launcher ... --resume` (newest "
@@ -2020,6 +2023,7 @@ std::string resolved_config_json(const TrainConfig& cfg) {
   root.set("output_dir", str(cfg.output_dir));
   root.set("seed", num(static_cast<double>(cfg.seed)));
   root.set("compute_dtype", str(cfg.compute_dtype));
+  root.set("chunked_cross_entropy", ConfigNode::boolean(cfg.chunked_cross_entropy));
   root.set("zero_stage", num(cfg.zero_stage));
 
   const OptimizerConfig& o = cfg.optimizer;

@@ -257,6 +257,9 @@ struct TrainConfig {
   int zero_stage = 0;              // zero_optimization.stage (0: plain data parallel)
   std::string output_dir = "output";
   uint64_t seed = 42;
+  // The LM head and its loss a chunk of tokens at a time, the logits never whole
+  // (ops::linear_cross_entropy_sum; docs/models.md, "The head and its loss").
+  bool chunked_cross_entropy = false;
 
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;

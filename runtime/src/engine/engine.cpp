@@ -205,6 +205,7 @@ RunInfo make_run_info(const TrainConfig& cfg, int rank, int world_size, int loca
   run.output_dir = cfg.output_dir;
   run.model_name_or_path = cfg.model.name_or_path;
   run.zero_stage = cfg.zero_stage;
+  run.chunked_cross_entropy = cfg.chunked_cross_entropy;
   return run;
 }
 
@@ -433,6 +434,11 @@ void Engine::setup() {
          << "batch: train_batch_size " << cfg_.train_batch_size << " = micro "
          << cfg_.micro_batch_size << " x accumulation " << cfg_.grad_accum_steps << " x ranks "
          << run_.world_size << "; " << run_.max_steps << " steps\n";
+    if (cfg_.chunked_cross_entropy) {
+      const int64_t tokens = cfg_.micro_batch_size * cfg_.data.block_size;
+      log_ << "head: chunked_cross_entropy, the loss " << ops::linear_cross_entropy_chunk_rows(tokens, run_.shape.vocab_size)
+           << " tokens at a time (of " << tokens << " a micro-batch); the logits are never whole\n";
+    }
   }
 }
 
@@ -503,8 +509,8 @@ void Engine::advance_backward_events(int64_t upto, int64_t micro) {
 }
 
 // ---- the forward: every segment through its phases --------------------------------------------------
-at::Tensor Engine::forward(const at::Tensor& tokens, int64_t micro,
-                           const std::function<void(at::Tensor&, int64_t)>& boundary) {
+at::Tensor Engine::forward_loss(const at::Tensor& tokens, const at::Tensor& targets, int64_t micro,
+                                const std::function<void(at::Tensor&, int64_t)>& boundary) {
   auto mark = [&](at::Tensor& out, int64_t segment) {
     if (boundary) boundary(out, segment);
   };
@@ -517,10 +523,32 @@ at::Tensor Engine::forward(const at::Tensor& tokens, int64_t micro,
                     micro);
     mark(h, i + 1);
   }
+  const int64_t head = static_cast<int64_t>(segments_.size()) - 1;
+  if (cfg_.chunked_cross_entropy) {  // the head segment computes the loss; no logits outlive a chunk
+    DecoderLM* model = decoder_for("chunked_cross_entropy");
+    at::Tensor loss = run_segment(
+        segments_.back(), h,
+        [model, targets](const at::Tensor& t) {
+          const at::Tensor x = model->final_norm(t);
+          return ops::linear_cross_entropy_sum(x.reshape({-1, x.size(-1)}), model->head_weight(),
+                                               targets.reshape({-1}));
+        },
+        micro);
+    mark(loss, head);
+    return loss;
+  }
   at::Tensor logits = run_segment(segments_.back(), h,
                                   [this](const at::Tensor& t) { return model_->head(t); }, micro);
-  mark(logits, static_cast<int64_t>(segments_.size()) - 1);
-  return logits;
+  mark(logits, head);
+  // Autograd keeps what backward needs (log_softmax keeps its output); the logits themselves are
+  // freed on return.
+  return causal_lm_loss_sum(logits, targets);
+}
+
+DecoderLM* Engine::decoder_for(const char* feature) {
+  auto* model = dynamic_cast<DecoderLM*>(model_.get());
+  if (!model) throw Error(std::string(feature) + " needs one of memrt's built-in models");
+  return model;
 }
 
 // ---- one micro-step: forward, loss, backward ------------------------------------------------------
@@ -538,8 +566,7 @@ double Engine::micro_step(int64_t micro) {
     }
   } packed;
   if (batch.positions.defined()) {
-    packed.model = dynamic_cast<DecoderLM*>(model_.get());
-    if (!packed.model) throw Error("sample_packing needs one of memrt's built-in models");
+    packed.model = decoder_for("sample_packing");
     packed.model->set_layout({batch.positions, batch.starts});
   }
   memory::Scope scope(Category::kActivations);
@@ -565,18 +592,13 @@ double Engine::micro_step(int64_t micro) {
     });
   };
 
-  at::Tensor logits = forward(batch.inputs, micro, boundary);
-
   // The step's loss is the mean over every prediction it trains on, on all ranks and micro-batches
   // (transformers' num_items_in_batch): each micro-batch adds its sum over that count. Ranks' gradients
   // are averaged, hence the world size. A stream's micro-batches are equal, so this is DeepSpeed's
   // mean divided by the accumulation steps.
   step_tokens_ += batch.tokens;
   const double labels = static_cast<double>(std::max<int64_t>(1, loader_->step_labels(step_)));
-  at::Tensor loss = causal_lm_loss_sum(logits, batch.targets) * (run_.world_size / labels);
-  // Autograd keeps what backward needs (log_softmax keeps its output); holding the logits here too
-  // would add B*T*V elements to the peak.
-  logits = at::Tensor();
+  at::Tensor loss = forward_loss(batch.inputs, batch.targets, micro, boundary) * (run_.world_size / labels);
   mctx.loss = loss;
   plugins_.each_reversed("after_forward", step_, [&](Plugin& p) { p.after_forward(mctx); });
 
@@ -737,8 +759,7 @@ EvalResult Engine::evaluate() {
       return eval_batch(*eval_data_, T, first, count);
     }();
     memory::Scope scope(Category::kActivations);
-    const at::Tensor logits = forward(batch.inputs, /*micro=*/-1);
-    sums[0] += causal_lm_loss_sum(logits, batch.targets).item<double>();
+    sums[0] += forward_loss(batch.inputs, batch.targets, /*micro=*/-1).item<double>();
     sums[1] += static_cast<double>(batch.targets.ne(-100).sum().item<int64_t>());
   }
   at::Tensor total = at::tensor({sums[0], sums[1]}, at::kDouble);

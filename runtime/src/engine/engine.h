@@ -19,6 +19,7 @@
 
 namespace memrt {
 
+class DecoderLM;
 class DistContext;
 class DataLoader;
 class TokenDataset;
@@ -102,10 +103,14 @@ class Engine {
   void setup();
   void train_step(TrainSummary& summary);
   double micro_step(int64_t micro);
-  // The model's forward through the segments' phases and wrappers (memrt/plugin.h); `boundary`,
-  // when given, sees each segment's output and index (0: the embedding).
-  at::Tensor forward(const at::Tensor& tokens, int64_t micro,
-                     const std::function<void(at::Tensor&, int64_t)>& boundary = {});
+  // The model's forward through the segments' phases and wrappers (memrt/plugin.h) and the loss
+  // summed over the targets (-100: not counted); `boundary`, when given, sees each segment's output
+  // and index (0: the embedding; the head's output is the loss itself with chunked_cross_entropy,
+  // the logits otherwise).
+  at::Tensor forward_loss(const at::Tensor& tokens, const at::Tensor& targets, int64_t micro,
+                          const std::function<void(at::Tensor&, int64_t)>& boundary = {});
+  // The model as memrt's own decoder, which `feature` needs; memrt::Error naming it otherwise.
+  DecoderLM* decoder_for(const char* feature);
   // Every eval window once, split across the ranks; the model in eval mode (no dropout), no grad.
   EvalResult evaluate();
   void report_eval(const EvalResult& result);

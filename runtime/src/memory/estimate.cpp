@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 
+#include "memrt/ops.h"
 #include "models/model_factory.h"
 #include "store/host_groups.h"
 
@@ -39,17 +40,52 @@ int64_t block_backward_bytes(const ModelShape& s, int64_t micro_batch, int64_t b
   return BT * s.d_ff * b + (s.d_ff + 1) * s.d_model * b + resid;
 }
 
+namespace {
+
+// The chunked head (ops::linear_cross_entropy_sum) past the final norm: it keeps the gradients of
+// its input (B*T*C, when the norm's output needs one) and of the head's weight (V*C, when it
+// trains) from forward to backward. Inside its chunks it also holds the norm's output, its input,
+// and one chunk's logits (in the compute dtype, again in fp32 for 16 bits) and per-row losses;
+// the loss's scalar (one: the chunked sum keeps no total weight, as nll_loss does) comes after.
+struct ChunkedHead {
+  int64_t kept = 0;
+  int64_t in_chunks = 0;  // on top of everything forward keeps, the loss's scalars not yet made
+};
+ChunkedHead chunked_head(const ModelShape& s, int64_t BT, int64_t b, bool input_grad, bool weight_grad) {
+  const int64_t d = s.d_model, V = s.vocab_size, f = 4;
+  const int64_t rows = ops::linear_cross_entropy_chunk_rows(BT, V);
+  ChunkedHead h;
+  h.kept = (input_grad ? BT * d * b : 0) + (weight_grad ? V * d * b : 0);
+  h.in_chunks = BT * d * b + rows * V * (b == f ? f : b + f) + rows * f - f;
+  return h;
+}
+
+// In the embedding's backward: the gradient of its output, the gradients of the position and
+// token tables being made (dense, whole tables), a tied table's gradient from the head waiting
+// beside them, GPT-2's position ids, and the loss's scalars.
+int64_t at_embedding(const ModelShape& s, int64_t BT, int64_t block_size, int64_t b, bool token, bool position) {
+  const int64_t d = s.d_model, V = s.vocab_size;
+  if (!token && !position) return 0;
+  int64_t bytes = BT * d * b + 2 * 4;
+  if (token) bytes += (s.tie_embeddings ? 2 : 1) * V * d * b;
+  if (s.arch == "gpt2") bytes += block_size * 8 + (position ? s.n_ctx * d * b : 0);
+  return bytes;
+}
+
+}  // namespace
+
 // Bytes of what autograd keeps, op by op; docs/memory.md lists the tensors behind each term.
 // b: bytes per element of the compute dtype; f = 4: what LibTorch keeps in fp32 whatever the
 // compute dtype (the attention's log-sum-exp; the loss side, which runs in fp32).
 ActivationEstimate activation_estimate(const ModelShape& s, int64_t micro_batch, int64_t block_size,
-                                       at::ScalarType dtype) {
+                                       at::ScalarType dtype, bool chunked) {
   const int64_t b = static_cast<int64_t>(c10::elementSize(dtype));
   const int64_t f = 4;
   const int64_t BT = micro_batch * block_size;
   const int64_t d = s.d_model, ff = s.d_ff, H = s.n_head, V = s.vocab_size;
   const int64_t kv = s.n_kv_head * s.head_dim();
-  const int64_t loss = 2 * f;  // the loss / GAS, and the total weight nll_loss keeps
+  // The loss / GAS, and the total weight nll_loss keeps (chunked: the loss alone).
+  const int64_t loss = chunked ? f : 2 * f;
 
   // Attention dropout sends scaled_dot_product_attention to its math path (the CPU's fused
   // kernel has no dropout): it keeps fp32 copies of the scaled q and k and of v (repeated to
@@ -78,6 +114,8 @@ ActivationEstimate activation_estimate(const ModelShape& s, int64_t micro_batch,
                 : BT * (2 * norm + b * (d + 2 * kv + d + d + 4 * ff + d) + f * H);
     //   the final RMSNorm + fp32 log-probabilities
     head_kept = BT * (norm + f * V);
+    //   chunked: the RMSNorm without its output, which the LM head kept
+    if (chunked) head_kept = BT * (norm - (b == f ? d * f : 0));
     block_backward = block_backward_bytes(s, micro_batch, block_size, dtype);
   } else {
     // sum of the two lookups (with embd_pdrop: the dropout's output and its mask); position ids
@@ -88,19 +126,26 @@ ActivationEstimate activation_estimate(const ModelShape& s, int64_t micro_batch,
     block = attn_drop ? BT * (b * (2 * (2 + d) + d + d + 2 * ff + d) + math_attn)
                       : BT * (b * (2 * (2 + d) + 3 * d + d + d + 2 * ff + d) + f * H);
     if (s.resid_pdrop > 0.0) block += 2 * BT * d;  // the two residual dropouts' masks
-    //   the final LayerNorm (mean, rstd, output) + fp32 log-probabilities
-    head_kept = BT * (b * (2 + d) + f * V);
+    //   the final LayerNorm (mean, rstd, output) + fp32 log-probabilities; chunked, its statistics
+    head_kept = chunked ? BT * 2 * b : BT * (b * (2 + d) + f * V);
     block_backward = block_backward_bytes(s, micro_batch, block_size, dtype);
   }
   a.per_block.assign(static_cast<size_t>(s.n_layer), block);
+  ChunkedHead chunks;
+  if (chunked) {
+    chunks = chunked_head(s, BT, b, /*input_grad=*/true, /*weight_grad=*/true);
+    head_kept += chunks.kept;
+  }
   a.head = head_kept + loss;
   // Backward's working memory on top of what forward kept, at its largest: either at the loss
   // (the gradients of the log-probabilities and of the logits, both B*T*V, alive together), or in
   // the last block, once the head's activations are freed (a tied embedding's gradient from the
   // head waits in autograd's input buffer until the embedding's own backward).
   const int64_t tied_grad = s.tie_embeddings ? V * d * b : 0;
-  a.backward_at_loss = 2 * BT * V * f;
+  a.backward_at_loss = chunked ? chunks.in_chunks : 2 * BT * V * f;
   a.backward_in_last_block = block_backward + tied_grad - head_kept;
+  a.embedding_trains = true;
+  a.backward_in_embedding = at_embedding(s, BT, block_size, b, true, true) - a.kept();
   a.backward_peak = std::max(a.backward_at_loss, a.backward_in_last_block);
   return a;
 }
@@ -263,7 +308,7 @@ BlockOps llama_block(const ModelShape& s, const Trainable& t, int64_t i, bool in
 // Whole segments frozen (docs/memory.md): the rules where the op-by-op model is not built (dropout;
 // Llama in 16 bits). Exact when whole segments are frozen, an upper bound otherwise.
 void freeze_segments(ActivationEstimate& a, const ModelShape& s, int64_t BT, at::ScalarType dtype,
-                     const std::vector<ParamEstimate>& params) {
+                     const std::vector<ParamEstimate>& params, bool chunked) {
   const int64_t L = s.n_layer;
   int64_t first_trained = L + 1;
   bool embedding_trains = false, head_weight_trains = false, final_norm_trains = false;
@@ -284,10 +329,16 @@ void freeze_segments(ActivationEstimate& a, const ModelShape& s, int64_t BT, at:
   for (int64_t i = 0; i < std::min(first_trained, L); ++i)
     a.per_block[static_cast<size_t>(i)] = i == first_trained - 1 ? prefix_output : 0;
   if (llama && first_trained >= 0 && first_trained < L) a.per_block[static_cast<size_t>(first_trained)] -= BT * f;
+  const int64_t weight_grad = s.vocab_size * s.d_model * static_cast<int64_t>(c10::elementSize(dtype));
   if (!head_weight_trains && first_trained <= L) {
-    const int64_t saved = out + (llama && !final_norm_trains ? BT * s.d_model * f : 0);
+    // Unchunked, the LM head keeps no input; chunked, it makes no weight gradient.
+    const int64_t saved = (chunked ? weight_grad : out) + (llama && !final_norm_trains ? BT * s.d_model * f : 0);
     a.head -= saved;
     a.backward_in_last_block += saved;
+  }
+  if (chunked && first_trained == L && !final_norm_trains) {  // only lm_head trains: no input gradient
+    a.head -= out;
+    a.backward_in_last_block += out;
   }
   if (s.tie_embeddings && !embedding_trains)
     a.backward_in_last_block -= s.vocab_size * s.d_model * static_cast<int64_t>(c10::elementSize(dtype));
@@ -309,14 +360,23 @@ void add_adapter_outputs(ActivationEstimate& a, const ModelShape& s, int64_t BT,
 }  // namespace
 
 ActivationEstimate activation_estimate(const ModelShape& s, int64_t micro_batch, int64_t block_size,
-                                       at::ScalarType dtype, const std::vector<ParamEstimate>& params) {
-  ActivationEstimate a = activation_estimate(s, micro_batch, block_size, dtype);
+                                       at::ScalarType dtype, const std::vector<ParamEstimate>& params,
+                                       bool chunked) {
+  ActivationEstimate a = activation_estimate(s, micro_batch, block_size, dtype, chunked);
   const int64_t BT = micro_batch * block_size;
   const bool llama = s.arch == "llama";
   const bool dropout = s.attn_pdrop > 0.0 || s.resid_pdrop > 0.0 || s.embd_pdrop > 0.0;
   if (dropout || (llama && dtype != at::kFloat)) {
-    freeze_segments(a, s, BT, dtype, params);
+    freeze_segments(a, s, BT, dtype, params, chunked);
     add_adapter_outputs(a, s, BT, dtype, params);
+    bool token = false, position = false;
+    for (const ParamEstimate& p : params) {
+      token = token || (p.trainable && (p.name == "transformer.wte.weight" || p.name == "model.embed_tokens.weight"));
+      position = position || (p.trainable && p.name == "transformer.wpe.weight");
+    }
+    a.embedding_trains = token || position;
+    a.backward_in_embedding = at_embedding(s, BT, block_size, static_cast<int64_t>(c10::elementSize(dtype)), token,
+                                           position) - a.kept();
     a.backward_peak = std::max(a.backward_at_loss, a.backward_in_last_block);
     return a;
   }
@@ -328,6 +388,7 @@ ActivationEstimate activation_estimate(const ModelShape& s, int64_t micro_batch,
   const bool head_weight = s.tie_embeddings ? embedding : t.outside.count("lm_head.weight") > 0;
   const bool final_norm = t.outside_any({"model.norm.weight", "transformer.ln_f.weight", "transformer.ln_f.bias"});
   const bool position = t.outside.count("transformer.wpe.weight") > 0;
+  a.embedding_trains = embedding || position;
   // Whether the segment after one whose output needs a gradient `grad` keeps that output: a
   // LayerNorm whenever it has a gradient to compute, RMSNorm's x^2 only for its input's.
   auto output_kept = [&](bool grad, bool norm_trains) { return grad || (!llama && norm_trains); };
@@ -346,12 +407,19 @@ ActivationEstimate activation_estimate(const ModelShape& s, int64_t micro_batch,
   *previous_output += output_kept(grad, final_norm) ? BT * d * b : 0;
   add_adapter_outputs(a, s, BT, dtype, params);
   // The head: the final norm (GPT-2: mean and rstd; Llama: rstd, x * rstd), its output for the
-  // LM head's weight, the fp32 log-probabilities, and the loss's scalars.
+  // LM head's weight, the fp32 log-probabilities, and the loss's scalars; chunked, in place of the
+  // last two, the gradients it computed in forward.
   const int64_t norm_kept = llama ? (grad ? f : 0) + (final_norm ? d * f : 0) : (grad || final_norm ? 2 * b : 0);
-  const int64_t head_kept = BT * (norm_kept + (head_weight ? d * b : 0) + f * s.vocab_size);
-  a.head = head_kept + 2 * f;
+  int64_t head_kept = BT * (norm_kept + (head_weight ? d * b : 0) + f * s.vocab_size);
+  if (chunked) {
+    const ChunkedHead h = chunked_head(s, BT, b, grad || final_norm, head_weight);
+    head_kept = BT * norm_kept + h.kept;
+    a.backward_at_loss = h.in_chunks;
+  }
+  a.head = head_kept + (chunked ? f : 2 * f);
   const int64_t tied_grad = s.tie_embeddings && embedding ? s.vocab_size * d * b : 0;
   a.backward_in_last_block = last.backward + tied_grad - head_kept;
+  a.backward_in_embedding = at_embedding(s, BT, block_size, b, embedding, position) - a.kept();
   a.backward_peak = std::max(a.backward_at_loss, a.backward_in_last_block);
   return a;
 }
@@ -381,7 +449,7 @@ memory::MemoryEstimate host_memory_plan(const RunInfo& run, const HostPlanOption
   const int64_t b = 4;
   const int64_t L = run.shape.n_layer;
   // Trainable elements: all, and in the final segment (final norm, untied lm_head).
-  int64_t trainable = 0, final_segment = 0, last_projection = 0;
+  int64_t trainable = 0, final_segment = 0, last_projection = 0, embedding_segment = 0;
   for (const ParamInfo& p : params) {
     int64_t numel = 1;
     for (int64_t d : p.shape) numel *= d;
@@ -390,10 +458,11 @@ memory::MemoryEstimate host_memory_plan(const RunInfo& run, const HostPlanOption
     trainable += numel;
     const int64_t segment = memory::param_segment(p.name, L);
     if (segment == L) final_segment += numel;
+    if (segment < 0) embedding_segment += numel;
     if (segment == L - 1 && memory::is_last_projection(p.name, run.shape.arch)) last_projection += numel;
   }
   e.activations = memory::activation_estimate(run.shape, run.micro_batch_size, run.block_size,
-                                              e.compute_dtype, e.params);
+                                              e.compute_dtype, e.params, run.chunked_cross_entropy);
   memory::ActivationEstimate& a = e.activations;
   memory::Table& t = e.table;
   StoreOptions store = options.store;
@@ -420,10 +489,16 @@ memory::MemoryEstimate host_memory_plan(const RunInfo& run, const HostPlanOption
   const int64_t grads_at_loss = run.grad_accum_steps > 1 ? all_grads : 0;
   const int64_t grads_in_block =
       run.grad_accum_steps > 1 ? all_grads : (final_segment + last_projection) * b;
+  // In the embedding's backward every gradient but the embedding's own has been handed over.
+  const int64_t grads_in_embedding = run.grad_accum_steps > 1 ? all_grads : all_grads - embedding_segment * b;
   const bool at_loss =
       a.backward_at_loss + grads_at_loss >= a.backward_in_last_block + grads_in_block;
   a.backward_peak = at_loss ? a.backward_at_loss : a.backward_in_last_block;
-  const int64_t grads_in_backward = at_loss ? grads_at_loss : grads_in_block;
+  int64_t grads_in_backward = at_loss ? grads_at_loss : grads_in_block;
+  if (a.embedding_trains && a.backward_in_embedding + grads_in_embedding > a.backward_peak + grads_in_backward) {
+    a.backward_peak = a.backward_in_embedding;
+    grads_in_backward = grads_in_embedding;
+  }
   e.backward_grad_elements = grads_in_backward / b;
   e.peak_in_backward = a.total() + grads_in_backward >= all_grads;
   if (e.peak_in_backward) {

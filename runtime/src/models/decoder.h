@@ -120,6 +120,12 @@ class DecoderLM : public CausalLM {
   NamedTensors embedding_parameters() override = 0;
   NamedTensors final_parameters() override = 0;
 
+  // The head in its two parts, for a loss that never holds the whole logits
+  // (ops::linear_cross_entropy_sum): head(h) is ops::linear(final_norm(h), head_weight()).
+  virtual at::Tensor final_norm(const at::Tensor& hidden) = 0;  // (B, T, C) -> (B, T, C)
+  virtual const at::Tensor& head_weight() const = 0;             // (V, C): lm_head's, or the tied wte's
+  at::Tensor head(const at::Tensor& hidden) final { return ops::linear(final_norm(hidden), head_weight()); }
+
  protected:
   ModelShape shape_;
   torch::nn::ModuleList layers_;  // registered by the subclass under its HF name

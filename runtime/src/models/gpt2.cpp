@@ -100,10 +100,8 @@ class Gpt2LM : public DecoderLM {
     return train_dropout(wte_(tokens) + wpe_(pos), shape_.embd_pdrop, is_training());  // (B, T, C)
   }
 
-  at::Tensor head(const at::Tensor& hidden) override {  // (B, T, C) -> (B, T, V)
-    at::Tensor h = ln_f_(hidden);
-    return ops::linear(h, lm_head_ ? lm_head_->weight : wte_->weight);
-  }
+  at::Tensor final_norm(const at::Tensor& hidden) override { return ln_f_(hidden); }
+  const at::Tensor& head_weight() const override { return lm_head_ ? lm_head_->weight : wte_->weight; }
 
  private:
   std::shared_ptr<torch::nn::Module> transformer_;

@@ -95,9 +95,8 @@ class LlamaLM : public DecoderLM {
     return embed_tokens_(tokens);
   }
 
-  at::Tensor head(const at::Tensor& hidden) override {  // (B, T, C) -> (B, T, V)
-    return ops::linear(norm_(hidden), lm_head_ ? lm_head_->weight : embed_tokens_->weight);
-  }
+  at::Tensor final_norm(const at::Tensor& hidden) override { return norm_(hidden); }
+  const at::Tensor& head_weight() const override { return lm_head_ ? lm_head_->weight : embed_tokens_->weight; }
 
  private:
   std::shared_ptr<RopeCache> rope_;
