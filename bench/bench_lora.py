@@ -15,13 +15,14 @@ reports its per-step tokens/s and its peak RSS (wait4). The variants:
     qlora_ckpt  qlora with activation checkpointing (gradient_checkpointing; use_reentrant=False)
 
 memrt runs configs/ds_qlora.json (everything from train.yaml) + configs/train_llama100m.yaml with
-the variant's keys as command-line overrides; its measured peak by category comes from its
-memory_report.json. memrt trains on its built-in corpus, PEFT on random byte tokens (0..255): the
+the variant's keys as command-line overrides (with `--chunked`, also chunked_cross_entropy: the
+head's loss in chunks, the logits never whole; PEFT's side has no CPU counterpart, Liger's fused
+kernel being Triton); its measured peak by category comes from its memory_report.json. memrt trains on its built-in corpus, PEFT on random byte tokens (0..255): the
 token values do not change the work. Runs alternate (memrt, PEFT) per variant and repeat; the
 figures are medians. Ends with one JSON line per variant.
 
     build/bin/launcher must exist (scripts/build.sh), then:
-    <venv python> bench/bench_lora.py [--steps 8] [--warmup 3] [--repeats 2] [--variants full,lora,...]
+    <venv python> bench/bench_lora.py [--steps 8] [--warmup 3] [--repeats 2] [--variants full,lora,...] [--chunked]
 """
 import argparse
 import json
@@ -100,7 +101,8 @@ def child_train(directory, variant, steps, threads):
 
 def memrt(a, directory, variant, env):
     r = launcher(a.build, "configs/ds_qlora.json", a.steps, env,
-                 [f"--model_name_or_path={directory}", *VARIANTS[variant]],
+                 [f"--model_name_or_path={directory}", *VARIANTS[variant],
+                  *(["--chunked_cross_entropy"] if a.chunked else [])],
                  train_yaml="configs/train_llama100m.yaml")
     trainable = int(re.search(r"trainable params: ([\d,]+)", r["console"]).group(1).replace(",", ""))
     tps = statistics.median(m["tokens_per_s"] for m in r["metrics"] if m["step"] > a.warmup)
@@ -128,6 +130,7 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--build", default="build")
+    ap.add_argument("--chunked", action="store_true", help="memrt with chunked_cross_entropy")
     a = ap.parse_args()
     variants = a.variants.split(",")
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
@@ -147,7 +150,8 @@ def main():
     mib = 1024 * 1024
     print(f"machine: {model} ({flags}), {os.cpu_count()} cores, threads {a.threads}; "
           f"configs/train_llama100m.yaml, batch {BATCH} x {BLOCK} tokens, {a.steps} steps, tokens/s = "
-          f"median of steps > {a.warmup}, peak RSS by wait4; medians of {a.repeats} alternating runs")
+          f"median of steps > {a.warmup}, peak RSS by wait4; medians of {a.repeats} alternating runs"
+          + ("; memrt with chunked_cross_entropy" if a.chunked else ""))
     print()
     print("| variant | trainable memrt | trainable PEFT | tokens/s memrt | tokens/s PEFT | memrt / PEFT "
           "| peak RSS memrt (MiB) | peak RSS PEFT (MiB) | memrt / PEFT |")
@@ -172,7 +176,7 @@ def main():
         print(f"{v}, {who}: tokens/s {[round(r['tokens_per_s']) for r in rs]}, "
               f"RSS MiB {[round(r['rss'] / mib, 1) for r in rs]}")
     for v in variants:
-        print(json.dumps({"bench": "lora", "variant": v, "threads": a.threads,
+        print(json.dumps({"bench": "lora", "variant": v, "threads": a.threads, "chunked": a.chunked,
                           "tokens_per_s_memrt": round(med(v, "memrt", "tokens_per_s"), 1),
                           "tokens_per_s_peft": round(med(v, "peft", "tokens_per_s"), 1),
                           "rss_memrt": int(med(v, "memrt", "rss")), "rss_peft": int(med(v, "peft", "rss")),

@@ -138,9 +138,10 @@ ActivationEstimate activation_estimate(const ModelShape& s, int64_t micro_batch,
   }
   a.head = head_kept + loss;
   // Backward's working memory on top of what forward kept, at its largest: either at the loss
-  // (the gradients of the log-probabilities and of the logits, both B*T*V, alive together), or in
-  // the last block, once the head's activations are freed (a tied embedding's gradient from the
-  // head waits in autograd's input buffer until the embedding's own backward).
+  // (the gradients of the log-probabilities and of the logits, both B*T*V, alive together; chunked,
+  // inside the head's chunks in forward), or in the last block, once the head's activations are
+  // freed (a tied embedding's gradient from the head waits in autograd's input buffer until the
+  // embedding's own backward), or in the embedding's backward.
   const int64_t tied_grad = s.tie_embeddings ? V * d * b : 0;
   a.backward_at_loss = chunked ? chunks.in_chunks : 2 * BT * V * f;
   a.backward_in_last_block = block_backward + tied_grad - head_kept;
