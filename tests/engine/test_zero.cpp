@@ -167,21 +167,33 @@ TEST(Zero, StagesFollowPyTorchsAdamWOnTheSameBatches) {
   }
 }
 
+namespace {
+
+// Stage 0 on 1 rank and stage 2 on 2 ranks of torch_job(tag, more_yaml), each beside PyTorch training
+// the parameters `trainable` names (all when empty) on the batches it recorded: {job, output, curves}.
+std::vector<std::tuple<Job, fs::path, std::string>> against_pytorch(const TempDir& dir, const std::string& tag,
+                                                                    const std::string& more_yaml,
+                                                                    const std::string& trainable = "") {
+  const fs::path model = torch_model();
+  PythonBatch reference = torch_batch(dir, "reference");
+  std::vector<std::tuple<Job, fs::path, std::string>> runs;
+  for (auto [stage, ranks] : {std::pair{0, 1}, std::pair{2, 2}}) {
+    const Job r = torch_job(dir, model, stage, ranks, tag, more_yaml);
+    runs.emplace_back(r, train(dir, r), torch_train(reference, model, recorded(dir, r), ranks, trainable));
+  }
+  EXPECT_TRUE(reference.run());
+  return runs;
+}
+
+}  // namespace
+
 // The chunked head (chunked_cross_entropy; Liger's fused linear cross-entropy, use_liger_kernel) against
 // the same PyTorch reference, which computes the whole logits: on 1 rank and with ZeRO-2 on 2, the
 // loss and gradient norm within 1e-5 relative over 20 steps — its gradients, made in forward and
 // scaled in backward, are the loss's gradients.
 TEST(ChunkedCrossEntropy, FollowsPyTorchOnOneRankAndUnderZero2OnTwo) {
   TempDir dir("zero_chunked_ce");
-  const fs::path model = torch_model();
-  PythonBatch reference = torch_batch(dir, "reference");
-  std::vector<std::tuple<Job, fs::path, std::string>> runs;
-  for (auto [stage, ranks] : {std::pair{0, 1}, std::pair{2, 2}}) {
-    const Job r = torch_job(dir, model, stage, ranks, "_chunked", "use_liger_kernel: true\n");
-    runs.emplace_back(r, train(dir, r), torch_train(reference, model, recorded(dir, r), ranks));
-  }
-  ASSERT_TRUE(reference.run());
-  for (const auto& [r, out, json] : runs) {
+  for (const auto& [r, out, json] : against_pytorch(dir, "_chunked", "use_liger_kernel: true\n")) {
     const auto [want_loss, want_norm] = curves(json);
     ASSERT_EQ(want_loss.size(), 20u);
     ASSERT_LT(want_loss.back(), 0.8 * want_loss.front()) << "the reference learns";
@@ -198,16 +210,9 @@ TEST(ChunkedCrossEntropy, FollowsPyTorchOnOneRankAndUnderZero2OnTwo) {
 // trained that should not be, or the reverse, moves both curves far more.
 TEST(Zero, FreezeTuningFollowsPyTorchWithTheSameParametersFrozen) {
   TempDir dir("zero_freeze");
-  const fs::path model = torch_model();
-  PythonBatch reference = torch_batch(dir, "reference");
-  std::vector<std::tuple<Job, fs::path, std::string>> runs;
-  for (auto [stage, ranks] : {std::pair{0, 1}, std::pair{2, 2}}) {
-    const Job r = torch_job(dir, model, stage, ranks, "_freeze",
-                            "finetuning_type: freeze\nfreeze_trainable_layers: 1\nfreeze_extra_modules: ln_f\n");
-    runs.emplace_back(r, train(dir, r), torch_train(reference, model, recorded(dir, r), ranks, ".1.,ln_f"));
-  }
-  ASSERT_TRUE(reference.run());
-  for (const auto& [r, out, json] : runs) {
+  for (const auto& [r, out, json] :
+       against_pytorch(dir, "_freeze", "finetuning_type: freeze\nfreeze_trainable_layers: 1\nfreeze_extra_modules: ln_f\n",
+                       ".1.,ln_f")) {
     const auto [want_loss, want_norm] = curves(json);
     ASSERT_EQ(want_loss.size(), 20u);
     ASSERT_NE(want_loss.back(), want_loss.front()) << "the reference trains";
