@@ -136,7 +136,14 @@ class PrecisionPlugin final : public memrt::Plugin {
     e.activations.backward_peak = at_loss        ? e.activations.backward_at_loss
                                   : at_embedding ? e.activations.backward_in_embedding
                                                  : e.activations.backward_in_last_block;
-    if (scaler_) e.activations.head += 4;  // the scaled loss backward starts from
+    if (scaler_) {
+      e.activations.head += 4;  // the scaled loss backward starts from
+      // A chunked head's first candidate is inside its chunks, in forward: the loss is not scaled yet.
+      if (e.run->chunked_cross_entropy) {
+        e.activations.backward_at_loss -= 4;
+        if (at_loss) e.activations.backward_peak -= 4;
+      }
+    }
     if (accumulate_fp32_) {
       // Each 16-bit gradient goes into the store's flat fp32 gradient (its cells come from the
       // plan) the moment autograd hands it over: none is alive beside it, in backward or at the

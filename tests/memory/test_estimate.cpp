@@ -127,6 +127,8 @@ const Case kCases[] = {
      R"({"finetuning_type": "freeze", "freeze_trainable_layers": 1})", true},
     {"gpt2_chunked_head_bf16", shape("gpt2", 2, 2, 2, 32, 64, 32768, true), 6, 48, 1, R"({"bf16": {"enabled": true}})",
      nullptr, true},
+    {"llama_chunked_head_fp16_accum", shape("llama", 2, 4, 2, 64, 256, 32768, false), 6, 48, 2,
+     R"({"fp16": {"enabled": true}})", nullptr, true},
 };
 
 // The built-in plugins a case names, configured with its options (JSON).

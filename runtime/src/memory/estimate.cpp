@@ -114,8 +114,8 @@ ActivationEstimate activation_estimate(const ModelShape& s, int64_t micro_batch,
                 : BT * (2 * norm + b * (d + 2 * kv + d + d + 4 * ff + d) + f * H);
     //   the final RMSNorm + fp32 log-probabilities
     head_kept = BT * (norm + f * V);
-    //   chunked: the RMSNorm without its output, which the LM head kept
-    if (chunked) head_kept = BT * (norm - (b == f ? d * f : 0));
+    //   chunked: the RMSNorm without its output (d * b), which the LM head kept
+    if (chunked) head_kept = BT * (norm - d * b);
     block_backward = block_backward_bytes(s, micro_batch, block_size, dtype);
   } else {
     // sum of the two lookups (with embd_pdrop: the dropout's output and its mask); position ids
