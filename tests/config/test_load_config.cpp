@@ -220,6 +220,28 @@ TEST(TrainYaml, ChunkedCrossEntropyAndTheLigerSwitches) {
   EXPECT_TRUE(load(ds, "use_liger_kernel: false\n", {"--chunked_cross_entropy=true"}).chunked_cross_entropy);
 }
 
+// DeepSpeed's flops_profiler: enabled, profile_step and output_file are read; the module-tree keys
+// are noted only when the profiler is on (HF's example files carry a disabled section); step 0 is
+// an error naming the key.
+TEST(DsConfig, FlopsProfilerSection) {
+  const std::string yaml = "max_steps: 5\n";
+  const TrainConfig off = load(R"({"train_micro_batch_size_per_gpu": 2, "flops_profiler": {"enabled": false,
+      "profile_step": 1, "module_depth": -1, "top_modules": 1, "detailed": true, "output_file": null}})", yaml);
+  EXPECT_FALSE(off.flops_profiler.enabled);
+  EXPECT_TRUE(off.warnings.empty()) << off.warnings.front();
+  const TrainConfig on = load(R"({"train_micro_batch_size_per_gpu": 2, "flops_profiler": {"enabled": true,
+      "profile_step": 3, "top_modules": 1, "output_file": "p.txt"}})", yaml);
+  EXPECT_TRUE(on.flops_profiler.enabled);
+  EXPECT_EQ(on.flops_profiler.profile_step, 3);
+  EXPECT_EQ(on.flops_profiler.output_file, "p.txt");
+  ASSERT_EQ(on.warnings.size(), 1u);
+  EXPECT_NE(on.warnings[0].find("flops_profiler.top_modules"), std::string::npos) << on.warnings[0];
+  expect_config_error([&] { load(R"({"flops_profiler": {"enabled": true, "profile_step": 0}})", yaml); },
+                      {"flops_profiler.profile_step", "at least 1"});
+  expect_config_error([&] { load(R"({"flops_profiler": {"enabled": true, "profile_steps": 2}})", yaml); },
+                      {"profile_steps"});
+}
+
 // Saving and evaluating: Hugging Face's defaults (save_strategy steps, save_steps 500), a fraction of
 // the run, axolotl's saves_per_epoch, and an unquoted `no` (YAML's false) as "no".
 TEST(Saving, StrategiesAndTheirDefaults) {
@@ -502,7 +524,7 @@ TEST(Plugins, ThirdPartyPluginsArray) {
 
 TEST(Warnings, HarmlessKeysGiveOneLineEach) {
   const TrainConfig c = load(R"({"train_micro_batch_size_per_gpu": 1, "wall_clock_breakdown": false,
-    "tensorboard": {"enabled": true}, "flops_profiler": {}, "steps_per_print": 100, "_comment": "x"})",
+    "tensorboard": {"enabled": true}, "comms_logger": {}, "steps_per_print": 100, "_comment": "x"})",
                              "report_to: none\nwandb_project:\ntf32: false\n");
   EXPECT_EQ(c.warnings.size(), 6u);  // wandb_project is null: nothing to ignore
   EXPECT_TRUE(has_warning(c, "'wall_clock_breakdown' is accepted but ignored"));

@@ -5,11 +5,14 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <map>
 #include <string>
 #include <vector>
 
 #include <rapidjson/document.h>
 
+#include "json_helpers.h"
 #include "run_helpers.h"
 
 namespace {
@@ -282,3 +285,61 @@ TEST(Launcher, GradientsReplacedByTheAllReduceAreTheOnesClipped) {
 }
 
 }  // namespace
+
+// DeepSpeed's flops_profiler: the profiled step's matrix products are the model's, counted from
+// its shapes here (6 x tokens x the linears' in*out: forward, and both products of backward, every
+// weight trained, the head tied to the embedding).
+TEST(Launcher, FlopsProfilerTimesTheStepItNamesAndCountsItsProducts) {
+  TempDir dir("flops_profiler");
+  const std::string yaml = dir.write("train.yaml", kTinyYaml);
+  const std::string ds = dir.write("ds.json", R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4,
+      "flops_profiler": {"enabled": true, "profile_step": 2, "module_depth": -1, "top_modules": 1,
+                         "detailed": true, "output_file": null}})");
+  RunResult r = run(kLauncher + " --deepspeed " + ds + " " + yaml + " --max_steps=3 --output_dir=" +
+                    (dir.path() / "a").string());
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("step profile (flops_profiler, step 2):"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("flops_profiler.module_depth' is accepted but ignored"), std::string::npos) << r.out;
+
+  const rapidjson::Document p = read_json(dir.path() / "a" / "step_profile.json");
+  EXPECT_EQ(p["step"].GetInt64(), 2);
+  const int64_t d = 64, ff = 128, vocab = 256, layers = 2, tokens = 8 * 32;
+  const int64_t linear = layers * (d * 3 * d + d * d + d * ff + ff * d) + vocab * d;
+  EXPECT_EQ(p["gemm_flops"].GetDouble(), 6.0 * tokens * static_cast<double>(linear));
+  const double step_s = p["step_s"].GetDouble(), recorded_s = p["recorded_s"].GetDouble();
+  EXPECT_GT(p["gemm_s"].GetDouble(), 0.0);
+  EXPECT_LE(p["gemm_s"].GetDouble(), recorded_s);
+  EXPECT_LE(recorded_s, step_s);
+  EXPECT_GT(recorded_s, 0.5 * step_s);  // the phases are scopes: little runs outside them
+  double rows_s = 0.0;
+  std::map<std::string, int64_t> calls;
+  for (const auto& op : p["ops"].GetArray()) {
+    rows_s += op["self_s"].GetDouble();
+    calls[op["name"].GetString()] = op["calls"].GetInt64();
+  }
+  EXPECT_NEAR(rows_s, recorded_s, 1e-9 * step_s + 1e-12);
+  EXPECT_EQ(calls["memrt::forward"], 2);  // two micro-batches of 4
+  EXPECT_EQ(calls["memrt::backward"], 2);
+  EXPECT_EQ(calls["memrt::optimizer_step"], 1);
+  EXPECT_EQ(calls["memrt::gelu_tanh"], 2 * layers);
+
+  // output_file takes the table; a step the run never reaches is said so.
+  const fs::path table = dir.path() / "profile.txt";
+  const std::string ds_file = dir.write("ds_file.json", R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4,
+      "flops_profiler": {"enabled": true, "output_file": ")" + table.string() + R"("}})");
+  r = run(kLauncher + " --deepspeed " + ds_file + " " + yaml + " --max_steps=1 --output_dir=" + (dir.path() / "b").string());
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("step profile (flops_profiler, step 1) written to " + table.string()), std::string::npos) << r.out;
+  std::ifstream in(table);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("aten::mm"), std::string::npos) << text;
+  EXPECT_TRUE(fs::exists(dir.path() / "b" / "step_profile.json"));
+
+  const std::string ds_late = dir.write("ds_late.json", R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4,
+      "flops_profiler": {"enabled": true, "profile_step": 9}})");
+  r = run(kLauncher + " --deepspeed " + ds_late + " " + yaml + " --max_steps=2 --output_dir=" + (dir.path() / "c").string());
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("flops_profiler.profile_step 9 was not reached (the run ended after step 2)"), std::string::npos)
+      << r.out;
+  EXPECT_FALSE(fs::exists(dir.path() / "c" / "step_profile.json"));
+}

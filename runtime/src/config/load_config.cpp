@@ -382,6 +382,7 @@ struct Loader {
   void run();
   void read_inputs();
   void read_ds_top(ConfigReader& dr);
+  void read_flops_profiler(const ConfigNode* section);
   void resolve_batch(const ConfigNode* tbs, const ConfigNode* mbs, const ConfigNode* gas);
   double resolve_value(ConfigReader& r, const char* key, const char* yaml_key, double hf_default,
                        double ds_default, bool resolve_absent_from_yaml = true);
@@ -489,6 +490,30 @@ void Loader::run() {
   cfg.warnings = diag.warnings;
 }
 
+// DeepSpeed's flops_profiler: memrt profiles operators, not modules, with LibTorch's profiler
+// (docs/profiling.md); the keys that shape DeepSpeed's per-module tree are noted.
+void Loader::read_flops_profiler(const ConfigNode* section) {
+  if (!section || section->is_null()) return;
+  ConfigReader r(*section, diag);
+  TrainConfig::FlopsProfiler& p = cfg.flops_profiler;
+  p.enabled = r.get<bool>("enabled", false);
+  p.profile_step = r.get<int64_t>("profile_step", 1);
+  if (p.profile_step < 1) {
+    throw r.child("profile_step")->error("must be at least 1 (the optimizer step to profile, counted from 1), got " +
+                                         std::to_string(p.profile_step));
+  }
+  p.output_file = r.get<std::string>("output_file", "");
+  const char* why = "memrt's profile lists operators by their own time, not a module tree (docs/profiling.md)";
+  for (const char* key : {"module_depth", "top_modules", "detailed", "recompute_fwd_factor"}) {
+    if (p.enabled) {
+      r.ignore(key, why);
+    } else {
+      r.child(key);  // a disabled section's settings are not worth a warning each
+    }
+  }
+  r.finish();
+}
+
 void Loader::read_ds_top(ConfigReader& dr) {
   // gradient_clipping: DeepSpeed's code default is 1.0 (v0.19.3+); "auto" -> max_grad_norm (HF 1.0).
   cfg.gradient_clipping = resolve_value(dr, "gradient_clipping", "max_grad_norm", 1.0, 1.0);
@@ -513,6 +538,8 @@ void Loader::read_ds_top(ConfigReader& dr) {
     diag.warnings.push_back(where(*n) + " is accepted but ignored: 1 means no sequence parallelism");
   }
 
+  read_flops_profiler(dr.child("flops_profiler"));
+
   static const std::vector<std::pair<const char*, const char*>> ignored = {
       {"wall_clock_breakdown", "memrt's log line always has tokens/s; it has no per-phase timers"},
       {"memory_breakdown", "memrt always writes output_dir/memory_report.json"},
@@ -524,7 +551,6 @@ void Loader::read_ds_top(ConfigReader& dr) {
       {"monitor_config", "metrics go to output_dir/metrics.jsonl"},
       {"comms_logger", "memrt has no communication logger"},
       {"comms_config", "memrt has no communication logger"},
-      {"flops_profiler", "memrt has no FLOPs profiler"},
       {"autotuning", "memrt has no autotuner"},
       {"timers", "memrt has no per-phase timers"},
       {"compile", "memrt runs LibTorch eagerly (no torch.compile)"},
@@ -2014,6 +2040,12 @@ std::string resolved_config_json(const TrainConfig& cfg) {
   root.set("batch", batch);
   root.set("gradient_clipping", num(cfg.gradient_clipping));
   root.set("steps_per_print", num(static_cast<double>(cfg.steps_per_print)));
+  if (cfg.flops_profiler.enabled) {
+    ConfigNode fp = ConfigNode::object();
+    fp.set("profile_step", num(static_cast<double>(cfg.flops_profiler.profile_step)));
+    if (!cfg.flops_profiler.output_file.empty()) fp.set("output_file", str(cfg.flops_profiler.output_file));
+    root.set("flops_profiler", fp);
+  }
   root.set("max_steps", num(static_cast<double>(cfg.max_steps)));
   root.set("num_train_epochs", num(cfg.num_train_epochs));
   root.set("save_strategy", str(cfg.save_strategy));

@@ -238,6 +238,14 @@ struct TrainConfig {
 
   double gradient_clipping = 0.0;  // 0: off
   int64_t steps_per_print = 10;    // log cadence (train.yaml logging_steps when set)
+  // DeepSpeed's flops_profiler (docs/profiling.md): optimizer step `profile_step` (1-based) runs
+  // under LibTorch's profiler and its table goes to the log, or to output_file when one is given;
+  // output_dir/step_profile.json gets every row.
+  struct FlopsProfiler {
+    bool enabled = false;
+    int64_t profile_step = 1;
+    std::string output_file;
+  } flops_profiler;
   // > 0: train this many optimizer steps. -1: derive from num_train_epochs once the dataset's
   // size is known (the engine does; a scheduler's total_num_steps of -1 follows it).
   int64_t max_steps = -1;

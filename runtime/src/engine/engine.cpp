@@ -16,12 +16,14 @@
 #include <unordered_map>
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include "data/dataset.h"
 #include "data/progress.h"
+#include "engine/step_profile.h"
 #include "dist/process_group.h"
 #include "checkpoint/checkpoint_files.h"
 #include "memrt/safetensors.h"
@@ -43,6 +45,19 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using memory::Category;
+
+// One phase of the step, named in the step profile (engine/step_profile.h) when one is recording;
+// a flag test otherwise. Its own time there is the phase's work outside any ATen operator.
+class PhaseScope {
+ public:
+  explicit PhaseScope(const char* name) : fn_(at::RecordScope::USER_SCOPE) {
+    if (fn_.isActive()) fn_.before(name);
+  }
+  void end() { fn_.end(); }
+
+ private:
+  at::RecordFunction fn_;
+};
 
 std::string mib(int64_t bytes) {
   std::ostringstream os;
@@ -554,6 +569,7 @@ DecoderLM* Engine::decoder_for(const char* feature) {
 // ---- one micro-step: forward, loss, backward ------------------------------------------------------
 double Engine::micro_step(int64_t micro) {
   Batch batch = [&] {
+    PhaseScope phase("memrt::data");
     memory::Scope scope(Category::kOther);
     return loader_->get(step_, micro);
   }();
@@ -570,6 +586,7 @@ double Engine::micro_step(int64_t micro) {
     packed.model->set_layout({batch.positions, batch.starts});
   }
   memory::Scope scope(Category::kActivations);
+  PhaseScope forward("memrt::forward");
   MicroStepContext mctx{*model_, run_, *dist_, step_, micro, batch.inputs, batch.targets, {}, control_};
   plugins_.each("before_forward", step_, [&](Plugin& p) { p.before_forward(mctx); });
 
@@ -601,7 +618,9 @@ double Engine::micro_step(int64_t micro) {
   at::Tensor loss = forward_loss(batch.inputs, batch.targets, micro, boundary) * (run_.world_size / labels);
   mctx.loss = loss;
   plugins_.each_reversed("after_forward", step_, [&](Plugin& p) { p.after_forward(mctx); });
+  forward.end();
 
+  PhaseScope backward("memrt::backward");
   at::Tensor to_backprop = loss;
   BackwardContext bctx{run_, step_, micro, to_backprop};
   plugins_.each("before_backward", step_, [&](Plugin& p) { p.before_backward(bctx); });
@@ -646,6 +665,7 @@ void Engine::train_step(TrainSummary& summary) {
                 [&](Plugin& p) { p.after_gradient_accumulation(sctx); });
   if (!plugins_.any_reduces_gradients()) {
     {
+      PhaseScope phase("memrt::gradient_reduce");
       memory::Scope scope(Category::kCommBuffers);
       const std::vector<at::Tensor> flat = full_flat_grads(*store_);
       if (flat.empty()) {
@@ -661,6 +681,7 @@ void Engine::train_step(TrainSummary& summary) {
   }
   // Pass 1 of the step: the norm and the overflow check read the gradients once.
   {
+    PhaseScope phase("memrt::grad_norm");
     GradSummary pass1 = optimizer_->grad_summary();
     if (optimizer_->grads_partitioned()) {
       at::Tensor ss = at::tensor({pass1.sum_squares}, at::kDouble);
@@ -695,6 +716,7 @@ void Engine::train_step(TrainSummary& summary) {
     scalars.lr = lr;
     scalars.grad_factor = 1.0 / (sctx.grad_scale * clip_divisor(grad_norm, cfg_.gradient_clipping));
     memory::Scope scope(Category::kOptimizerState);
+    PhaseScope phase("memrt::optimizer_step");
     optimizer_->step(scalars);
     ++completed_steps_;
   } else {
@@ -734,6 +756,30 @@ void Engine::train_step(TrainSummary& summary) {
     tail << step_ << "/" << run_.max_steps << " loss " << std::fixed << std::setprecision(4) << loss;
     draw_progress("", step_, run_.max_steps, tail.str());
   }
+}
+
+// The step flops_profiler.profile_step, under LibTorch's profiler: its table to the log (or
+// output_file), every row to output_dir/step_profile.json. Rank 0 only; the others train unobserved.
+void Engine::profiled_step(TrainSummary& summary) {
+  StepProfiler profiler;
+  const auto t0 = Clock::now();
+  profiler.start();
+  train_step(summary);
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  const StepProfile profile = profiler.stop(step_, seconds);
+  const std::string table = format_step_profile(profile, 25);
+  const std::string& file = cfg_.flops_profiler.output_file;
+  if (file.empty()) {
+    log_ << table;
+  } else {
+    std::ofstream out(file, std::ios::trunc);
+    out << table;
+    if (!out) throw std::runtime_error("flops_profiler.output_file: cannot write " + file);
+    log_ << "step profile (flops_profiler, step " << step_ << ") written to " << file << "\n";
+  }
+  std::filesystem::create_directories(cfg_.output_dir);
+  const std::string json = (std::filesystem::path(cfg_.output_dir) / "step_profile.json").string();
+  std::ofstream(json, std::ios::trunc) << step_profile_json(profile) << "\n";
 }
 
 // ---- evaluation -------------------------------------------------------------------------------------
@@ -918,8 +964,13 @@ TrainSummary Engine::train() {
       summary.eval = evaluate();
       eval_seconds += std::chrono::duration<double>(Clock::now() - e0).count();
     };
+    const TrainConfig::FlopsProfiler& profiler = cfg_.flops_profiler;
     while (step_ < run_.max_steps && !stop_training_agreed_ && !stop_signal_agreed_) {
-      train_step(summary);
+      if (profiler.enabled && run_.rank == 0 && step_ + 1 == profiler.profile_step) {
+        profiled_step(summary);
+      } else {
+        train_step(summary);
+      }
       if (eval_data_ && eval_every > 0 && step_ % eval_every == 0) evaluate_now();
       const bool due = saving && ((save_every > 0 && step_ % save_every == 0) || step_ == run_.max_steps);
       if (due || stop_signal_agreed_) save_now();
@@ -927,6 +978,10 @@ TrainSummary Engine::train() {
     // A plugin's stop (Control::stop_training) ends the run early: its last step is saved too.
     if (saving && stop_training_agreed_ && saved_step != step_) save_now();
     if (stop_signal_agreed_) summary.stop_signal = stop_signal_received() ? stop_signal_received() : SIGTERM;
+    if (profiler.enabled && run_.rank == 0 && step_ < profiler.profile_step) {
+      log_ << "warning: flops_profiler.profile_step " << profiler.profile_step
+           << " was not reached (the run ended after step " << step_ << "): nothing was profiled\n";
+    }
     if (eval_data_ && !stop_signal_agreed_ && (!summary.eval || summary.eval->step != step_)) evaluate_now();
     summary.seconds = std::chrono::duration<double>(Clock::now() - t0).count() - eval_seconds;
     summary.tokens_per_s = static_cast<double>(summary.tokens) / std::max(1e-9, summary.seconds);

@@ -102,6 +102,7 @@ class Engine {
  private:
   void setup();
   void train_step(TrainSummary& summary);
+  void profiled_step(TrainSummary& summary);
   double micro_step(int64_t micro);
   // The model's forward through the segments' phases and wrappers (memrt/plugin.h) and the loss
   // summed over the targets (-100: not counted); `boundary`, when given, sees each segment's output

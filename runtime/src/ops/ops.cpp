@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include <ATen/record_function.h>
 #include <torch/autograd.h>
 
 #include "memrt/error.h"
@@ -372,6 +373,7 @@ int64_t linear_cross_entropy_chunk_rows(int64_t rows, int64_t vocab) {
 
 at::Tensor linear_cross_entropy_sum(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets,
                                     int64_t ignore_index) {
+  RECORD_FUNCTION("memrt::linear_cross_entropy_sum", std::vector<c10::IValue>());
   if (x.dim() != 2 || weight.dim() != 2 || x.size(1) != weight.size(1) || targets.dim() != 1 ||
       targets.size(0) != x.size(0))
     throw Error("linear_cross_entropy_sum: expected x (N, C), weight (V, C) and targets (N), got " +
@@ -402,6 +404,7 @@ at::Tensor gelu_tanh(const at::Tensor& x) {
   if (!x.device().is_cpu() || x.scalar_type() != at::kFloat || !x.is_contiguous()) {
     return at::gelu(x, "tanh");
   }
+  RECORD_FUNCTION("memrt::gelu_tanh", std::vector<c10::IValue>());
   return FusedGeluTanh::apply(x);
 }
 
