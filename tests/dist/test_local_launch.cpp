@@ -2,7 +2,9 @@
 // "signal_parent" modes): prefixed whole lines, rank environment, exit codes, signals, grace.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <regex>
 #include <set>
 
@@ -46,6 +48,7 @@ Outcome launch(int n, std::vector<std::string> args, std::chrono::milliseconds g
 }
 
 TEST(DistLocalLaunch, PrefixesWholeLinesAndSetsTheRankEnvironment) {
+  test::EnvGuard env({"OMP_NUM_THREADS"});  // unset: the launcher chooses
   Outcome r = launch(3, {"echo", "0", "-1"});
   ASSERT_EQ(r.code, 0) << r.err;
   const std::regex rank_line(R"(\[rank [0-2]\] .*)");
@@ -70,7 +73,66 @@ TEST(DistLocalLaunch, PrefixesWholeLinesAndSetsTheRankEnvironment) {
     EXPECT_TRUE(contains(r.err, p + "a warning from rank " + std::to_string(k) + "\n")) << r.err;
   }
   EXPECT_EQ(lines_of(r.out).size(), 9u) << r.out;
-  EXPECT_FALSE(contains(r.err, "[launcher]")) << r.err;
+  // The launcher's one line: the threads it gave each rank.
+  std::vector<std::string> launcher_lines;
+  for (const auto& l : lines_of(r.err))
+    if (l.rfind("[launcher]", 0) == 0) launcher_lines.push_back(l);
+  ASSERT_EQ(launcher_lines.size(), 1u) << r.err;
+  const std::string threads = std::to_string(std::max(1, usable_cores() / 3));
+  EXPECT_TRUE(std::regex_match(launcher_lines[0], std::regex(R"(\[launcher\] (warning: )?3 ranks x )" + threads +
+                                                              " threads? .*"))) << r.err;
+}
+
+// Threads per rank: OMP_NUM_THREADS when set (oversubscription named, with the value that fits),
+// otherwise the usable cores shared out, at least one each.
+TEST(DistLocalLaunch, PlanThreadsSharesTheCoresOut) {
+  ThreadPlan p = plan_threads(2, 8, nullptr);
+  EXPECT_EQ(p.threads, 4);
+  EXPECT_FALSE(p.from_environment);
+  EXPECT_FALSE(p.oversubscribed);
+  EXPECT_EQ(p.note, "2 ranks x 4 threads (8 usable cores; OMP_NUM_THREADS overrides)");
+  p = plan_threads(3, 2, nullptr);
+  EXPECT_EQ(p.threads, 1);
+  EXPECT_TRUE(p.oversubscribed);
+  EXPECT_TRUE(contains(p.note, "more ranks than cores")) << p.note;
+  p = plan_threads(1, 2, "1");
+  EXPECT_EQ(p.threads, 1);
+  EXPECT_TRUE(p.from_environment);
+  EXPECT_FALSE(p.oversubscribed);
+  EXPECT_EQ(p.note, "1 rank x 1 thread (OMP_NUM_THREADS) on 2 usable cores");
+  p = plan_threads(2, 2, "4");
+  EXPECT_EQ(p.threads, 4);
+  EXPECT_TRUE(p.oversubscribed);
+  EXPECT_TRUE(contains(p.note, "8 threads oversubscribe them and run slower; set OMP_NUM_THREADS=1 or unset it")) << p.note;
+  EXPECT_FALSE(plan_threads(2, 2, "").from_environment);  // empty or not a number: unset
+}
+
+// A CPU quota caps the affinity mask's count, rounded up; "max" and v1's -1 mean none.
+TEST(DistLocalLaunch, UsableCoresFollowTheCgroupQuota) {
+  const int affinity = usable_cores("/nonexistent");
+  ASSERT_GE(affinity, 1);
+  const std::string dir = ::testing::TempDir() + "memrt_cgroup_" + std::to_string(::getpid());
+  ::mkdir(dir.c_str(), 0700);
+  auto write = [&](const std::string& name, const std::string& text) {
+    FILE* f = std::fopen((dir + "/" + name).c_str(), "w");
+    std::fputs(text.c_str(), f);
+    std::fclose(f);
+  };
+  write("cpu.max", "max 100000\n");
+  EXPECT_EQ(usable_cores(dir), affinity);
+  write("cpu.max", "50000 100000\n");
+  EXPECT_EQ(usable_cores(dir), 1);
+  write("cpu.max", "150000 100000\n");
+  EXPECT_EQ(usable_cores(dir), std::min(affinity, 2));
+  std::remove((dir + "/cpu.max").c_str());
+  write("cpu.cfs_quota_us", "-1\n");
+  write("cpu.cfs_period_us", "100000\n");
+  EXPECT_EQ(usable_cores(dir), affinity);
+  write("cpu.cfs_quota_us", "100000\n");
+  EXPECT_EQ(usable_cores(dir), 1);
+  std::remove((dir + "/cpu.cfs_quota_us").c_str());
+  std::remove((dir + "/cpu.cfs_period_us").c_str());
+  ::rmdir(dir.c_str());
 }
 
 TEST(DistLocalLaunch, FailingRankStopsTheOthersAndSetsTheExitCode) {

@@ -14,12 +14,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #if defined(__linux__)
+#include <sched.h>
 #include <sys/prctl.h>
 #endif
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <string>
@@ -477,6 +480,52 @@ int pick_free_port(const std::string& addr) {
   return port;
 }
 
+int usable_cores(const std::string& cgroup_root) {
+  int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) cores = std::max(1, CPU_COUNT(&set));
+  // A quota of q microseconds every p: q / p CPUs' worth of time, rounded up.
+  auto cap = [&](double quota, double period) {
+    if (quota > 0 && period > 0) cores = std::min(cores, std::max(1, static_cast<int>(std::ceil(quota / period))));
+  };
+  std::ifstream v2(cgroup_root + "/cpu.max");  // "max 100000" or "150000 100000"
+  std::string quota;
+  double period = 0;
+  if (v2 >> quota >> period) {
+    if (quota != "max") cap(std::atof(quota.c_str()), period);
+  } else {
+    std::ifstream q(cgroup_root + "/cpu.cfs_quota_us"), pr(cgroup_root + "/cpu.cfs_period_us");
+    double q1 = -1, p1 = 0;
+    if (q >> q1 && pr >> p1) cap(q1, p1);  // -1: no quota
+  }
+  return cores;
+}
+
+ThreadPlan plan_threads(int ranks, int cores, const char* omp_num_threads) {
+  ThreadPlan plan;
+  const std::string per = ranks == 1 ? "1 rank" : std::to_string(ranks) + " ranks";
+  auto threads_word = [](int n) { return std::to_string(n) + (n == 1 ? " thread" : " threads"); };
+  const int from_env = omp_num_threads ? std::atoi(omp_num_threads) : 0;
+  if (from_env > 0) {
+    plan.threads = from_env;
+    plan.from_environment = true;
+    plan.oversubscribed = static_cast<int64_t>(from_env) * ranks > cores;
+    plan.note = per + " x " + threads_word(from_env) + " (OMP_NUM_THREADS) on " + std::to_string(cores) + " usable cores";
+    if (plan.oversubscribed) {
+      plan.note += ": " + std::to_string(from_env * ranks) + " threads oversubscribe them and run slower; set OMP_NUM_THREADS=" +
+                   std::to_string(std::max(1, cores / ranks)) + " or unset it";
+    }
+    return plan;
+  }
+  plan.threads = std::max(1, cores / ranks);
+  plan.oversubscribed = ranks > cores;
+  plan.note = per + " x " + threads_word(plan.threads) + " (" + std::to_string(cores) +
+              " usable cores; OMP_NUM_THREADS overrides)";
+  if (plan.oversubscribed) plan.note += ": more ranks than cores run slower";
+  return plan;
+}
+
 int run_local_ranks(const LocalLaunchOptions& opts) {
   if (opts.num_procs < 1) {
     throw Error("launcher: --num_procs must be at least 1, got " + std::to_string(opts.num_procs));
@@ -486,11 +535,9 @@ int run_local_ranks(const LocalLaunchOptions& opts) {
                 std::to_string(opts.master_port));
   }
   const int port = opts.master_port == 0 ? pick_free_port(opts.master_addr) : opts.master_port;
-  std::string threads;
-  if (std::getenv("OMP_NUM_THREADS") == nullptr) {
-    unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-    threads = std::to_string(std::max(1u, hw / static_cast<unsigned>(opts.num_procs)));
-  }
+  const ThreadPlan plan = plan_threads(opts.num_procs, usable_cores(), std::getenv("OMP_NUM_THREADS"));
+  write_all(opts.supervisor.stderr_fd, std::string("[launcher] ") + (plan.oversubscribed ? "warning: " : "") + plan.note + "\n");
+  const std::string threads = plan.from_environment ? std::string() : std::to_string(plan.threads);
   std::vector<RankCommand> cmds;
   for (int r = 0; r < opts.num_procs; ++r) {
     RankCommand c;

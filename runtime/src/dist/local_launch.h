@@ -11,8 +11,8 @@
 //
 // Each rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_SIZE, CROSS_RANK (0), CROSS_SIZE (1),
 // MASTER_ADDR and MASTER_PORT, on top of the launcher's own environment; OMP_NUM_THREADS is set
-// to max(1, cores / N) when the launcher's environment does not set it (as torchrun does), so N
-// ranks do not oversubscribe the cores.
+// to max(1, usable cores / N) when the launcher's environment does not set it (as torchrun does),
+// so N ranks do not oversubscribe the cores, and the launcher says what it chose (plan_threads).
 #pragma once
 
 #include <chrono>
@@ -80,6 +80,23 @@ struct LocalLaunchOptions {
 // run_rank_processes. Throws memrt::Error for num_procs < 1, an empty or non-executable
 // executable, or a master_port out of range.
 int run_local_ranks(const LocalLaunchOptions& opts);
+
+// The cores this process may run on: those of its CPU affinity mask (taskset, a cpuset), fewer
+// when a CPU quota caps them — cgroup v2's cpu.max or v1's cpu.cfs_quota_us / cpu.cfs_period_us
+// under `cgroup_root`, rounded up (a container given 1.5 CPUs gets 2 threads). At least 1.
+int usable_cores(const std::string& cgroup_root = "/sys/fs/cgroup");
+
+// The intra-op threads of each of `ranks` processes on a host with `cores` usable cores:
+// OMP_NUM_THREADS when the environment sets it (`omp_num_threads`, null when unset), otherwise
+// max(1, cores / ranks). `note` is the launcher's line about it; `oversubscribed` when the ranks'
+// threads together exceed the cores (the note then says how to fix it).
+struct ThreadPlan {
+  int threads = 1;
+  bool from_environment = false;
+  bool oversubscribed = false;
+  std::string note;
+};
+ThreadPlan plan_threads(int ranks, int cores, const char* omp_num_threads);
 
 // A TCP port that was free on `addr` a moment ago (bind to port 0, read it back, close).
 int pick_free_port(const std::string& addr = "127.0.0.1");

@@ -16,6 +16,7 @@
 #include <unordered_map>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <ATen/record_function.h>
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/function_hook.h>
@@ -310,7 +311,7 @@ void Engine::setup() {
   if (main) {
     for (const std::string& w : cfg_.warnings) log_ << "warning: " << w << "\n";
     for (const std::string& w : diag.warnings) log_ << "warning: " << w << "\n";
-    log_ << ops::describe_cpu_math() << "\n" << plugins_.describe();
+    log_ << ops::describe_cpu_math() << "\nthreads: " << at::get_num_threads() << " per rank\n" << plugins_.describe();
   }
 
   // model: materialised block by block, each handed to the plugins as it appears.

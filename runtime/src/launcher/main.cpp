@@ -8,6 +8,7 @@
 //   launcher eval --deepspeed ds_config.json train.yaml [--eval_file=F] [--resume[=TAG]]
 //                                                                         eval_file's loss, eval.json
 //   launcher export CHECKPOINT DIR [--merge] [--dtype D] [--model_name_or_path BASE]  HF directory
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <optional>
@@ -15,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include <ATen/Parallel.h>
 #include <boost/program_options.hpp>
 #include <c10/util/Exception.h>
 
@@ -287,6 +289,15 @@ int run(int argc, char** argv) {
     return memrt::run_local_ranks(opts);
   }
 
+  // A rank not started by run_local_ranks (one process, or one of a hostfile's) picks its threads
+  // the same way: the usable cores shared by the ranks of this host, never more than LibTorch's
+  // own choice (which leaves SMT siblings out).
+  if (std::getenv("OMP_NUM_THREADS") == nullptr) {
+    const char* local_size = std::getenv("LOCAL_SIZE");
+    const int ranks = std::max(1, local_size ? std::atoi(local_size) : 1);
+    const memrt::ThreadPlan plan = memrt::plan_threads(ranks, memrt::usable_cores(), nullptr);
+    if (plan.threads < at::get_num_threads()) at::set_num_threads(plan.threads);
+  }
   auto dist = memrt::DistContext::from_environment();
   memrt::ConfigSources sources;
   sources.ds_config_path = args.ds_config;
