@@ -165,31 +165,21 @@ std::string format_step_profile(const StepProfile& p, size_t top) {
 std::string step_profile_json(const StepProfile& p) {
   rapidjson::StringBuffer sb;
   rapidjson::Writer<rapidjson::StringBuffer> w(sb);
+  auto number = [&w](const char* key, double v) { w.Key(key), w.Double(v); };
   w.StartObject();
-  w.Key("step");
-  w.Int64(p.step);
-  w.Key("step_s");
-  w.Double(p.step_s);
-  w.Key("recorded_s");
-  w.Double(p.recorded_s);
-  w.Key("gemm_s");
-  w.Double(p.gemm_s);
-  w.Key("gemm_flops");
-  w.Double(p.gemm_flops);
-  w.Key("ops");
-  w.StartArray();
+  w.Key("step"), w.Int64(p.step);
+  number("step_s", p.step_s);
+  number("recorded_s", p.recorded_s);
+  number("gemm_s", p.gemm_s);
+  number("gemm_flops", p.gemm_flops);
+  w.Key("ops"), w.StartArray();
   for (const StepProfileRow& r : p.rows) {
     w.StartObject();
-    w.Key("name");
-    w.String(r.name.c_str());
-    w.Key("calls");
-    w.Int64(r.calls);
-    w.Key("self_s");
-    w.Double(r.self_s);
-    w.Key("flops");
-    w.Double(r.flops);
-    w.Key("gemm");
-    w.Bool(r.gemm);
+    w.Key("name"), w.String(r.name.c_str());
+    w.Key("calls"), w.Int64(r.calls);
+    number("self_s", r.self_s);
+    number("flops", r.flops);
+    w.Key("gemm"), w.Bool(r.gemm);
     w.EndObject();
   }
   w.EndArray();
