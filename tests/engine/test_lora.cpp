@@ -416,6 +416,26 @@ TEST(Lora, QLoraTrainsAdaptersOnAFourBitBaseAsEstimated) {
   EXPECT_LT(curve.back(), curve.front());
 }
 
+// A frozen base the store keeps in bf16 is cast as each block is built, so the fp32 model is never
+// whole: with a batch too small for activations to matter, set-up's peak (the bf16 base, one
+// block's fp32 tensors and their cast) stays well under the fp32 base's 4 bytes a parameter.
+TEST(Lora, ASixteenBitBaseIsNeverWholeInFp32) {
+  TempDir dir("lora_bf16_base");
+  const RunResult r = run(kLauncher + " --deepspeed " + dir.write("ds.json", R"({"train_micro_batch_size_per_gpu": 1})") +
+                          " " + dir.write("train.yaml", "model: {arch: llama, n_layer: 4, n_head: 4, d_model: 128, d_ff: 512, "
+                                                        "vocab_size: 256, n_ctx: 8, tie_embeddings: false}\nblock_size: 8\n"
+                                                        "max_steps: 1\nbf16: true\nuse_peft: true\nlora_r: 2\n"
+                                                        "lora_target_modules: all-linear\n") +
+                          " --output_dir=" + (dir.path() / "out").string());
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  // 4 blocks of 4 * 128 * 128 + 3 * 128 * 512 + 2 * 128, the embedding, the head, the final norm.
+  const int64_t params = 4 * (4 * 128 * 128 + 3 * 128 * 512 + 2 * 128) + 2 * 256 * 128 + 128;
+  const rapidjson::Document report = read_json(dir.path() / "out" / "memory_report.json");
+  const int64_t peak = report["ranks"][0]["measured"]["peak_bytes"].GetInt64();
+  EXPECT_LT(peak, 3 * params) << "set-up held the base in fp32 (" << 4 * params << " bytes)";
+  EXPECT_GT(peak, 2 * params);  // the bf16 base itself
+}
+
 // Each tool's defaults where its switch says whose file it is: LLaMA-Factory's finetuning_type: lora
 // adapts every projection with alpha twice the rank; HF/TRL's use_peft takes PEFT's (GPT-2: c_attn,
 // alpha 8); axolotl's adapter: lora names no targets of its own, an error naming the keys that do.

@@ -237,6 +237,7 @@ EstimateReport estimate_memory(const TrainConfig& cfg, const RunInfo& run, Plugi
   for (memory::EstimateTerm& t : plugins.estimate_memory(plan)) report.terms.push_back(std::move(t));
   report.table = plan.table;
   report.params = std::move(params);
+  report.store = plan.store;
   return report;
 }
 
@@ -325,6 +326,18 @@ void Engine::setup() {
     build.weights_dir = cfg_.model.name_or_path;
     for (const ParamInfo& p : estimate_.params)
       if (!at::isFloatingType(p.dtype)) build.replaced.insert(p.name);
+    // Frozen weights the store keeps in another floating dtype (a 16-bit base) take it as each
+    // segment is built, as the estimate's plan of the store says.
+    if (estimate_.store) {
+      const StorePlan& plan = *estimate_.store;
+      for (int i = 0; i < static_cast<int>(plan.slots().size()); ++i) {
+        const ParamSlot& s = plan.slots()[static_cast<size_t>(i)];
+        if (s.group >= 0 || !at::isFloatingType(s.param.dtype)) continue;
+        const FrozenLayout& layout = plan.frozen_layout(i);
+        if (layout.format.empty() && layout.tensors.front().dtype != at::kFloat)  // build_model makes fp32
+          build.frozen_dtypes[s.param.name] = layout.tensors.front().dtype;
+      }
+    }
     build.on_block_ready = [&](int64_t index, Block& block, const CheckpointReader* checkpoint) {
       BlockReady ctx{index, block, run_, *dist_, checkpoint};
       plugins_.each("on_block_ready", -1, [&](Plugin& p) { p.on_block_ready(ctx); });

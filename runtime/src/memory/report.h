@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,7 @@ struct EstimateReport {
   memory::Table table;
   std::vector<memory::EstimateTerm> terms;
   std::vector<ParamInfo> params;  // the parameters as the plugins planned them (plan_params on the shapes)
+  std::shared_ptr<const StorePlan> store;  // the parameter store as the plugins laid it out on the shapes
   int64_t peak_bytes() const { return table.total(); }
 };
 

@@ -36,9 +36,13 @@ void init_parameter(const ModelShape& shape, const std::string& name, at::Tensor
   } else {
     if (shape.arch == "gpt2" && ends_with("c_proj.weight"))
       std /= std::sqrt(2.0 * static_cast<double>(shape.n_layer));
-    at::Tensor r = at::empty(p.sizes(), at::TensorOptions().dtype(at::kFloat));
-    r.normal_(0.0, std, gen);  // drawn on the CPU: the same numbers whatever the device
-    p.copy_(r);
+    if (p.device().is_cpu() && p.scalar_type() == at::kFloat && p.is_contiguous()) {
+      p.normal_(0.0, std, gen);  // in place: no second copy of the largest tensor while building
+    } else {
+      at::Tensor r = at::empty(p.sizes(), at::TensorOptions().dtype(at::kFloat));
+      r.normal_(0.0, std, gen);  // drawn on the CPU: the same numbers whatever the device
+      p.copy_(r);
+    }
   }
 }
 
@@ -138,19 +142,36 @@ std::shared_ptr<CausalLM> build_model(const ModelShape& shape, const BuildOption
     }
   };
 
+  // A finished segment's frozen parameters in the dtype the store will keep them in.
+  auto settle = [&](const NamedTensors& params) {
+    at::NoGradGuard no_grad;
+    for (const auto& [name, param] : params) {
+      auto it = options.frozen_dtypes.find(name);
+      if (it != options.frozen_dtypes.end() && param.is_floating_point() && param.scalar_type() != it->second) {
+        at::Tensor p = param;
+        p.set_data(p.to(it->second));
+      }
+    }
+  };
   std::shared_ptr<DecoderLM> model = shape.arch == "gpt2" ? make_gpt2(shape) : make_llama(shape);
   fill(model->embedding_parameters());
+  settle(model->embedding_parameters());
   for (int64_t i = 0; i < shape.n_layer; ++i) {
     std::shared_ptr<Block> block = model->new_block(i);
-    NamedTensors params;
-    for (const auto& item : block->named_parameters(/*recurse=*/true))
-      params.emplace_back(block->hf_prefix() + "." + item.key(), item.value());
-    fill(params);
+    auto block_params = [&] {
+      NamedTensors params;
+      for (const auto& item : block->named_parameters(/*recurse=*/true))
+        params.emplace_back(block->hf_prefix() + "." + item.key(), item.value());
+      return params;
+    };
+    fill(block_params());
     model->append_block(block);
     if (options.on_block_ready) options.on_block_ready(i, *block, weights ? &*weights : nullptr);
+    settle(block_params());  // what on_block_ready left floating (a quantized block's norms)
   }
   model->finish();
   fill(model->final_parameters());
+  settle(model->final_parameters());
   return model;
 }
 

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -32,6 +33,10 @@ struct BuildOptions {
   // Parameters a plugin replaces (planned with a non-floating dtype): stored in the plugin's format
   // they are left to on_block_ready (zero until then), in floating point loaded as usual.
   std::set<std::string> replaced;
+  // Frozen parameters the parameter store will hold in another floating dtype (a 16-bit base under
+  // LoRA): cast as each segment is finished (after on_block_ready), so the whole model is never in
+  // fp32 at once — a frozen 16-bit base costs 2 bytes a parameter while it is built, not 4.
+  std::map<std::string, at::ScalarType> frozen_dtypes;
 };
 
 // Builds the model (fp32, CPU). Order: embeddings, then for each block: allocate, initialise or
