@@ -342,4 +342,14 @@ TEST(Launcher, FlopsProfilerTimesTheStepItNamesAndCountsItsProducts) {
   EXPECT_NE(r.out.find("flops_profiler.profile_step 9 was not reached (the run ended after step 2)"), std::string::npos)
       << r.out;
   EXPECT_FALSE(fs::exists(dir.path() / "c" / "step_profile.json"));
+
+  // An output_file that cannot be written costs the run nothing: a warning, and the table in the log.
+  const std::string missing = (dir.path() / "no_such_folder" / "p.txt").string();
+  const std::string ds_bad = dir.write("ds_bad.json", R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4,
+      "flops_profiler": {"enabled": true, "output_file": ")" + missing + R"("}})");
+  r = run(kLauncher + " --deepspeed " + ds_bad + " " + yaml + " --max_steps=2 --output_dir=" + (dir.path() / "d").string());
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("warning: flops_profiler.output_file " + missing + " cannot be written"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("step profile (flops_profiler, step 1):"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("step     2/2"), std::string::npos) << r.out;
 }

@@ -6,11 +6,12 @@
 #include <map>
 #include <set>
 #include <sstream>
-#include <stdexcept>
 
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
+
+#include "memrt/error.h"
 
 namespace memrt {
 namespace {
@@ -62,7 +63,8 @@ StepProfiler::~StepProfiler() {
 
 void StepProfiler::start() {
   if (prof::isProfilerEnabledInMainThread()) {
-    throw std::runtime_error("flops_profiler: LibTorch's profiler is already running in this process");
+    throw Error("flops_profiler: LibTorch's profiler is already running in this process (a plugin's?); "
+                "turn one of them off");
   }
   const std::set<ActivityType> cpu = {ActivityType::CPU};
   prof::prepareProfiler(config(), cpu);
