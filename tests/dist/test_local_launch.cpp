@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <regex>
 #include <set>
 
+#include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -83,6 +85,33 @@ TEST(DistLocalLaunch, PrefixesWholeLinesAndSetsTheRankEnvironment) {
                                                               " threads? .*"))) << r.err;
 }
 
+// SMT siblings count once: every CPU of the mask made one core's sibling in a fake sysfs gives 1
+// (or the mask's count halved when each pair shares a core); sysfs without topology gives the mask.
+TEST(DistLocalLaunch, UsableCoresCountPhysicalCores) {
+  const int logical = usable_cores("/nonexistent", "/nonexistent");
+  const std::string root = ::testing::TempDir() + "memrt_cpus_" + std::to_string(::getpid());
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof set, &set), 0);
+  auto topology = [&](int cpu, int core) {
+    const std::string dir = root + "/cpu" + std::to_string(cpu) + "/topology";
+    std::filesystem::create_directories(dir);
+    for (const auto& [name, value] : {std::pair<const char*, int>{"core_id", core}, {"physical_package_id", 0}}) {
+      FILE* f = std::fopen((dir + "/" + name).c_str(), "w");
+      std::fprintf(f, "%d\n", value);
+      std::fclose(f);
+    }
+  };
+  int n = 0;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+    if (CPU_ISSET(cpu, &set)) topology(cpu, n++ / 2);  // pairs of siblings
+  EXPECT_EQ(usable_cores("/nonexistent", root), (logical + 1) / 2);
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+    if (CPU_ISSET(cpu, &set)) topology(cpu, 7);  // all on one core
+  EXPECT_EQ(usable_cores("/nonexistent", root), 1);
+  std::filesystem::remove_all(root);
+}
+
 // Threads per rank: OMP_NUM_THREADS when set (oversubscription named, with the value that fits),
 // otherwise the usable cores shared out, at least one each.
 TEST(DistLocalLaunch, PlanThreadsSharesTheCoresOut) {
@@ -109,7 +138,7 @@ TEST(DistLocalLaunch, PlanThreadsSharesTheCoresOut) {
 
 // A CPU quota caps the affinity mask's count, rounded up; "max" and v1's -1 mean none.
 TEST(DistLocalLaunch, UsableCoresFollowTheCgroupQuota) {
-  const int affinity = usable_cores("/nonexistent");
+  const int affinity = usable_cores("/nonexistent", "/nonexistent");  // the mask's count
   ASSERT_GE(affinity, 1);
   const std::string dir = ::testing::TempDir() + "memrt_cgroup_" + std::to_string(::getpid());
   ::mkdir(dir.c_str(), 0700);
@@ -119,17 +148,17 @@ TEST(DistLocalLaunch, UsableCoresFollowTheCgroupQuota) {
     std::fclose(f);
   };
   write("cpu.max", "max 100000\n");
-  EXPECT_EQ(usable_cores(dir), affinity);
+  EXPECT_EQ(usable_cores(dir, "/nonexistent"), affinity);
   write("cpu.max", "50000 100000\n");
-  EXPECT_EQ(usable_cores(dir), 1);
+  EXPECT_EQ(usable_cores(dir, "/nonexistent"), 1);
   write("cpu.max", "150000 100000\n");
-  EXPECT_EQ(usable_cores(dir), std::min(affinity, 2));
+  EXPECT_EQ(usable_cores(dir, "/nonexistent"), std::min(affinity, 2));
   std::remove((dir + "/cpu.max").c_str());
   write("cpu.cfs_quota_us", "-1\n");
   write("cpu.cfs_period_us", "100000\n");
-  EXPECT_EQ(usable_cores(dir), affinity);
+  EXPECT_EQ(usable_cores(dir, "/nonexistent"), affinity);
   write("cpu.cfs_quota_us", "100000\n");
-  EXPECT_EQ(usable_cores(dir), 1);
+  EXPECT_EQ(usable_cores(dir, "/nonexistent"), 1);
   std::remove((dir + "/cpu.cfs_quota_us").c_str());
   std::remove((dir + "/cpu.cfs_period_us").c_str());
   ::rmdir(dir.c_str());

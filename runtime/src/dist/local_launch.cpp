@@ -25,6 +25,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -480,11 +481,25 @@ int pick_free_port(const std::string& addr) {
   return port;
 }
 
-int usable_cores(const std::string& cgroup_root) {
+int usable_cores(const std::string& cgroup_root, const std::string& cpu_root) {
   int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   cpu_set_t set;
   CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0) cores = std::max(1, CPU_COUNT(&set));
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    // Physical cores: the CPUs of the mask by (package, core); SMT siblings share one core's FMA
+    // units, and a GEMM thread on each runs no faster than one. The mask's count if sysfs is silent.
+    std::set<std::pair<int, int>> physical;
+    bool known = true;
+    for (int cpu = 0; cpu < CPU_SETSIZE && known; ++cpu) {
+      if (!CPU_ISSET(cpu, &set)) continue;
+      const std::string topology = cpu_root + "/cpu" + std::to_string(cpu) + "/topology/";
+      std::ifstream core(topology + "core_id"), package(topology + "physical_package_id");
+      int c = -1, p = -1;
+      known = static_cast<bool>(core >> c) && static_cast<bool>(package >> p);
+      physical.emplace(p, c);
+    }
+    cores = std::max(1, known ? static_cast<int>(physical.size()) : CPU_COUNT(&set));
+  }
   // A quota of q microseconds every p: q / p CPUs' worth of time, rounded up.
   auto cap = [&](double quota, double period) {
     if (quota > 0 && period > 0) cores = std::min(cores, std::max(1, static_cast<int>(std::ceil(quota / period))));

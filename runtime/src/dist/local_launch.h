@@ -81,10 +81,12 @@ struct LocalLaunchOptions {
 // executable, or a master_port out of range.
 int run_local_ranks(const LocalLaunchOptions& opts);
 
-// The cores this process may run on: those of its CPU affinity mask (taskset, a cpuset), fewer
-// when a CPU quota caps them — cgroup v2's cpu.max or v1's cpu.cfs_quota_us / cpu.cfs_period_us
-// under `cgroup_root`, rounded up (a container given 1.5 CPUs gets 2 threads). At least 1.
-int usable_cores(const std::string& cgroup_root = "/sys/fs/cgroup");
+// The cores this process may run on: the physical cores of its CPU affinity mask (taskset, a
+// cpuset; SMT siblings counted once, from `cpu_root`/cpuN/topology), fewer when a CPU quota caps
+// them — cgroup v2's cpu.max or v1's cpu.cfs_quota_us / cpu.cfs_period_us under `cgroup_root`,
+// rounded up (a container given 1.5 CPUs gets 2 threads). At least 1.
+int usable_cores(const std::string& cgroup_root = "/sys/fs/cgroup",
+                 const std::string& cpu_root = "/sys/devices/system/cpu");
 
 // The intra-op threads of each of `ranks` processes on a host with `cores` usable cores:
 // OMP_NUM_THREADS when the environment sets it (`omp_num_threads`, null when unset), otherwise
