@@ -523,11 +523,11 @@ TEST(Plugins, ThirdPartyPluginsArray) {
 // ---- warnings, overrides, misc ----------------------------------------------------------------
 
 TEST(Warnings, HarmlessKeysGiveOneLineEach) {
-  const TrainConfig c = load(R"({"train_micro_batch_size_per_gpu": 1, "wall_clock_breakdown": false,
+  const TrainConfig c = load(R"({"train_micro_batch_size_per_gpu": 1, "memory_breakdown": false,
     "tensorboard": {"enabled": true}, "comms_logger": {}, "steps_per_print": 100, "_comment": "x"})",
                              "report_to: none\nwandb_project:\ntf32: false\n");
   EXPECT_EQ(c.warnings.size(), 6u);  // wandb_project is null: nothing to ignore
-  EXPECT_TRUE(has_warning(c, "'wall_clock_breakdown' is accepted but ignored"));
+  EXPECT_TRUE(has_warning(c, "'memory_breakdown' is accepted but ignored"));
   EXPECT_TRUE(has_warning(c, "'report_to' is accepted but ignored"));
   EXPECT_EQ(c.steps_per_print, 100);
 }
@@ -610,7 +610,7 @@ TEST(TrainYaml, HuggingFaceDefaults) {
 
 TEST(PrintConfig, ResolvedJsonHasTheEquationPluginsAndWarnings) {
   const TrainConfig c = load(R"({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
-    "wall_clock_breakdown": true, "bf16": {"enabled": true}})", "max_steps: 7\n", {}, 2);
+    "memory_breakdown": true, "wall_clock_breakdown": true, "bf16": {"enabled": true}})", "max_steps: 7\n", {}, 2);
   const std::string json = resolved_config_json(c);
   const ConfigNode back = parse_json_text(json, "printed");
   EXPECT_EQ(back.at_path("batch.train_batch_size")->as_int(), 16);
@@ -619,6 +619,7 @@ TEST(PrintConfig, ResolvedJsonHasTheEquationPluginsAndWarnings) {
   EXPECT_EQ(back.at_path("plugins[0].name")->as_string(), "precision");
   EXPECT_TRUE(back.at_path("plugins[0].options.bf16.enabled")->as_bool());
   EXPECT_EQ(back.at_path("max_steps")->as_int(), 7);
+  EXPECT_TRUE(back.at_path("wall_clock_breakdown")->as_bool());
   EXPECT_EQ(back.at_path("optimizer.type")->as_string(), "AdamW");
   EXPECT_EQ(back.find("warnings")->as_array().size(), 1u);
 }

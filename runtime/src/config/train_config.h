@@ -246,6 +246,10 @@ struct TrainConfig {
     int64_t profile_step = 1;
     std::string output_file;
   } flops_profiler;
+  // DeepSpeed's wall_clock_breakdown: the log line and metrics.jsonl add each phase's time per
+  // optimizer step (data_ms, forward_ms, backward_ms, gradient_reduce_ms, optimizer_step_ms),
+  // averaged over the steps since the last line.
+  bool wall_clock_breakdown = false;
   // > 0: train this many optimizer steps. -1: derive from num_train_epochs once the dataset's
   // size is known (the engine does; a scheduler's total_num_steps of -1 follows it).
   int64_t max_steps = -1;

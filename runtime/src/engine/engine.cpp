@@ -47,17 +47,29 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using memory::Category;
 
-// One phase of the step, named in the step profile (engine/step_profile.h) when one is recording;
-// a flag test otherwise. Its own time there is the phase's work outside any ATen operator.
+// One phase of the step, named in the step profile (engine/step_profile.h) when one is recording
+// (its own time there is the phase's work outside any ATen operator), and added to `*total_ms`
+// when given (wall_clock_breakdown); a flag test otherwise.
 class PhaseScope {
  public:
-  explicit PhaseScope(const char* name) : fn_(at::RecordScope::USER_SCOPE) {
+  explicit PhaseScope(const char* name, double* total_ms = nullptr)
+      : fn_(at::RecordScope::USER_SCOPE), total_ms_(total_ms) {
     if (fn_.isActive()) fn_.before(name);
+    if (total_ms_) t0_ = Clock::now();
   }
-  void end() { fn_.end(); }
+  ~PhaseScope() { end(); }
+  PhaseScope(const PhaseScope&) = delete;
+  PhaseScope& operator=(const PhaseScope&) = delete;
+  void end() {
+    fn_.end();
+    if (total_ms_) *total_ms_ += std::chrono::duration<double, std::milli>(Clock::now() - t0_).count();
+    total_ms_ = nullptr;
+  }
 
  private:
   at::RecordFunction fn_;
+  double* total_ms_;
+  Clock::time_point t0_;
 };
 
 std::string mib(int64_t bytes) {
@@ -583,7 +595,7 @@ DecoderLM* Engine::decoder_for(const char* feature) {
 // ---- one micro-step: forward, loss, backward ------------------------------------------------------
 double Engine::micro_step(int64_t micro) {
   Batch batch = [&] {
-    PhaseScope phase("memrt::data");
+    PhaseScope phase("memrt::data", wall_ms(&WallClock::data));
     memory::Scope scope(Category::kOther);
     return loader_->get(step_, micro);
   }();
@@ -600,7 +612,7 @@ double Engine::micro_step(int64_t micro) {
     packed.model->set_layout({batch.positions, batch.starts});
   }
   memory::Scope scope(Category::kActivations);
-  PhaseScope forward("memrt::forward");
+  PhaseScope forward("memrt::forward", wall_ms(&WallClock::forward));
   MicroStepContext mctx{*model_, run_, *dist_, step_, micro, batch.inputs, batch.targets, {}, control_};
   plugins_.each("before_forward", step_, [&](Plugin& p) { p.before_forward(mctx); });
 
@@ -634,7 +646,7 @@ double Engine::micro_step(int64_t micro) {
   plugins_.each_reversed("after_forward", step_, [&](Plugin& p) { p.after_forward(mctx); });
   forward.end();
 
-  PhaseScope backward("memrt::backward");
+  PhaseScope backward("memrt::backward", wall_ms(&WallClock::backward));
   at::Tensor to_backprop = loss;
   BackwardContext bctx{run_, step_, micro, to_backprop};
   plugins_.each("before_backward", step_, [&](Plugin& p) { p.before_backward(bctx); });
@@ -679,7 +691,7 @@ void Engine::train_step(TrainSummary& summary) {
                 [&](Plugin& p) { p.after_gradient_accumulation(sctx); });
   if (!plugins_.any_reduces_gradients()) {
     {
-      PhaseScope phase("memrt::gradient_reduce");
+      PhaseScope phase("memrt::gradient_reduce", wall_ms(&WallClock::gradient_reduce));
       memory::Scope scope(Category::kCommBuffers);
       const std::vector<at::Tensor> flat = full_flat_grads(*store_);
       if (flat.empty()) {
@@ -695,7 +707,7 @@ void Engine::train_step(TrainSummary& summary) {
   }
   // Pass 1 of the step: the norm and the overflow check read the gradients once.
   {
-    PhaseScope phase("memrt::grad_norm");
+    PhaseScope phase("memrt::grad_norm", wall_ms(&WallClock::optimizer_step));
     GradSummary pass1 = optimizer_->grad_summary();
     if (optimizer_->grads_partitioned()) {
       at::Tensor ss = at::tensor({pass1.sum_squares}, at::kDouble);
@@ -730,7 +742,7 @@ void Engine::train_step(TrainSummary& summary) {
     scalars.lr = lr;
     scalars.grad_factor = 1.0 / (sctx.grad_scale * clip_divisor(grad_norm, cfg_.gradient_clipping));
     memory::Scope scope(Category::kOptimizerState);
-    PhaseScope phase("memrt::optimizer_step");
+    PhaseScope phase("memrt::optimizer_step", wall_ms(&WallClock::optimizer_step));
     optimizer_->step(scalars);
     ++completed_steps_;
   } else {
@@ -761,8 +773,18 @@ void Engine::train_step(TrainSummary& summary) {
 
   const bool print = step_ % std::max<int64_t>(1, cfg_.steps_per_print) == 0 ||
                      step_ == run_.max_steps || stop_training_agreed_ || stop_signal_agreed_;
+  ++wall_.steps;
   if (print) {
     Metrics extra;
+    if (cfg_.wall_clock_breakdown) {  // DeepSpeed's per-phase times, per optimizer step
+      const double n = static_cast<double>(wall_.steps);
+      extra["data_ms"] = wall_.data / n;
+      extra["forward_ms"] = wall_.forward / n;
+      extra["backward_ms"] = wall_.backward / n;
+      extra["gradient_reduce_ms"] = wall_.gradient_reduce / n;
+      extra["optimizer_step_ms"] = wall_.optimizer_step / n;
+      wall_ = WallClock{};
+    }
     plugins_.each("add_metrics", step_, [&](Plugin& p) { p.add_metrics(extra); });
     log_step(step_, loss, lr, grad_norm, tokens / seconds, skip, extra);
   } else if (run_.rank == 0 && stdout_is_terminal()) {

@@ -164,6 +164,13 @@ class Engine {
   std::exception_ptr hook_error_;
 
   std::string metrics_path_;
+  // wall_clock_breakdown: each phase's milliseconds since the last log line, over `steps` steps.
+  struct WallClock {
+    double data = 0, forward = 0, backward = 0, gradient_reduce = 0, optimizer_step = 0;
+    int64_t steps = 0;
+  } wall_;
+  // Where a phase adds its time: the field of wall_, or nowhere without wall_clock_breakdown.
+  double* wall_ms(double WallClock::*phase) { return cfg_.wall_clock_breakdown ? &(wall_.*phase) : nullptr; }
   std::optional<std::string> resume_;
   // model_name_or_path as the run read its frozen parameters from it: checkpoints leave them there.
   std::optional<BaseSource> base_;
