@@ -54,7 +54,7 @@ struct RankMemoryReport {
   EstimateReport estimate;
   memory::AllocatorStats measured;
   memory::DeviceAllocatorStats device;  // the CUDA caching allocator, when training on a GPU
-  int64_t peak_step = 0;               // the step during which the peak was reached
+  int64_t peak_step = 0;               // the step during which the peak was reached (0: set-up)
   int64_t activations_kept_bytes = 0;  // the most forward kept for backward, over micro-steps
   int64_t activations_peak_bytes = 0;  // the largest activations cell, over steps
   int64_t gradient_bytes_claimed_late = 0;  // gradients the per-parameter hooks missed (0)
@@ -83,6 +83,7 @@ class MemoryMonitor {
  private:
   RankMemoryReport report_;
   int64_t last_peak_ = 0;
+  bool stepped_ = false;  // begin_step has run once: set-up's peak is known
   std::deque<memory::Table> recent_;  // end-of-step live tables, steps >= 2
   std::vector<bool> warned_ = std::vector<bool>(memory::kNumCategories, false);
 };

@@ -554,7 +554,7 @@ it. The data is in the page source (memory_report.json).</div></noscript>
                                                  "\u00b7 is zero."));
 
       var stats = h("div", {"class": "stats"});
-      [["peak at step", mea.peak_step === undefined ? "\u2014" : count(mea.peak_step)],
+      [["peak at step", mea.peak_step === undefined ? "\u2014" : mea.peak_step === 0 ? "set-up" : count(mea.peak_step)],
        ["live at the end", mb(num(mea.current_bytes))],
        ["activations kept", mb(num(mea.activations_kept_bytes))],
        ["activations peak", mb(num(mea.activations_peak_bytes))],
