@@ -19,12 +19,13 @@
 #include "memrt/ops.h"
 
 using memrt::bench::median;
+using memrt::bench::int_arg;
 using memrt::bench::ms_per_call;
 
 int main(int argc, char** argv) {
-  const int64_t rows = argc > 1 ? std::atoll(argv[1]) : 2048;
-  const int64_t cols = argc > 2 ? std::atoll(argv[2]) : 1024;
-  const int rounds = argc > 3 ? std::atoi(argv[3]) : 15;
+  const int64_t rows = int_arg(argc, argv, 1, 2048);
+  const int64_t cols = int_arg(argc, argv, 2, 1024);
+  const int rounds = static_cast<int>(int_arg(argc, argv, 3, 15));
   at::manual_seed(0);
   const at::Tensor x = at::randn({rows, cols}) * 2;  // (rows, F): the c_fc output
   const at::Tensor dy = at::randn({rows, cols});

@@ -31,7 +31,8 @@ def run(cmd, env):
 def launcher(build, ds_config, steps, env, extra=(), train_yaml="configs/train.yaml"):
     """Runs memrt's launcher on ds_config + train_yaml (the main job's by default) for `steps`
     steps in a temporary output_dir, saving no checkpoint (the peers save none); returns {"console", "rss", "metrics" (metrics.jsonl rows),
-    "report" (rank 0 of memory_report.json)}."""
+    "report" (rank 0 of memory_report.json), "profile" (step_profile.json when flops_profiler wrote one, else None)}.
+    Paths are relative to the checkout or absolute."""
     with tempfile.TemporaryDirectory() as out_dir:
         console, rss = run([str(ROOT / build / "bin" / "launcher"), "--deepspeed",
                             str(ROOT / ds_config), str(ROOT / train_yaml),
@@ -43,8 +44,9 @@ def launcher(build, ds_config, steps, env, extra=(), train_yaml="configs/train.y
         rows = ([json.loads(l) for l in metrics.read_text().splitlines()]
                 if metrics.exists() else [])
         report = json.loads((out / "memory_report.json").read_text())
+        profile = json.loads((out / "step_profile.json").read_text()) if (out / "step_profile.json").exists() else None
     rank0 = next(r for r in report["ranks"] if r["rank"] == 0)
-    return {"console": console, "rss": rss, "metrics": rows, "report": rank0}
+    return {"console": console, "rss": rss, "metrics": rows, "report": rank0, "profile": profile}
 
 
 def cells(table):

@@ -38,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_common import ROOT, cpu, run
+from bench_common import ROOT, cpu, launcher, run
 
 MODELS = {
     "main": dict(arch="gpt2", n_layer=4, n_head=4, d_model=256, d_ff=1024, vocab=256, block=128, batch=16,
@@ -68,8 +68,7 @@ def memrt(a, name, dtype, env):
     m = MODELS[name]
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
-        ds = dict(DS, flops_profiler={"enabled": True, "profile_step": m["steps"]})
-        (d / "ds.json").write_text(json.dumps(ds))
+        (d / "ds.json").write_text(json.dumps(dict(DS, flops_profiler={"enabled": True, "profile_step": m["steps"]})))
         yaml = ROOT / m["yaml"] if m["yaml"] else d / "train.yaml"
         if not m["yaml"]:  # bench/bench_checkpoint.py's model and optimizer
             yaml.write_text(
@@ -77,18 +76,13 @@ def memrt(a, name, dtype, env):
                 f"d_ff: {m['d_ff']}, vocab_size: {m['vocab']}, n_ctx: {m['block']}}}\nblock_size: {m['block']}\n"
                 f"per_device_train_batch_size: {m['batch']}\nlearning_rate: 1.0e-3\nweight_decay: 0.1\n"
                 "max_grad_norm: 1.0\nseed: 0\n")
-        cmd = [str(ROOT / a.build / "bin/launcher"), "--deepspeed", str(d / "ds.json"), str(yaml),
-               f"--max_steps={m['steps']}", "--logging_steps=1", "--save_strategy=no", f"--output_dir={d / 'out'}"]
-        if dtype == "bf16":
-            cmd.append("--bf16")
-        console, _ = run(cmd, env)
-        rows = [json.loads(l) for l in (d / "out/metrics.jsonl").read_text().splitlines()]
-        profile = json.loads((d / "out/step_profile.json").read_text())
+        r = launcher(a.build, d / "ds.json", m["steps"], env, ["--logging_steps=1"] + (["--bf16"] if dtype == "bf16" else []),
+                     train_yaml=yaml)
     tokens = m["batch"] * m["block"]
-    step_s = statistics.median(tokens / r["tokens_per_s"] for r in rows
-                               if m["warmup"] < r["step"] < m["steps"] and "tokens_per_s" in r)
-    fp32_gemm = dtype == "bf16" and "bf16: fp32 GEMM" in console
-    return {"step_s": step_s, "profile": profile, "gemm_dtype": "fp32" if fp32_gemm or dtype == "fp32" else "bf16",
+    step_s = statistics.median(tokens / row["tokens_per_s"] for row in r["metrics"]
+                               if m["warmup"] < row["step"] < m["steps"])
+    fp32_gemm = dtype == "bf16" and "bf16: fp32 GEMM" in r["console"]
+    return {"step_s": step_s, "profile": r["profile"], "gemm_dtype": "fp32" if fp32_gemm or dtype == "fp32" else "bf16",
             "tokens": tokens}
 
 

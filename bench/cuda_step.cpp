@@ -61,8 +61,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_cuda_step: no CUDA device on this machine\n");
     return 1;
   }
-  const int64_t n = argc > 1 ? std::atoll(argv[1]) : (int64_t{1} << 28);
-  const int calls = argc > 2 ? std::atoi(argv[2]) : 20;
+  const int64_t n = memrt::bench::int_arg(argc, argv, 1, int64_t{1} << 28);
+  const int calls = static_cast<int>(memrt::bench::int_arg(argc, argv, 2, 20));
   const auto cuda = at::TensorOptions().device(at::kCUDA);
   at::manual_seed(0);
 

@@ -22,14 +22,15 @@
 #include "memrt/ops.h"
 
 using memrt::bench::median;
+using memrt::bench::int_arg;
 using memrt::bench::ms_per_call;
 
 int main(int argc, char** argv) {
-  const int64_t tokens = argc > 1 ? std::atoll(argv[1]) : 1024;
-  const int64_t width = argc > 2 ? std::atoll(argv[2]) : 768;
-  const int64_t vocab = argc > 3 ? std::atoll(argv[3]) : 32000;
+  const int64_t tokens = int_arg(argc, argv, 1, 1024);
+  const int64_t width = int_arg(argc, argv, 2, 768);
+  const int64_t vocab = int_arg(argc, argv, 3, 32000);
   const at::ScalarType dtype = argc > 4 && std::strcmp(argv[4], "fp32") == 0 ? at::kFloat : at::kBFloat16;
-  const int rounds = argc > 5 ? std::atoi(argv[5]) : 7;
+  const int rounds = static_cast<int>(int_arg(argc, argv, 5, 7));
   memrt::memory::install_tracking_allocator();  // as the launcher: large blocks reused, not mapped anew
   at::manual_seed(0);
   const at::Tensor x0 = at::randn({tokens, width}).to(dtype);

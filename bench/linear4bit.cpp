@@ -23,6 +23,7 @@
 #include "quant/linear4bit.h"
 
 using memrt::bench::median;
+using memrt::bench::int_arg;
 using memrt::bench::ms_per_call;
 
 int main(int argc, char** argv) {
@@ -32,7 +33,7 @@ int main(int argc, char** argv) {
   }
   const int64_t out = std::atoll(argv[1]), in = std::atoll(argv[2]), tokens = std::atoll(argv[3]);
   const at::ScalarType dtype = std::strcmp(argv[4], "bf16") == 0 ? at::kBFloat16 : at::kFloat;
-  const int rounds = argc > 5 ? std::atoi(argv[5]) : 5;
+  const int rounds = static_cast<int>(int_arg(argc, argv, 5, 5));
   using namespace memrt::quant;
   at::manual_seed(0);
   const at::Tensor w = at::randn({out, in}) * 0.02;
