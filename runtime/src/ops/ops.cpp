@@ -18,6 +18,7 @@
 #include "memrt/error.h"
 #include "memrt/ops.h"
 #include "ops/activations_cpu.h"
+#include "ops/attention_cpu.h"
 #include "ops/cpu_math.h"
 
 namespace memrt::ops {
@@ -226,6 +227,32 @@ struct Fp32FlashAttention : torch::autograd::Function<Fp32FlashAttention> {
   }
 };
 
+// ---- causal attention (no dropout): memrt's CPU kernel (attention_cpu.h) -----------------------
+// It saves what LibTorch's flash kernel saves (q, k, v, out and the fp32 log-sum-exp) and lays
+// `out` out as (B, T, H, D), so the model's transpose(1, 2).reshape(B, T, C) is a view.
+struct CpuCausalAttention : torch::autograd::Function<CpuCausalAttention> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& v) {
+    RECORD_FUNCTION("memrt::causal_attention", std::vector<c10::IValue>());
+    at::Tensor out = at::empty({q.size(0), q.size(2), q.size(1), q.size(3)}, q.options()).transpose(1, 2);
+    at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
+    causal_attention_forward_cpu(q, k, v, out, lse);
+    ctx->save_for_backward({q, k, v, out, lse});
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    RECORD_FUNCTION("memrt::causal_attention_backward", std::vector<c10::IValue>());
+    const auto s = ctx->get_saved_variables();
+    const at::Tensor &q = s[0], &k = s[1], &v = s[2];
+    const at::Tensor go = grads[0].stride(3) == 1 ? grads[0] : grads[0].contiguous();
+    at::Tensor gq = at::empty(q.sizes(), q.options()), gk = at::empty(k.sizes(), k.options()),
+               gv = at::empty(v.sizes(), v.options());
+    causal_attention_backward_cpu(q, k, v, s[3], s[4], go.to(q.scalar_type()), gq, gk, gv);
+    return {gq, gk, gv};
+  }
+};
+
 // ---- GELU (tanh), fused: one pass each way over contiguous fp32 ------------------------------
 struct FusedGeluTanh : torch::autograd::Function<FusedGeluTanh> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x) {
@@ -354,6 +381,7 @@ void linear_into(const at::Tensor& y, const at::Tensor& x, const at::Tensor& wei
 
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             double dropout_p) {
+  if (dropout_p == 0.0 && causal_attention_cpu_takes(q, k, v)) return CpuCausalAttention::apply(q, k, v);
   // With dropout LibTorch takes its math path, which on the CPU computes 16-bit inputs in fp32.
   if (!fp32_arithmetic(q) || dropout_p > 0.0) {
     return at::scaled_dot_product_attention(q, k, v, {}, dropout_p, /*is_causal=*/true,

@@ -1,0 +1,247 @@
+// Causal attention on the CPU (attention_cpu.h, docs/attention.md). The tile loops are one source,
+// attention_tile.inc, compiled per instruction set; this file gathers each head into fp32 rows
+// (and K, V transposed into zero-padded panels), runs them over ATen's threads one key/value head
+// group per task, and rounds the results into the caller's tensors once.
+#include "ops/attention_cpu.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include "memrt/error.h"
+
+namespace memrt::ops {
+namespace {
+
+constexpr int64_t kTile = 64;  // query rows and keys per tile: a 64 x 64 fp32 tile is 16 KiB
+
+// e^x for softmax arguments (x <= 0 in use): Cephes' expf (range reduction by ln 2 in two parts,
+// a degree-6 polynomial), 0 below ln(FLT_MIN). About 1 ulp; the vector loops run the same steps.
+struct ExpSoftmax {
+  static constexpr float kLow = -87.33654f, kHigh = 88.f;
+  static constexpr float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+  static constexpr float kP[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                                  4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+};
+
+float exp_softmax(float x) {
+  if (!(x >= ExpSoftmax::kLow)) return 0.f;  // -inf included
+  const float xc = std::min(x, ExpSoftmax::kHigh);
+  const float n = std::floor(xc * ExpSoftmax::kLog2e + 0.5f);
+  const float r = xc - n * ExpSoftmax::kLn2Hi - n * ExpSoftmax::kLn2Lo;
+  float p = ExpSoftmax::kP[0];
+  for (int i = 1; i < 6; ++i) p = p * r + ExpSoftmax::kP[i];
+  return std::ldexp(p * r * r + r + 1.f, static_cast<int>(n));
+}
+
+using HeadForward = void (*)(const float*, const float*, const float*, int64_t, int64_t, int64_t, float, float*,
+                             float*, float*);
+using HeadBackward = void (*)(const float*, const float*, const float*, const float*, const float*, const float*,
+                              const float*, int64_t, int64_t, int64_t, float, float*, float*, float*, float*, float*);
+struct Kernels {
+  HeadForward forward;
+  HeadBackward backward;
+};
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+namespace avx512 {
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx2,fma")
+constexpr int kLanes = 16, kMr = 6, kNv = 4;  // 24 accumulators of 32 zmm registers
+typedef float Vec __attribute__((vector_size(64)));
+typedef int32_t IVec __attribute__((vector_size(64)));
+#include "ops/attention_tile.inc"
+#pragma GCC pop_options
+}  // namespace avx512
+
+namespace avx2 {
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+constexpr int kLanes = 8, kMr = 6, kNv = 2;  // 12 accumulators of 16 ymm registers
+typedef float Vec __attribute__((vector_size(32)));
+typedef int32_t IVec __attribute__((vector_size(32)));
+#include "ops/attention_tile.inc"
+#pragma GCC pop_options
+}  // namespace avx2
+#endif
+
+namespace portable {
+constexpr int kLanes = 4, kMr = 6, kNv = 2;  // SSE2's 16 xmm registers; no FMA
+typedef float Vec __attribute__((vector_size(16)));
+typedef int32_t IVec __attribute__((vector_size(16)));
+#include "ops/attention_tile.inc"
+}  // namespace portable
+
+Kernels kernels_for(CpuKernels which) {
+  if (!cpu_supports(which))
+    throw Error(std::string("causal attention: this processor cannot run the ") + to_string(which) + " kernels");
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+  if (which == CpuKernels::kAvx512 || (which == CpuKernels::kBest && cpu_supports(CpuKernels::kAvx512)))
+    return {&avx512::forward_head, &avx512::backward_head};
+  if (which == CpuKernels::kAvx2 || (which == CpuKernels::kBest && cpu_supports(CpuKernels::kAvx2)))
+    return {&avx2::forward_head, &avx2::backward_head};
+#endif
+  return {&portable::forward_head, &portable::backward_head};
+}
+
+// One head of a (B, H, T, D) tensor with a unit last stride: row t at data + t * row_stride.
+template <typename T>
+struct Head {
+  T* data;
+  int64_t row_stride;
+};
+
+template <typename T>
+Head<T> head(const at::Tensor& x, int64_t b, int64_t h) {
+  return {static_cast<T*>(x.data_ptr()) + b * x.stride(0) + h * x.stride(1), x.stride(2)};
+}
+
+template <typename T>
+void gather_rows(Head<const T> x, int64_t rows, int64_t D, float* out) {  // out (rows x D)
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t d = 0; d < D; ++d) out[t * D + d] = static_cast<float>(x.data[t * x.row_stride + d]);
+}
+
+template <typename T>
+void gather_transposed(Head<const T> x, int64_t rows, int64_t D, int64_t tp, float* out) {  // out (D x tp)
+  for (int64_t d = 0; d < D; ++d) std::fill(out + d * tp + rows, out + (d + 1) * tp, 0.f);
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t d = 0; d < D; ++d) out[d * tp + t] = static_cast<float>(x.data[t * x.row_stride + d]);
+}
+
+template <typename T>
+void scatter_rows(const float* in, int64_t rows, int64_t D, Head<T> x) {  // one rounding per element
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t d = 0; d < D; ++d) x.data[t * x.row_stride + d] = static_cast<T>(in[t * D + d]);
+}
+
+// Per-thread fp32 scratch outside the allocator, grown as needed and kept for the next call.
+float* scratch(size_t floats) {
+  thread_local std::vector<float> storage;
+  if (storage.size() < floats) {
+    storage.clear();
+    storage.shrink_to_fit();
+    storage.resize(floats);
+  }
+  return storage.data();
+}
+
+struct Dims {
+  int64_t B, H, Hkv, T, D, tp;
+  float scale;
+};
+
+Dims dims(const at::Tensor& q, const at::Tensor& k) {
+  const int64_t T = q.size(2), D = q.size(3);
+  return {q.size(0), q.size(1), k.size(1), T, D, (T + kTile - 1) / kTile * kTile,
+          static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)))};
+}
+
+template <typename T>
+void forward_typed(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                   const at::Tensor& lse, Kernels kernels) {
+  const Dims n = dims(q, k);
+  const int64_t group = n.H / n.Hkv, rows = n.T * n.D, panel = n.D * n.tp;
+  at::parallel_for(0, n.B * n.Hkv, 1, [&](int64_t begin, int64_t end) {
+    float* const kt = scratch(static_cast<size_t>(4 * rows + panel + kTile * kTile));
+    float *const vr = kt + panel, *const qr = vr + rows, *const o = qr + rows, *const s = o + rows;
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / n.Hkv, hk = task % n.Hkv;
+      gather_transposed(head<const T>(k, b, hk), n.T, n.D, n.tp, kt);
+      gather_rows(head<const T>(v, b, hk), n.T, n.D, vr);
+      for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
+        gather_rows(head<const T>(q, b, h), n.T, n.D, qr);
+        kernels.forward(qr, kt, vr, n.T, n.tp, n.D, n.scale, o, lse.data_ptr<float>() + (b * n.H + h) * n.T, s);
+        scatter_rows(o, n.T, n.D, head<T>(out, b, h));
+      }
+    }
+  });
+}
+
+template <typename T>
+void backward_typed(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                    const at::Tensor& lse, const at::Tensor& dout, const at::Tensor& dq, const at::Tensor& dk,
+                    const at::Tensor& dv, Kernels kernels) {
+  const Dims n = dims(q, k);
+  const int64_t group = n.H / n.Hkv, rows = n.T * n.D, panel = n.D * n.tp;
+  at::parallel_for(0, n.B * n.Hkv, 1, [&](int64_t begin, int64_t end) {
+    float* const kt = scratch(static_cast<size_t>(2 * panel + 7 * rows + 2 * n.T + 2 * kTile * kTile));
+    float *const vt = kt + panel, *const kr = vt + panel, *const qr = kr + rows, *const dor = qr + rows;
+    float *const outr = dor + rows, *const dqr = outr + rows, *const dkr = dqr + rows, *const dvr = dkr + rows;
+    float *const delta = dvr + rows, *const p = delta + n.T, *const ds = p + kTile * kTile;
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / n.Hkv, hk = task % n.Hkv;
+      gather_transposed(head<const T>(k, b, hk), n.T, n.D, n.tp, kt);
+      gather_transposed(head<const T>(v, b, hk), n.T, n.D, n.tp, vt);
+      gather_rows(head<const T>(k, b, hk), n.T, n.D, kr);
+      std::fill(dkr, dkr + 2 * rows, 0.f);  // dk and dv: the group's sums
+      for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
+        gather_rows(head<const T>(q, b, h), n.T, n.D, qr);
+        gather_rows(head<const T>(dout, b, h), n.T, n.D, dor);
+        gather_rows(head<const T>(out, b, h), n.T, n.D, outr);
+        for (int64_t t = 0; t < n.T; ++t) {
+          float sum = 0.f;
+          for (int64_t d = 0; d < n.D; ++d) sum += dor[t * n.D + d] * outr[t * n.D + d];
+          delta[t] = sum;
+        }
+        kernels.backward(qr, kr, kt, vt, dor, delta, lse.data_ptr<float>() + (b * n.H + h) * n.T, n.T, n.tp, n.D,
+                         n.scale, dqr, dkr, dvr, p, ds);
+        scatter_rows(dqr, n.T, n.D, head<T>(dq, b, h));
+      }
+      scatter_rows(dkr, n.T, n.D, head<T>(dk, b, hk));
+      scatter_rows(dvr, n.T, n.D, head<T>(dv, b, hk));
+    }
+  });
+}
+
+template <template <typename> class F, typename... Args>
+void by_dtype(at::ScalarType dtype, Args&&... args) {
+  switch (dtype) {
+    case at::kFloat: return F<float>::run(args...);
+    case at::kBFloat16: return F<c10::BFloat16>::run(args...);
+    case at::kHalf: return F<c10::Half>::run(args...);
+    default: throw Error(std::string("causal attention: no CPU kernel for ") + c10::toString(dtype));
+  }
+}
+
+template <typename T>
+struct Forward {
+  template <typename... Args>
+  static void run(Args&&... args) { forward_typed<T>(args...); }
+};
+template <typename T>
+struct Backward {
+  template <typename... Args>
+  static void run(Args&&... args) { backward_typed<T>(args...); }
+};
+
+}  // namespace
+
+bool causal_attention_cpu_takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  const at::ScalarType dtype = q.scalar_type();
+  if (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kHalf) return false;
+  for (const at::Tensor* x : {&q, &k, &v})
+    if (!x->device().is_cpu() || x->scalar_type() != dtype || x->dim() != 4 || x->stride(3) != 1) return false;
+  const int64_t D = q.size(3);
+  return D % 16 == 0 && D <= 256 && k.sizes() == v.sizes() && k.size(0) == q.size(0) && k.size(2) == q.size(2) &&
+         k.size(3) == D && k.size(1) > 0 && q.size(1) % k.size(1) == 0;
+}
+
+void causal_attention_forward_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const at::Tensor& out, const at::Tensor& lse, CpuKernels kernels) {
+  by_dtype<Forward>(q.scalar_type(), q, k, v, out, lse, kernels_for(kernels));
+}
+
+void causal_attention_backward_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dout,
+                                   const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dv,
+                                   CpuKernels kernels) {
+  by_dtype<Backward>(q.scalar_type(), q, k, v, out, lse, dout, dq, dk, dv, kernels_for(kernels));
+}
+
+}  // namespace memrt::ops
