@@ -125,8 +125,13 @@ TEST(StorePlan, CheckRefusesLayoutsTheStepCannotRun) {
   StorePlan fp32_master(infos(), options());
   fp32_master.set_master_weights(true);
   expect_error<Error>([&] { fp32_master.check(); }, {"masters are for a 16-bit"});
-  StorePlan stage3(infos(), options());
-  expect_error<Error>([&] { stage3.set_extent(StoreBuffer::kCompute, Extent::kPartition); }, {"stage 3"});
+  StorePlan stage3(infos(), options(0, 2));
+  stage3.set_extent(StoreBuffer::kCompute, Extent::kPartition);
+  expect_error<Error>([&] { stage3.check(); }, {"group 'decay'", "compute weights partitioned", "gradient whole",
+                                                 "set_extent(StoreBuffer::kGrad"});
+  stage3.set_extent(StoreBuffer::kGrad, Extent::kPartition);
+  EXPECT_NO_THROW(stage3.check());
+  EXPECT_EQ(stage3.held_numel(0, StoreBuffer::kCompute), 32);
   expect_error<Error>([&] { StorePlan(infos(at::kDouble), options()); }, {"'a.weight' is Double"});
   // fp32 gradients for bf16 weights are a flat buffer of the store's, full (4 bytes per element
   // on every rank) or stage 2's partition; bf16 gradients for fp16 weights are refused.
@@ -291,6 +296,98 @@ TEST(ParamStore, PartitionedStepsEqualTheWholeStepBitForBit) {
       EXPECT_TRUE(at::equal(part.state[1].narrow(0, 0, end - lo), w.state[1].narrow(0, lo, end - lo))) << g << " " << r;
     }
   }
+}
+
+// ZeRO-3's store on 2 ranks: each holds its partition of the compute copy, the parameters rest as
+// empty placeholders, attach() over a segment's range hands each parameter its gathered values and
+// release() takes them back; each rank's step writes its partition of the compute copy, which
+// equals the whole store's step bit for bit.
+TEST(ParamStore, PartitionedComputeWeightsRestAsPlaceholdersAndStepAsTheWholeStoreDoes) {
+  const std::vector<ParamInfo> ps = infos();
+  OptimizerConfig cfg;
+  cfg.type = "AdamW";
+  cfg.weight_decay = 0.1;
+  auto whole = stage1_rank(cfg, ps, 0, 1, at::kBFloat16);
+  std::vector<std::pair<std::shared_ptr<ParamStore>, std::unique_ptr<Optimizer>>> ranks;
+  for (int rank = 0; rank < 2; ++rank) {
+    StoreOptions o = store_options(cfg);
+    o.rank = rank;
+    o.world_size = 2;
+    StorePlan plan(ps, o);
+    plan.set_compute_dtype(at::kBFloat16);
+    plan.set_master_weights(true);
+    for (StoreBuffer b : {StoreBuffer::kCompute, StoreBuffer::kMaster, StoreBuffer::kState, StoreBuffer::kGrad})
+      plan.set_extent(b, Extent::kPartition);
+    auto store = std::make_shared<ParamStore>(std::move(plan), tensors_for(ps, 9), at::kCPU);
+    ranks.emplace_back(store, make_optimizer(cfg, store));
+  }
+  // Rank r's partition of group g's compute copy against the whole store's same elements.
+  auto expect_partitions_equal_whole = [&](const char* when) {
+    for (size_t g = 0; g < whole.first->groups().size(); ++g) {
+      const at::Tensor& w = whole.first->groups()[g].compute;
+      for (int r = 0; r < 2; ++r) {
+        const auto [lo, hi] = ranks[static_cast<size_t>(r)].first->plan().partition(static_cast<int>(g));
+        const at::Tensor& part = ranks[static_cast<size_t>(r)].first->groups()[g].compute;
+        ASSERT_EQ(part.numel(), hi - lo);
+        const int64_t end = std::min(hi, w.numel());
+        if (end > lo) {
+          EXPECT_TRUE(at::equal(part.narrow(0, 0, end - lo), w.narrow(0, lo, end - lo))) << when << " " << g << " " << r;
+        }
+      }
+    }
+  };
+  for (auto& r : ranks)
+    for (int slot = 0; slot < static_cast<int>(ps.size()); ++slot)
+      if (r.first->plan().slots()[static_cast<size_t>(slot)].group >= 0) {
+        EXPECT_EQ(r.first->param(slot).numel(), 0) << ps[static_cast<size_t>(slot)].name;
+        EXPECT_EQ(r.first->param(slot).scalar_type(), at::kBFloat16);
+      }
+  expect_partitions_equal_whole("at rest");
+
+  at::manual_seed(4);
+  for (int step = 0; step < 3; ++step) {
+    std::vector<at::Tensor> grads;
+    for (const ParamInfo& p : ps) grads.push_back(at::randn(p.shape).to(at::kBFloat16));
+    for (ParamGroup& g : whole.second->param_groups())
+      for (size_t i = 0; i < g.params.size(); ++i)
+        g.params[i].mutable_grad() = grads[static_cast<size_t>(whole.first->plan().find(g.names[i]))].clone();
+    for (auto& r : ranks)  // stage 2's reduction leaves each rank its partition of the flat gradient
+      for (int slot = 0; slot < static_cast<int>(ps.size()); ++slot) {
+        if (r.first->plan().slots()[static_cast<size_t>(slot)].group < 0) continue;
+        auto [view, first] = r.first->slice(slot, StoreBuffer::kGrad);
+        view.copy_(grads[static_cast<size_t>(slot)].reshape({-1}).narrow(0, first, view.numel()));
+      }
+    const StepScalars scalars{1e-2, 0.25};
+    whole.second->step(scalars);
+    for (auto& r : ranks) r.second->step(scalars);
+    for (auto& r : ranks)
+      for (ParamStore::Group& g : r.first->groups()) g.grad.zero_();
+  }
+  expect_partitions_equal_whole("after 3 steps");
+
+  // Gathered (here: the two partitions concatenated), a segment's range attached, every parameter
+  // is the whole store's; released, a placeholder again, holding nothing of the gathered values.
+  for (size_t g = 0; g < whole.first->groups().size(); ++g) {
+    ParamStore& rank0 = *ranks[0].first;
+    const at::Tensor gathered = at::cat({rank0.groups()[g].compute, ranks[1].first->groups()[g].compute});
+    const ElementRange range = rank0.plan().segment_range(static_cast<int>(g), 0);
+    const at::Tensor values = gathered.narrow(0, range.begin, range.size()).clone();
+    rank0.attach(static_cast<int>(g), range, values);
+    for (int slot : rank0.plan().groups()[g].slots) {
+      EXPECT_TRUE(at::equal(rank0.param(slot), whole.first->param(slot))) << ps[static_cast<size_t>(slot)].name;
+      EXPECT_EQ(rank0.param(slot).data_ptr<at::BFloat16>(),
+                values.data_ptr<at::BFloat16>() + rank0.plan().range(slot).begin - range.begin);
+    }
+    rank0.release(static_cast<int>(g), range);
+    for (int slot : rank0.plan().groups()[g].slots) EXPECT_EQ(rank0.param(slot).numel(), 0);
+    EXPECT_EQ(values.use_count(), 1) << "the store keeps no reference to released values";
+  }
+  // A range must hold whole parameters, and only a partitioned group is attached.
+  const at::Tensor some = at::zeros({10}, at::kBFloat16);
+  expect_error<Error>([&] { ranks[0].first->attach(0, {0, 10}, some); }, {"cuts parameter 'a.weight'", "[0, 35)"});
+  expect_error<Error>([&] { ranks[0].first->attach(0, {0, 35}, some); }, {"needs 35 contiguous bf16 elements", "got bf16 (10)"});
+  expect_error<Error>([&] { whole.first->attach(0, {0, 35}, at::zeros({35}, at::kBFloat16)); },
+                      {"whose compute weights are whole"});
 }
 
 // ZeRO stage 1 with fp32 SGD without momentum: no master and no state exist, but the partitioned

@@ -275,7 +275,8 @@ class StorePlan {
   // Where every frozen slot is kept (device or host memory).
   void set_frozen_placement(memory::Placement placement);
   void set_grad_dtype(at::ScalarType dtype, const GroupSelector& groups);  // grad_accum_dtype
-  void set_extent(StoreBuffer b, Extent extent, const GroupSelector& groups);  // kCompute: full only
+  // kCompute at kPartition (ZeRO-3, ABI 2.13) needs the group's gradient partitioned too (check()).
+  void set_extent(StoreBuffer b, Extent extent, const GroupSelector& groups);
   void set_placement(StoreBuffer b, memory::Placement placement, const GroupSelector& groups);
   // ABI 2.8: the memory category the groups' compute weights are counted in (weights by default),
   // so that a plugin's own trainable parameters are reported apart: LoRA's adapters as adapters.
@@ -292,7 +293,8 @@ class StorePlan {
   void require_alignment(int64_t elements);         // the alignment becomes the lcm
   // Whether the settings make a store the step can run (the host calls it after every plugin's
   // plan_store): 16-bit compute needs fp32 masters (bf16 may go without, when a plugin set
-  // masters off), fp32 has none, gradients are the compute dtype or fp32. Throws memrt::Error
+  // masters off), fp32 has none, gradients are the compute dtype or fp32, partitioned compute
+  // weights come with a partitioned gradient. Throws memrt::Error
   // saying what to change. A weights-only plan takes no step and passes.
   void check() const;
   // ABI 2.11: the plan of a store that evaluates and takes no step (`launcher eval`): every group
@@ -366,7 +368,8 @@ class ParamStore {
   const StorePlan& plan() const { return plan_; }
   const std::vector<Group>& groups() const { return groups_; }
   std::vector<Group>& groups() { return groups_; }
-  // The module parameter of slot i (a view of its group's compute buffer when trainable).
+  // The module parameter of slot i (a view of its group's compute buffer when trainable; with a
+  // partitioned compute buffer, an empty placeholder unless attached).
   const at::Tensor& param(int slot) const { return params_[static_cast<size_t>(slot)]; }
 
   // Slot i's elements in buffer b as this rank holds them, in the parameter's flat order:
@@ -381,8 +384,22 @@ class ParamStore {
   // A frozen slot's tensors, as its layout lists them (the parameter first).
   const std::vector<at::Tensor>& frozen_tensors(int slot) const;
 
+  // ---- ABI 2.13: partitioned compute weights (ZeRO-3) ----
+  // With group g's compute buffer of extent kPartition this rank holds its partition only, and each
+  // trainable parameter of g rests as an empty placeholder (numel 0; the group's dtype and
+  // device). attach() points every parameter of g whose elements lie in `range` at its view of
+  // `values` — group g's elements [range.begin, range.end) in the compute dtype, contiguous: a
+  // buffer a plugin gathered, typically StorePlan::segment_range(g, s) — and release() sets them
+  // back to placeholders, the store keeping no reference to `values`. (Autograd keeps what it
+  // saved: a plugin that wants the memory back re-attaches before the segment's backward and
+  // releases after it.) A parameter partly inside `range` is an error naming it, as is a group
+  // whose compute weights are whole.
+  void attach(int g, ElementRange range, const at::Tensor& values);
+  void release(int g, ElementRange range);
+
  private:
   void place_frozen(const std::vector<std::pair<std::string, at::Tensor>>& buffers, at::Device device);
+  std::vector<int> slots_within(int g, ElementRange range, const char* who) const;
 
   StorePlan plan_;
   std::vector<Group> groups_;

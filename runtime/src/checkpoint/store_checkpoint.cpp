@@ -48,8 +48,8 @@ struct SavedBuffer {
 };
 
 // Group g's saved buffers, in the order store.json lists them: the exact weight, then every tensor
-// of the state format. The weight is the master when there is one, else the compute buffer (held
-// whole in stages <= 2).
+// of the state format. The weight is the master when there is one, else the compute buffer (whole
+// in stages <= 2, this rank's partition in stage 3).
 std::vector<SavedBuffer> saved_buffers(const ParamStore& store, int g) {
   const ParamStore::Group& group = store.groups()[static_cast<size_t>(g)];
   std::vector<SavedBuffer> out;
@@ -589,7 +589,9 @@ void complete_loaded_store(ParamStore& store, const SavedStore& saved, Communica
   for (int g = 0; g < static_cast<int>(plan.groups().size()); ++g) {
     ParamStore::Group& group = store.groups()[static_cast<size_t>(g)];
     const ElementRange mine = plan.partition(g);
-    std::vector<std::pair<at::Tensor*, int64_t>> full = {{&group.compute, 1}};  // buffer, per value
+    std::vector<std::pair<at::Tensor*, int64_t>> full;  // buffer, per value
+    if (plan.groups()[static_cast<size_t>(g)].buffer(StoreBuffer::kCompute).extent == Extent::kFull)
+      full.emplace_back(&group.compute, 1);  // partitioned (ZeRO-3): each rank read its own
     if (group.master.defined() && plan.groups()[static_cast<size_t>(g)].buffer(StoreBuffer::kMaster).extent == Extent::kFull)
       full.emplace_back(&group.master, 1);
     if (plan.groups()[static_cast<size_t>(g)].buffer(StoreBuffer::kState).extent == Extent::kFull)

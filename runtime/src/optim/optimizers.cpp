@@ -148,6 +148,13 @@ class StoreOptimizer : public Optimizer {
     }
   }
 
+  // The parameter's elements [first, first + n) of buffer b (not a state tensor), which this rank
+  // holds: the whole parameter of a full buffer, or its part in this rank's partition.
+  at::Tensor held(int slot, StoreBuffer b, int64_t first, int64_t n) const {
+    const auto [view, from] = store_->slice(slot, b);
+    return view.narrow(0, first - from, n);
+  }
+
   // Counts one update for every parameter with a gradient this step (with a flat gradient
   // partition, every parameter of the group), whether or not this rank holds a range of it: each
   // rank keeps every parameter's count, so its checkpoint file holds them all and a resume under
@@ -212,7 +219,7 @@ class AdamOptimizer final : public StoreOptimizer {
       const AdamScalars as = adam_scalars(scalars.lr * group.lr_scale, cfg_.beta1, cfg_.beta2, cfg_.eps, wd,
                                           decoupled_, cfg_.bias_correction,
                                           steps_[static_cast<size_t>(slot)]);
-      at::Tensor compute = store_->slice(slot, StoreBuffer::kCompute).first.narrow(0, first, n);
+      at::Tensor compute = held(slot, StoreBuffer::kCompute, first, n);
       const at::Tensor master = store_->groups()[static_cast<size_t>(s.group)].master.defined()
                                     ? store_->slice(slot, StoreBuffer::kMaster).first
                                     : at::Tensor();
@@ -301,7 +308,7 @@ class SgdOptimizer final : public StoreOptimizer {
       ss.nesterov = cfg_.nesterov;
       ss.first_step = steps_[static_cast<size_t>(slot)] == 1;
       const bool master = store_->groups()[static_cast<size_t>(s.group)].master.defined();
-      at::Tensor compute = store_->slice(slot, StoreBuffer::kCompute).first.narrow(0, first, n);
+      at::Tensor compute = held(slot, StoreBuffer::kCompute, first, n);
       at::Tensor p = master ? store_->slice(slot, StoreBuffer::kMaster).first : compute;
       at::Tensor g = grad.to(at::kFloat);
       if (scalars.grad_factor != 1.0) g = g * static_cast<float>(scalars.grad_factor);

@@ -494,9 +494,6 @@ void StorePlan::set_grad_dtype(at::ScalarType dtype, const GroupSelector& groups
 }
 
 void StorePlan::set_extent(StoreBuffer b, Extent extent, const GroupSelector& groups) {
-  if (b == StoreBuffer::kCompute && extent == Extent::kPartition) {
-    throw Error("parameter store: partitioned compute weights (ZeRO stage 3) are not built yet");
-  }
   for (int gi : selected(groups, "set_extent")) {
     StoreGroup& g = groups_[static_cast<size_t>(gi)];
     record(g, std::string(to_string(b)) + " extent", to_string(extent));
@@ -562,6 +559,12 @@ void StorePlan::check() const {
     if (!is_16bit(c) && master) {
       throw Error(std::string("parameter store: group '") + g.name + "' has fp32 master weights "
                   "but computes in " + dtype_name(c) + ": masters are for a 16-bit compute dtype");
+    }
+    if (g.buffer(StoreBuffer::kCompute).extent == Extent::kPartition &&
+        g.buffer(StoreBuffer::kGrad).extent != Extent::kPartition) {
+      throw Error(std::string("parameter store: group '") + g.name + "' keeps its compute weights partitioned "
+                  "(ZeRO stage 3) but its gradient whole; partition the gradient too "
+                  "(set_extent(StoreBuffer::kGrad, Extent::kPartition))");
     }
     const at::ScalarType grad = g.buffer(StoreBuffer::kGrad).dtype;
     if (grad != c && grad != at::kFloat) {
@@ -691,8 +694,9 @@ ParamStore::ParamStore(StorePlan plan, const std::vector<std::pair<std::string, 
     groups_.push_back(std::move(out));
   }
   // Fill: masters from the values as they are (fp32), then the compute copy; each parameter then
-  // becomes a view of its range, and its old storage goes at once. The state comes after, so the
-  // set-up's peak holds the old parameters or the state, never both.
+  // becomes a view of its range (or, with the compute buffer partitioned, an empty placeholder),
+  // and its old storage goes at once. The state comes after, so the set-up's peak holds the old
+  // parameters or the state, never both.
   for (size_t i = 0; i < plan_.slots().size(); ++i) {
     const ParamSlot& s = plan_.slots()[i];
     at::Tensor& p = params_[i];
@@ -702,6 +706,12 @@ ParamStore::ParamStore(StorePlan plan, const std::vector<std::pair<std::string, 
     if (out.master.defined()) {
       auto [view, first] = slice(static_cast<int>(i), StoreBuffer::kMaster);
       view.copy_(flat.narrow(0, first, view.numel()));
+    }
+    if (plan_.groups()[static_cast<size_t>(s.group)].buffer(StoreBuffer::kCompute).extent == Extent::kPartition) {
+      auto [view, first] = slice(static_cast<int>(i), StoreBuffer::kCompute);
+      view.copy_(flat.narrow(0, first, view.numel()));
+      p.set_data(at::empty({0}, out.compute.options()));
+      continue;
     }
     at::Tensor range = out.compute.narrow(0, s.offset, s.numel);
     range.copy_(flat);
@@ -766,6 +776,49 @@ void ParamStore::place_frozen(const std::vector<std::pair<std::string, at::Tenso
                 "plugin that registers a buffer names it in that parameter's FrozenLayout (plan_store: "
                 "set_frozen_layout), so that it is counted, placed and saved with it");
   }
+}
+
+// The trainable slots of group g inside `range`, for attach and release: a slot partly inside it
+// is an error naming the parameter.
+std::vector<int> ParamStore::slots_within(int g, ElementRange range, const char* who) const {
+  const StoreGroup& group = plan_.groups().at(static_cast<size_t>(g));
+  if (group.buffer(StoreBuffer::kCompute).extent != Extent::kPartition)
+    throw Error(std::string("parameter store: ") + who + " of group '" + group.name +
+                "', whose compute weights are whole: only partitioned ones (ZeRO stage 3) are attached");
+  std::vector<int> out;
+  for (int slot : group.slots) {
+    const ElementRange r = plan_.range(slot);
+    if ((r & range).empty()) continue;
+    if (r.begin < range.begin || r.end > range.end)
+      throw Error(std::string("parameter store: ") + who + " of elements [" + std::to_string(range.begin) + ", " +
+                  std::to_string(range.end) + ") of group '" + group.name + "' cuts parameter '" +
+                  plan_.slots()[static_cast<size_t>(slot)].param.name + "' [" + std::to_string(r.begin) + ", " +
+                  std::to_string(r.end) + "); a range holds whole parameters (StorePlan::segment_range)");
+    out.push_back(slot);
+  }
+  return out;
+}
+
+void ParamStore::attach(int g, ElementRange range, const at::Tensor& values) {
+  const std::vector<int> slots = slots_within(g, range, "attach");
+  const at::Tensor& compute = groups_.at(static_cast<size_t>(g)).compute;
+  if (values.dim() != 1 || values.numel() != range.size() || !values.is_contiguous() ||
+      values.scalar_type() != compute.scalar_type() || values.device() != compute.device())
+    throw Error("parameter store: attach to group '" + plan_.groups()[static_cast<size_t>(g)].name + "' needs " +
+                std::to_string(range.size()) + " contiguous " + dtype_name(compute.scalar_type()) + " elements on " +
+                compute.device().str() + ", got " +
+                (values.is_contiguous() ? "" : "non-contiguous ") + dtype_name(values.scalar_type()) + " " +
+                shape_str(values.sizes().vec()) + " on " + values.device().str());
+  for (int slot : slots) {
+    const ParamSlot& s = plan_.slots()[static_cast<size_t>(slot)];
+    params_[static_cast<size_t>(slot)].set_data(values.narrow(0, s.offset - range.begin, s.numel).view(s.param.shape));
+  }
+}
+
+void ParamStore::release(int g, ElementRange range) {
+  const at::Tensor& compute = groups_.at(static_cast<size_t>(g)).compute;
+  for (int slot : slots_within(g, range, "release"))
+    params_[static_cast<size_t>(slot)].set_data(at::empty({0}, compute.options()));
 }
 
 const std::vector<at::Tensor>& ParamStore::frozen_tensors(int slot) const {
