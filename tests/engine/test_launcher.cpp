@@ -380,8 +380,9 @@ TEST(Launcher, WallClockBreakdownTimesEachPhase) {
     EXPECT_GT(m["forward_ms"].GetDouble(), 0.0);
     EXPECT_GT(m["backward_ms"].GetDouble(), 0.0);
     const double step_ms = 1e3 * 8 * 32 / m["tokens_per_s"].GetDouble();  // 8 sequences of 32 tokens
+    // The phases are disjoint parts of the step. (How much of a 3 ms step they cover depends on
+    // what else the machine runs, so no lower bound is asserted: under ctest -j2 it fell to 40%.)
     EXPECT_LE(phases, step_ms) << line;
-    EXPECT_GT(phases, 0.5 * step_ms) << line;
   }
   EXPECT_EQ(lines, 4);
 

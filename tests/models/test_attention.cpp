@@ -9,9 +9,12 @@
 #include <torch/autograd.h>
 
 #include <cstdio>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "memory/tracking_allocator.h"
+#include "memrt/error.h"
 #include "memrt/ops.h"
 #include "ops/attention_cpu.h"
 
@@ -180,6 +183,20 @@ TEST(CausalAttention, TheOpKeepsWhatLibTorchsKernelKeeps) {
   for (int i = 0; i < 3; ++i) EXPECT_LT(err(memrt_grads[i], libtorch_grads[i].to(at::kDouble)), 1e-5) << i;
   EXPECT_TRUE(causal_attention_cpu_takes(x.q, x.k, x.v));
   EXPECT_FALSE(causal_attention_cpu_takes(x.q.narrow(3, 0, 40), x.k.narrow(3, 0, 40), x.v.narrow(3, 0, 40)));
+  // Called directly with what it does not take, the kernel says what, instead of writing past an end.
+  auto message = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const at::Tensor out = at::empty(x.q.sizes());
+  EXPECT_NE(message([&] { causal_attention_forward_cpu(x.q, x.k, x.v, out, at::empty({c.B, c.H, c.T + 1})); })
+                .find("log-sum-exp must be contiguous fp32"), std::string::npos);
+  EXPECT_NE(message([&] { causal_attention_forward_cpu(x.q.narrow(3, 0, 40), x.k, x.v, out, at::empty({c.B, c.H, c.T})); })
+                .find("does not take"), std::string::npos);
 }
 
 }  // namespace

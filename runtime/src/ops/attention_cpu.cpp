@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
+#include <string>
 #include <vector>
 
 #include <ATen/Parallel.h>
@@ -199,26 +201,33 @@ void backward_typed(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   });
 }
 
-template <template <typename> class F, typename... Args>
-void by_dtype(at::ScalarType dtype, Args&&... args) {
+// Calls f with a value of the element type of `dtype` (fp32, bf16 or fp16).
+template <typename F>
+void by_dtype(at::ScalarType dtype, F&& f) {
   switch (dtype) {
-    case at::kFloat: return F<float>::run(args...);
-    case at::kBFloat16: return F<c10::BFloat16>::run(args...);
-    case at::kHalf: return F<c10::Half>::run(args...);
+    case at::kFloat: return f(float{});
+    case at::kBFloat16: return f(c10::BFloat16{});
+    case at::kHalf: return f(c10::Half{});
     default: throw Error(std::string("causal attention: no CPU kernel for ") + c10::toString(dtype));
   }
 }
 
-template <typename T>
-struct Forward {
-  template <typename... Args>
-  static void run(Args&&... args) { forward_typed<T>(args...); }
-};
-template <typename T>
-struct Backward {
-  template <typename... Args>
-  static void run(Args&&... args) { backward_typed<T>(args...); }
-};
+// What both directions need of their tensors beyond causal_attention_cpu_takes: `sized` of q's
+// sizes and dtype with a unit last stride, the log-sum-exp (B, H, T) fp32 contiguous.
+void check_operands(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& lse,
+                    std::initializer_list<const at::Tensor*> sized) {
+  if (!causal_attention_cpu_takes(q, k, v))
+    throw Error("causal attention: the CPU kernel does not take q " + c10::str(q.sizes(), " ", q.scalar_type()) +
+                ", k " + c10::str(k.sizes()) + ", v " + c10::str(v.sizes()) +
+                " (causal_attention_cpu_takes says what it does)");
+  if (lse.scalar_type() != at::kFloat || !lse.is_contiguous() || lse.sizes() != q.sizes().slice(0, 3))
+    throw Error("causal attention: the log-sum-exp must be contiguous fp32 of q's (B, H, T) " +
+                c10::str(q.sizes().slice(0, 3)) + ", got " + c10::str(lse.sizes(), " ", lse.scalar_type()));
+  for (const at::Tensor* t : sized)
+    if (t->sizes() != q.sizes() || t->scalar_type() != q.scalar_type() || t->stride(3) != 1 || !t->device().is_cpu())
+      throw Error("causal attention: an output or gradient of q's sizes and dtype with a unit last stride is " +
+                  c10::str(t->sizes(), " ", t->scalar_type()) + " with strides " + c10::str(t->strides()));
+}
 
 }  // namespace
 
@@ -234,14 +243,24 @@ bool causal_attention_cpu_takes(const at::Tensor& q, const at::Tensor& k, const 
 
 void causal_attention_forward_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                   const at::Tensor& out, const at::Tensor& lse, CpuKernels kernels) {
-  by_dtype<Forward>(q.scalar_type(), q, k, v, out, lse, kernels_for(kernels));
+  check_operands(q, k, v, lse, {&out});
+  const Kernels run = kernels_for(kernels);
+  by_dtype(q.scalar_type(), [&](auto element) { forward_typed<decltype(element)>(q, k, v, out, lse, run); });
 }
 
 void causal_attention_backward_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dout,
                                    const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dv,
                                    CpuKernels kernels) {
-  by_dtype<Backward>(q.scalar_type(), q, k, v, out, lse, dout, dq, dk, dv, kernels_for(kernels));
+  check_operands(q, k, v, lse, {&out, &dout, &dq});
+  for (const at::Tensor* t : {&dk, &dv})
+    if (t->sizes() != k.sizes() || t->scalar_type() != k.scalar_type() || t->stride(3) != 1)
+      throw Error("causal attention: dk and dv must have k's sizes and dtype and a unit last stride, got " +
+                  c10::str(t->sizes(), " ", t->scalar_type()));
+  const Kernels run = kernels_for(kernels);
+  by_dtype(q.scalar_type(), [&](auto element) {
+    backward_typed<decltype(element)>(q, k, v, out, lse, dout, dq, dk, dv, run);
+  });
 }
 
 }  // namespace memrt::ops
