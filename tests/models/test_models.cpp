@@ -11,6 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
 #include <gtest/gtest.h>
@@ -184,6 +185,37 @@ TEST(Models, InitialisationFollowsHuggingFace) {
   EXPECT_TRUE(at::equal(pl.at("model.norm.weight"), at::ones({128})));
   EXPECT_NEAR(std_of(pl.at("lm_head.weight")), 0.05, 0.05 * 0.03);
   EXPECT_NEAR(std_of(pl.at("model.layers.2.mlp.down_proj.weight")), 0.05, 0.05 * 0.03);
+}
+
+// A 16-bit tensor is initialised a chunk at a time through an fp32 buffer: the numbers are those a
+// single fp32 at::normal_ over the whole draws from the same generator (sizes on and off its blocks
+// of 16, chunks that do and do not divide them), and the generator is left where that draw leaves
+// it. build_model makes a frozen bf16 token embedding and head that way, with no fp32 copy: their
+// values are the fp32 build's, rounded.
+TEST(Models, ChunkedInitialisationDrawsWhatOneDrawDoes) {
+  for (int64_t n : {1, 15, 16, 17, 40, 64, 1000, 4099})
+    for (int64_t chunk : {int64_t{16}, int64_t{48}, int64_t{100}, int64_t{1} << 20}) {
+      at::Generator g1 = at::detail::createCPUGenerator(5), g2 = at::detail::createCPUGenerator(5);
+      const at::Tensor whole = at::empty({n}).normal_(0.0, 0.02, g1);
+      const at::Tensor chunked = at::empty({n});
+      normal_in_chunks(chunked, 0.02, g2, chunk);
+      EXPECT_TRUE(at::equal(chunked, whole)) << n << " elements, chunks of " << chunk;
+      EXPECT_TRUE(at::equal(at::empty({8}).normal_(0.0, 1.0, g2), at::empty({8}).normal_(0.0, 1.0, g1)))
+          << n << " elements, chunks of " << chunk;
+    }
+  ModelShape l;
+  l.arch = "llama", l.n_layer = 2, l.d_model = 64, l.n_head = 4, l.n_kv_head = 2, l.d_ff = 128;
+  l.vocab_size = 300, l.n_ctx = 16, l.tie_embeddings = false;
+  BuildOptions opt;
+  opt.seed = 3;
+  const auto fp32 = params_of(*build_model(l, opt));
+  opt.frozen_dtypes = {{"model.embed_tokens.weight", at::kBFloat16}, {"lm_head.weight", at::kBFloat16}};
+  const auto bf16 = params_of(*build_model(l, opt));
+  for (const char* name : {"model.embed_tokens.weight", "lm_head.weight"}) {
+    EXPECT_EQ(bf16.at(name).scalar_type(), at::kBFloat16) << name;
+    EXPECT_TRUE(at::equal(bf16.at(name), fp32.at(name).to(at::kBFloat16))) << name;
+  }
+  EXPECT_TRUE(at::equal(bf16.at("model.layers.1.mlp.up_proj.weight"), fp32.at("model.layers.1.mlp.up_proj.weight")));
 }
 
 TEST(Models, BadShapesAreConfigErrors) {

@@ -102,7 +102,9 @@ class DecoderBlock : public Block {
 };
 
 // A decoder LM built block by block: construct (embeddings), then append_block(new_block(i)) for
-// each block, then finish() (final norm, lm_head).
+// each block, then finish() (final norm, lm_head). The token embedding and an untied lm_head, the
+// two (V, C) tensors, are made with no rows: build_model allocates them in the dtype the store
+// will keep them in, so a 16-bit frozen one never exists in fp32 beside the finished blocks.
 class DecoderLM : public CausalLM {
  public:
   explicit DecoderLM(ModelShape shape) : shape_(std::move(shape)) {}

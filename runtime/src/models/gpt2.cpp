@@ -59,8 +59,9 @@ class Gpt2LM : public DecoderLM {
  public:
   explicit Gpt2LM(const ModelShape& s) : DecoderLM(s) {
     transformer_ = register_module("transformer", std::make_shared<torch::nn::Module>("transformer"));
+    // (V, C), made with no rows: build_model allocates it (DecoderLM, decoder.h).
     wte_ = transformer_->register_module(
-        "wte", torch::nn::Embedding(s.vocab_size, s.d_model));  // (V, C)
+        "wte", torch::nn::Embedding(torch::nn::EmbeddingOptions(0, s.d_model)));
     wpe_ = transformer_->register_module(
         "wpe", torch::nn::Embedding(s.n_ctx, s.d_model));  // (n_ctx, C)
     layers_ = transformer_->register_module("h", torch::nn::ModuleList());
@@ -76,8 +77,8 @@ class Gpt2LM : public DecoderLM {
                                          .eps(shape_.norm_eps)));  // (C)
     if (!shape_.tie_embeddings)
       lm_head_ = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(
-                                                 shape_.d_model, shape_.vocab_size)
-                                                 .bias(false)));  // (V, C)
+                                                 shape_.d_model, 0)
+                                                 .bias(false)));  // (V, C), allocated by build_model
   }
 
   NamedTensors embedding_parameters() override {

@@ -65,8 +65,9 @@ class LlamaLM : public DecoderLM {
   explicit LlamaLM(const ModelShape& s)
       : DecoderLM(s), rope_(std::make_shared<RopeCache>(s.head_dim(), s.rope_theta)) {
     model_ = register_module("model", std::make_shared<torch::nn::Module>("model"));
+    // (V, C), made with no rows: build_model allocates it (DecoderLM, decoder.h).
     embed_tokens_ = model_->register_module(
-        "embed_tokens", torch::nn::Embedding(s.vocab_size, s.d_model));  // (V, C)
+        "embed_tokens", torch::nn::Embedding(torch::nn::EmbeddingOptions(0, s.d_model)));
     layers_ = model_->register_module("layers", torch::nn::ModuleList());
   }
 
@@ -78,8 +79,8 @@ class LlamaLM : public DecoderLM {
     norm_ = model_->register_module("norm", RMSNorm(shape_.d_model, shape_.norm_eps));  // (C)
     if (!shape_.tie_embeddings)
       lm_head_ = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(
-                                                 shape_.d_model, shape_.vocab_size)
-                                                 .bias(false)));  // (V, C)
+                                                 shape_.d_model, 0)
+                                                 .bias(false)));  // (V, C), allocated by build_model
   }
 
   NamedTensors embedding_parameters() override {

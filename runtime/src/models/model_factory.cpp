@@ -39,14 +39,34 @@ void init_parameter(const ModelShape& shape, const std::string& name, at::Tensor
     if (p.device().is_cpu() && p.scalar_type() == at::kFloat && p.is_contiguous()) {
       p.normal_(0.0, std, gen);  // in place: no second copy of the largest tensor while building
     } else {
-      at::Tensor r = at::empty(p.sizes(), at::TensorOptions().dtype(at::kFloat));
-      r.normal_(0.0, std, gen);  // drawn on the CPU: the same numbers whatever the device
-      p.copy_(r);
+      normal_in_chunks(p, std, gen);  // drawn on the CPU: the same numbers whatever the device
     }
   }
 }
 
 }  // namespace
+
+void normal_in_chunks(const at::Tensor& p, double std, at::Generator& gen, int64_t chunk) {
+  at::NoGradGuard no_grad;
+  const int64_t n = p.numel();
+  at::Tensor flat = p.view({-1});
+  if (n < 16 || n <= chunk) {  // one draw, as at::normal_ on the whole tensor
+    flat.copy_(at::empty({n}, at::kFloat).normal_(0.0, std, gen));
+    return;
+  }
+  // at::normal_ draws a CPU tensor of 16 or more elements as consecutive blocks of 16 (and, when
+  // its size is not a multiple of 16, 16 fresh values for its last 16 elements): chunks that start
+  // on a block boundary, the last one of 16 to 31 elements, draw exactly its numbers.
+  chunk = std::max<int64_t>(chunk / 16 * 16, 16);
+  const int64_t last = (n - 16) / 16 * 16;
+  at::Tensor r = at::empty({std::max<int64_t>(chunk, 32)}, at::kFloat);
+  for (int64_t i = 0; i < last;) {
+    const int64_t len = std::min(chunk, last - i);
+    flat.narrow(0, i, len).copy_(r.narrow(0, 0, len).normal_(0.0, std, gen));
+    i += len;
+  }
+  flat.narrow(0, last, n - last).copy_(r.narrow(0, 0, n - last).normal_(0.0, std, gen));
+}
 
 int64_t ParamSpec::numel() const {
   int64_t n = 1;
@@ -132,6 +152,11 @@ std::shared_ptr<CausalLM> build_model(const ModelShape& shape, const BuildOption
       auto it = spec_of.find(name);
       if (it == spec_of.end())
         throw Error("build_model: internal error: parameter '" + name + "' has no spec");
+      if (p.numel() == 0 && it->second->numel() > 0) {  // made with no rows (DecoderLM): allocated here
+        auto planned = options.frozen_dtypes.find(name);
+        p.set_data(at::empty(it->second->shape,
+                             p.options().dtype(planned != options.frozen_dtypes.end() ? planned->second : at::kFloat)));
+      }
       if (weights && weights->plugin_reads(name)) {
         p.zero_();  // stored in a plugin's format: its on_block_ready reads it
       } else if (weights) {

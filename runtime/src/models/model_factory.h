@@ -45,6 +45,11 @@ struct BuildOptions {
 // dtypes) before anything is allocated. Errors: memrt::ConfigError (bad shape), FileError (files).
 std::shared_ptr<CausalLM> build_model(const ModelShape& shape, const BuildOptions& options);
 
+// Fills `p` (contiguous, any floating dtype) with N(0, std) as one fp32 at::normal_ over all its
+// elements would — the same numbers from the same generator — drawing `chunk` elements at a time
+// into an fp32 buffer, so a 16-bit tensor is initialised without an fp32 copy of itself.
+void normal_in_chunks(const at::Tensor& p, double std, at::Generator& gen, int64_t chunk = int64_t{1} << 16);
+
 // Mean cross-entropy of next-token prediction, in fp32. logits (B, T, V) float (16-bit logits are
 // upcast), targets (B, T) int64
 // (already shifted: targets[b, t] is the token after position t); targets of -100 are ignored.
