@@ -170,8 +170,12 @@ int64_t param_segment(const std::string& name, int64_t n_layer) {
 }
 
 bool is_last_projection(const std::string& name, const std::string& arch) {
-  if (arch == "llama") return ends_with(name, ".mlp.down_proj.weight");
-  // GPT-2: a LoRA adapter on mlp.c_proj, whose backward is the block's peak (gpt2_block).
+  // Llama: down_proj's weight, or its LoRA adapter's A and B, whose gradients are handed over
+  // before the SwiGLU's backward. GPT-2: a LoRA adapter on mlp.c_proj, whose backward is the
+  // block's peak (gpt2_block).
+  if (arch == "llama")
+    return ends_with(name, ".mlp.down_proj.weight") || ends_with(name, ".mlp.down_proj" + kLoraA) ||
+           ends_with(name, ".mlp.down_proj.lora_B.weight");
   return ends_with(name, ".mlp.c_proj" + kLoraA) || ends_with(name, ".mlp.c_proj.lora_B.weight");
 }
 
