@@ -305,8 +305,10 @@ BlockOps llama_block(const ModelShape& s, const Trainable& t, int64_t i, bool in
   o.kept += down_w ? ff * b : 0;      // the product, down_proj's input
   o.out_grad = g_gate || g_up || down_w;
   // The SwiGLU's backward: the product's gradient, then silu(gate)'s and up's, down_proj having
-  // freed the product (its weight's gradient is handed over by then).
+  // freed the product (its weight's gradient is handed over by then) and, with a LoRA adapter,
+  // its A's output (r a token, kept for B's gradient).
   o.backward = BT * ff * b * ((g_gate || g_up ? 1 : 0) + (g_gate ? 1 : 0) + (g_up ? 1 : 0) - (down_w ? 1 : 0));
+  if (o.backward > 0) o.backward -= BT * t.adapter_rank(i, "mlp.down_proj") * b;
   return o;
 }
 
