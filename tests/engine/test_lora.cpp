@@ -455,14 +455,19 @@ TEST(Lora, ASixteenBitBaseIsNeverWholeInFp32) {
   EXPECT_LT(peak, 3 * params) << "set-up held the base in fp32 (" << 4 * params << " bytes)";
   EXPECT_GT(peak, 2 * params);  // the bf16 base itself
 
+  // A one-step bf16 LoRA run of a one-block Llama shaped by `model` (d_model 128, batch 1 x 8).
+  auto one_block = [&](const std::string& name, const std::string& model) {
+    return run(kLauncher + " --deepspeed " + dir.write("ds.json", R"({"train_micro_batch_size_per_gpu": 1})") + " " +
+               dir.write(name + ".yaml", "model: {arch: llama, n_layer: 1, n_head: 4, d_model: 128, " + model +
+                                             ", n_ctx: 8, tie_embeddings: false}\nblock_size: 8\nmax_steps: 1\nbf16: true\n"
+                                             "use_peft: true\nlora_r: 2\n") +
+               " --output_dir=" + (dir.path() / name).string());
+  };
+
   // The (V, C) token embedding and untied head are made in bf16 at once (drawn through a small
   // fp32 buffer): with a vocabulary wide enough for them to outweigh the step, set-up stays under
   // the step's peak, which the estimate holds.
-  const RunResult wide = run(kLauncher + " --deepspeed " + dir.write("ds.json", R"({"train_micro_batch_size_per_gpu": 1})") +
-                             " " + dir.write("wide.yaml", "model: {arch: llama, n_layer: 1, n_head: 4, d_model: 128, d_ff: 256, "
-                                                          "vocab_size: 16384, n_ctx: 8, tie_embeddings: false}\nblock_size: 8\n"
-                                                          "max_steps: 1\nbf16: true\nuse_peft: true\nlora_r: 2\n") +
-                             " --output_dir=" + (dir.path() / "wide").string());
+  const RunResult wide = one_block("wide", "d_ff: 256, vocab_size: 16384");
   ASSERT_EQ(wide.exit_code, 0) << wide.out;
   const rapidjson::Document w = read_json(dir.path() / "wide" / "memory_report.json");
   EXPECT_EQ(w["ranks"][0]["measured"]["peak_step"].GetInt64(), 1) << wide.out;
@@ -470,11 +475,7 @@ TEST(Lora, ASixteenBitBaseIsNeverWholeInFp32) {
 
   // A block is still built in fp32 and cast when it is finished: one wide enough outweighs the
   // step, and the report puts the peak in set-up (which the estimate does not model, docs/memory.md).
-  const RunResult deep = run(kLauncher + " --deepspeed " + dir.write("ds.json", R"({"train_micro_batch_size_per_gpu": 1})") +
-                             " " + dir.write("deep.yaml", "model: {arch: llama, n_layer: 1, n_head: 4, d_model: 128, d_ff: 8192, "
-                                                          "vocab_size: 256, n_ctx: 8, tie_embeddings: false}\nblock_size: 8\n"
-                                                          "max_steps: 1\nbf16: true\nuse_peft: true\nlora_r: 2\n") +
-                             " --output_dir=" + (dir.path() / "deep").string());
+  const RunResult deep = one_block("deep", "d_ff: 8192, vocab_size: 256");
   ASSERT_EQ(deep.exit_code, 0) << deep.out;
   EXPECT_EQ(read_json(dir.path() / "deep" / "memory_report.json")["ranks"][0]["measured"]["peak_step"].GetInt64(), 0);
   EXPECT_NE(deep.out.find("in set-up, before step 1"), std::string::npos) << deep.out;
