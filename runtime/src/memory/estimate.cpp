@@ -144,7 +144,10 @@ ActivationEstimate activation_estimate(const ModelShape& s, int64_t micro_batch,
   // embedding's own backward), or in the embedding's backward.
   const int64_t tied_grad = s.tie_embeddings ? V * d * b : 0;
   a.backward_at_loss = chunked ? chunks.in_chunks : 2 * BT * V * f;
-  a.backward_in_last_block = block_backward + tied_grad - head_kept;
+  // Past the loss two scalars stay, the loss and backward's seed (ones_like(loss)): unchunked,
+  // in place of the total weight nll_loss kept; chunked, one more than forward kept.
+  const int64_t seed = chunked ? f : 0;
+  a.backward_in_last_block = block_backward + tied_grad - head_kept + seed;
   a.embedding_trains = true;
   a.backward_in_embedding = at_embedding(s, BT, block_size, b, true, true) - a.kept();
   a.backward_peak = std::max(a.backward_at_loss, a.backward_in_last_block);
@@ -425,7 +428,7 @@ ActivationEstimate activation_estimate(const ModelShape& s, int64_t micro_batch,
   }
   a.head = head_kept + (chunked ? f : 2 * f);
   const int64_t tied_grad = s.tie_embeddings && embedding ? s.vocab_size * d * b : 0;
-  a.backward_in_last_block = last.backward + tied_grad - head_kept;
+  a.backward_in_last_block = last.backward + tied_grad - head_kept + (chunked ? f : 0);  // backward's seed
   a.backward_in_embedding = at_embedding(s, BT, block_size, b, embedding, position) - a.kept();
   a.backward_peak = std::max(a.backward_at_loss, a.backward_in_last_block);
   return a;
