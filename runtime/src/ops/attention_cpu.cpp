@@ -16,30 +16,17 @@
 #include <c10/util/Half.h>
 
 #include "memrt/error.h"
+#include "ops/activation_math.h"
 
 namespace memrt::ops {
 namespace {
 
 constexpr int64_t kTile = 64;  // query rows and keys per tile: a 64 x 64 fp32 tile is 16 KiB
 
-// e^x for softmax arguments (x <= 0 in use): Cephes' expf (range reduction by ln 2 in two parts,
-// a degree-6 polynomial), 0 below ln(FLT_MIN). About 1 ulp; the vector loops run the same steps.
-struct ExpSoftmax {
-  static constexpr float kLow = -87.33654f, kHigh = 88.f;
-  static constexpr float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
-  static constexpr float kP[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
-                                  4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
-};
-
-float exp_softmax(float x) {
-  if (!(x >= ExpSoftmax::kLow)) return 0.f;  // -inf included
-  const float xc = std::min(x, ExpSoftmax::kHigh);
-  const float n = std::floor(xc * ExpSoftmax::kLog2e + 0.5f);
-  const float r = xc - n * ExpSoftmax::kLn2Hi - n * ExpSoftmax::kLn2Lo;
-  float p = ExpSoftmax::kP[0];
-  for (int i = 1; i < 6; ++i) p = p * r + ExpSoftmax::kP[i];
-  return std::ldexp(p * r * r + r + 1.f, static_cast<int>(n));
-}
+// e^x of a softmax argument (x <= 0): activation_math.h's exp_clamped, and exactly 0 below its
+// range, so a masked score (-inf) adds nothing and no subnormal reaches the tile products. Inlined
+// into each instruction set's loops, which the compiler vectorises.
+inline float softmax_exp(float x) { return x < -87.3365448f ? 0.f : exp_clamped(x); }
 
 using HeadForward = void (*)(const float*, const float*, const float*, int64_t, int64_t, int64_t, float, float*,
                              float*, float*);
@@ -53,10 +40,9 @@ struct Kernels {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 namespace avx512 {
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx2,fma")
+#pragma GCC target("avx512f,avx2,fma,prefer-vector-width=512")
 constexpr int kLanes = 16, kMr = 6, kNv = 4;  // 24 accumulators of 32 zmm registers
 typedef float Vec __attribute__((vector_size(64)));
-typedef int32_t IVec __attribute__((vector_size(64)));
 #include "ops/attention_tile.inc"
 #pragma GCC pop_options
 }  // namespace avx512
@@ -66,7 +52,6 @@ namespace avx2 {
 #pragma GCC target("avx2,fma")
 constexpr int kLanes = 8, kMr = 6, kNv = 2;  // 12 accumulators of 16 ymm registers
 typedef float Vec __attribute__((vector_size(32)));
-typedef int32_t IVec __attribute__((vector_size(32)));
 #include "ops/attention_tile.inc"
 #pragma GCC pop_options
 }  // namespace avx2
@@ -75,7 +60,6 @@ typedef int32_t IVec __attribute__((vector_size(32)));
 namespace portable {
 constexpr int kLanes = 4, kMr = 6, kNv = 2;  // SSE2's 16 xmm registers; no FMA
 typedef float Vec __attribute__((vector_size(16)));
-typedef int32_t IVec __attribute__((vector_size(16)));
 #include "ops/attention_tile.inc"
 }  // namespace portable
 
