@@ -37,13 +37,10 @@ void estimate_checkpointed(memory::MemoryEstimate& e, const std::vector<bool>& c
   for (int64_t i = 0; i < L; ++i) kept[i] = checkpointed[i] ? input : plain;
   a.per_block = kept;
   // The first block's input, the embedding's output, is saved by its checkpoint even where no op
-  // keeps it (a frozen embedding before a frozen first norm: a LoRA run's). The op-by-op model
-  // (memory::activation_estimate without dropout, and for Llama in fp32) counts it in the embedding
-  // term when something keeps it, and leaves that term under one such tensor when not (position ids
-  // at most); the whole-segment rules it uses otherwise are an upper bound that already covers it.
-  const bool op_by_op = s.attn_pdrop == 0.0 && s.resid_pdrop == 0.0 && s.embd_pdrop == 0.0 &&
-                        (s.arch != "llama" || e.compute_dtype == at::kFloat);
-  if (op_by_op && checkpointed[0] && a.embedding < input) a.embedding += input;
+  // keeps it (a frozen embedding before a frozen first norm: a LoRA run's). Op by op, the embedding
+  // term counts it when something keeps it and is under one such tensor when not (position ids at
+  // most); the whole-segment rules are an upper bound that already covers it.
+  if (memory::activations_op_by_op(s, e.compute_dtype) && checkpointed[0] && a.embedding < input) a.embedding += input;
   const int64_t kept_total = a.kept();
 
   // Gradients alive at each candidate: every one when accumulating; otherwise those of the

@@ -153,9 +153,9 @@ ActivationEstimate activation_estimate(const ModelShape& shape, int64_t micro_ba
 // norm, untied lm_head).
 int64_t param_segment(const std::string& name, int64_t n_layer);
 // Whether a block's backward has handed this parameter's gradient over at the block's peak
-// (docs/memory.md, "The peak"): Llama's down projection weight; the A and B of a LoRA adapter on
-// GPT-2's mlp.c_proj. GPT-2's c_proj weight and bias gradients are still in flight then
-// (block_backward_bytes counts them).
+// (docs/memory.md, "The peak"): Llama's down projection weight and the A and B of a LoRA adapter
+// on it; the A and B of a LoRA adapter on GPT-2's mlp.c_proj. GPT-2's c_proj weight and bias
+// gradients are still in flight then (block_backward_bytes counts them).
 bool is_last_projection(const std::string& name, const std::string& arch);
 
 // The same, training only the trainable ones of `params` (the model's parameters as planned), op
@@ -168,6 +168,11 @@ bool is_last_projection(const std::string& name, const std::string& arch);
 ActivationEstimate activation_estimate(const ModelShape& shape, int64_t micro_batch,
                                        int64_t block_size, at::ScalarType dtype,
                                        const std::vector<ParamEstimate>& params, bool chunked_head = false);
+// ABI 2.14: whether that estimate is op by op for this model and dtype (no dropout; GPT-2, or a
+// Llama in fp32) rather than by whole segments. Op by op, the embedding term holds the embedding's
+// output exactly when an op keeps it (activation checkpointing adds it where only a checkpoint
+// does).
+bool activations_op_by_op(const ModelShape& shape, at::ScalarType dtype);
 
 // Backward's working memory inside one block at its largest, on top of what the block's forward
 // kept (docs/memory.md: the gradients alive in the MLP's backward). The last-block candidate of

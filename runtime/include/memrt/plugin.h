@@ -453,11 +453,11 @@ class Plugin {
 // RunInfo::model_name_or_path. 2.11: StorePlan::keep_weights_only (launcher eval's store). 2.12:
 // RunInfo::chunked_cross_entropy, the chunked head in memrt/ops.h and the activation estimates
 // (memrt/memory.h). 2.13: partitioned compute weights in the store (StorePlan::set_extent(kCompute,
-// kPartition), ParamStore::attach / release). The host refuses a plugin whose ABI major differs, whose ABI minor is newer than the host's, or whose
+// kPartition), ParamStore::attach / release). 2.14: memory::activations_op_by_op. The host refuses a plugin whose ABI major differs, whose ABI minor is newer than the host's, or whose
 // LibTorch version, C++ ABI flag or CUDA flag differ from its own — plugins pass at::Tensor and
 // nn::Module across the boundary, the same contract as PyTorch C++ extensions.
 #define MEMRT_PLUGIN_ABI_MAJOR 2
-#define MEMRT_PLUGIN_ABI_MINOR 13
+#define MEMRT_PLUGIN_ABI_MINOR 14
 #define MEMRT_PLUGIN_ENTRY_SYMBOL "memrt_plugin_entry"
 
 extern "C" {

@@ -369,14 +369,18 @@ void add_adapter_outputs(ActivationEstimate& a, const ModelShape& s, int64_t BT,
 
 }  // namespace
 
+bool activations_op_by_op(const ModelShape& s, at::ScalarType dtype) {
+  const bool dropout = s.attn_pdrop > 0.0 || s.resid_pdrop > 0.0 || s.embd_pdrop > 0.0;
+  return !dropout && (s.arch != "llama" || dtype == at::kFloat);
+}
+
 ActivationEstimate activation_estimate(const ModelShape& s, int64_t micro_batch, int64_t block_size,
                                        at::ScalarType dtype, const std::vector<ParamEstimate>& params,
                                        bool chunked) {
   ActivationEstimate a = activation_estimate(s, micro_batch, block_size, dtype, chunked);
   const int64_t BT = micro_batch * block_size;
   const bool llama = s.arch == "llama";
-  const bool dropout = s.attn_pdrop > 0.0 || s.resid_pdrop > 0.0 || s.embd_pdrop > 0.0;
-  if (dropout || (llama && dtype != at::kFloat)) {
+  if (!activations_op_by_op(s, dtype)) {
     freeze_segments(a, s, BT, dtype, params, chunked);
     add_adapter_outputs(a, s, BT, dtype, params);
     bool token = false, position = false;
