@@ -310,7 +310,8 @@ TEST(Launcher, FlopsProfilerTimesTheStepItNamesAndCountsItsProducts) {
   EXPECT_GT(p["gemm_s"].GetDouble(), 0.0);
   EXPECT_LE(p["gemm_s"].GetDouble(), recorded_s);
   EXPECT_LE(recorded_s, step_s);
-  EXPECT_GT(recorded_s, 0.5 * step_s);  // the phases are scopes: little runs outside them
+  EXPECT_GT(recorded_s, 0.0);  // no lower bound relative to step_s: a preempted thread is outside
+                               // every scope for as long as the scheduler likes
   double rows_s = 0.0;
   std::map<std::string, int64_t> calls;
   for (const auto& op : p["ops"].GetArray()) {
