@@ -1,4 +1,5 @@
-"""memrt against DeepSpeed itself on 2 ranks: ZeRO stage 0, 1, 2 and 2 + offload_optimizer, fp32.
+"""memrt against DeepSpeed itself on 2 ranks: ZeRO stage 0, 1, 2, 2 + offload_optimizer, 3 and
+3 + offload_optimizer + offload_param, fp32.
 
 One command, on a fresh machine too (build/bin/launcher must exist: scripts/build.sh):
 
@@ -53,7 +54,8 @@ from bench_common import ROOT, cpu, fmt, ratio
 
 DS_VERSION = "0.19.0"
 TORCH_VERSION = "2.13.0"
-STAGES = {"0": (0, False), "1": (1, False), "2": (2, False), "2+offload": (2, True)}
+STAGES = {"0": (0, False), "1": (1, False), "2": (2, False), "2+offload": (2, True), "3": (3, False),
+          "3+offload": (3, True)}
 IMPLS = ("memrt", "deepspeed")
 
 
@@ -180,10 +182,14 @@ def free_port():
 
 def ds_config(stage, offload, a):
     """The ds_config both get: configs/ds_config.json's settings with the 2-rank batch triple,
-    the stage and, for offload, offload_optimizer {"device": "cpu"}; plain JSON."""
+    the stage and, for offload, offload_optimizer {"device": "cpu"} (and at stage 3 offload_param);
+    DeepSpeed's defaults otherwise (stage 3: parameters of up to 1e5 elements stay whole); plain
+    JSON."""
     zero = {"stage": stage}
     if offload:
         zero["offload_optimizer"] = {"device": "cpu"}
+        if stage == 3:
+            zero["offload_param"] = {"device": "cpu"}
     return {
         "train_batch_size": a.batch * a.ranks,
         "train_micro_batch_size_per_gpu": a.batch,

@@ -22,13 +22,9 @@ const ConfigNode* aliased(ConfigReader& r, std::initializer_list<const char*> na
   return found;
 }
 
-// Type-checked, then unused: a setting whose DeepSpeed meaning is what memrt does anyway, or one
-// that only stage 3 reads.
+// Type-checked, then unused: a setting whose DeepSpeed meaning is what memrt does anyway.
 void accept_bool(ConfigReader& r, std::initializer_list<const char*> names) {
   if (const ConfigNode* n = aliased(r, names)) n->as_bool();
-}
-void accept_int(ConfigReader& r, std::initializer_list<const char*> names) {
-  if (const ConfigNode* n = aliased(r, names)) n->as_int();
 }
 
 std::string stage_key(const ConfigNode* stage) {
@@ -115,7 +111,7 @@ Options read_options(const ConfigNode& section, ConfigDiagnostics& diag, bool de
   }
   out.offload_optimizer =
       read_offload(r, "offload_optimizer", "cpu_offload", false, out.stage, stage, device_is_cpu, diag);
-  read_offload(r, "offload_param", "cpu_offload_param", true, out.stage, stage, device_is_cpu, diag);
+  out.offload_param = read_offload(r, "offload_param", "cpu_offload_param", true, out.stage, stage, device_is_cpu, diag);
 
   // DeepSpeed settings whose result memrt gives by construction, whatever their value: stage 2
   // always reduces each bucket so that a rank keeps only its share (reduce_scatter), in one flat
@@ -134,14 +130,36 @@ Options read_options(const ConfigNode& section, ConfigDiagnostics& diag, bool de
   accept_bool(r, {"load_from_fp32_weights"});
   accept_bool(r, {"ignore_unused_parameters"});
   accept_bool(r, {"use_multi_rank_bucket_allreduce"});
-  accept_int(r, {"sub_group_size"});
-  accept_int(r, {"stage3_prefetch_bucket_size", "prefetch_bucket_size"});
-  accept_int(r, {"stage3_param_persistence_threshold", "param_persistence_threshold"});
-  accept_int(r, {"stage3_model_persistence_threshold", "model_persistence_threshold"});
-  accept_int(r, {"stage3_max_live_parameters", "max_live_parameters"});
-  accept_int(r, {"stage3_max_reuse_distance", "max_reuse_distance"});
-  accept_bool(r, {"stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
-                  "stage3_gather_fp16_weights_on_model_save"});
+  // Stage 3's. Read at every stage (DeepSpeed ignores them below 3, and so do the phases here).
+  auto elements = [&](std::initializer_list<const char*> names, int64_t& into) {
+    if (const ConfigNode* n = aliased(r, names)) {
+      into = n->as_int();
+      if (into < 0) throw n->error("must be >= 0 elements (got " + std::to_string(into) + ")");
+    }
+  };
+  elements({"stage3_param_persistence_threshold", "param_persistence_threshold"}, out.param_persistence_threshold);
+  elements({"stage3_model_persistence_threshold", "model_persistence_threshold"}, out.model_persistence_threshold);
+  if (const ConfigNode* n = aliased(r, {"stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
+                                        "stage3_gather_fp16_weights_on_model_save"})) {
+    if (n->as_bool() && out.stage == 3)  // "auto" was resolved by the loader
+      diag.note(*n, "is true: checkpoints stay per-rank partitions (they resume on any rank count and stage); "
+                    "`launcher export <checkpoint> <dir> --dtype bf16` writes the consolidated 16-bit "
+                    "Hugging Face model from one");
+  }
+  // Gathers here are synchronous, one segment at a time: nothing is fetched ahead, so the limits
+  // on what is in flight hold whatever their value.
+  auto no_prefetch = [&](std::initializer_list<const char*> names) {
+    const ConfigNode* n = aliased(r, names);
+    if (!n) return;
+    n->as_int();
+    if (out.stage == 3)
+      diag.note(*n, "has no effect here: stage 3 gathers one segment's parameters when it runs, with "
+                    "nothing fetched ahead or kept from forward into backward");
+  };
+  no_prefetch({"stage3_prefetch_bucket_size", "prefetch_bucket_size"});
+  no_prefetch({"stage3_max_live_parameters", "max_live_parameters"});
+  no_prefetch({"stage3_max_reuse_distance", "max_reuse_distance"});
+  if (const ConfigNode* n = aliased(r, {"sub_group_size"})) n->as_int();  // the step is range by range already
 
   for (const char* k : {"elastic_checkpoint", "log_trace_cache_warnings", "enable_sanity_checks",
                         "memory_efficient_linear", "override_module_apply", "pipeline_loading_checkpoint",
@@ -172,10 +190,6 @@ Options read_options(const ConfigNode& section, ConfigDiagnostics& diag, bool de
   }
   r.finish();
 
-  if (out.stage > 2) {
-    throw stage->error("is 3: ZeRO stage 3 is not implemented yet in this memrt version (plugins/zero: stages "
-                       "0 to 2); use \"stage\": 2 (gradients, optimizer state and masters partitioned)");
-  }
   return out;
 }
 

@@ -18,6 +18,12 @@ struct Options {
   bool offload_optimizer = false;                // offload_optimizer.device "cpu" (or cpu_offload)
   int64_t reduce_bucket_size = 500'000'000;      // elements; DeepSpeed's default
   int64_t allgather_bucket_size = 500'000'000;   // likewise
+  // Stage 3.
+  bool offload_param = false;                    // offload_param.device "cpu" (or cpu_offload_param)
+  // A parameter of at most this many elements stays whole on every rank (DeepSpeed's ds_persist),
+  // in model order until their sum would pass model_persistence_threshold. DeepSpeed's defaults.
+  int64_t param_persistence_threshold = 100'000;
+  int64_t model_persistence_threshold = INT64_MAX;
 };
 
 // Reads the section (an object). Throws ConfigError naming the file and key; notes go to

@@ -6,12 +6,18 @@
 // gradients: as backward hands each parameter's gradient over, it goes into a bucket (staged in
 // a buffer its segment's backward holds) and is dropped; a complete bucket is summed over the
 // ranks in place and each rank adds its share into its flat gradient partition.
+// Stage 3 also partitions the compute weights: a segment's parameters are gathered into a buffer
+// before its forward and again before its backward, and released after each.
 // docs/zero.md has the phases; the store (memrt/param_store.h) does the bookkeeping, so this
 // plugin sets extents and placements and moves bytes between ranks.
 #include <algorithm>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
+
+#include <c10/core/StorageImpl.h>
 
 #include <memrt/plugin.h>
 
@@ -42,6 +48,7 @@ class ZeroPlugin final : public memrt::Plugin {
     ctx.plan.set_extent(StoreBuffer::kMaster, Extent::kPartition);
     ctx.plan.set_extent(StoreBuffer::kState, Extent::kPartition);
     if (opt_.stage >= 2) ctx.plan.set_extent(StoreBuffer::kGrad, Extent::kPartition);
+    if (opt_.stage >= 3) plan_stage3(ctx.plan);
     if (opt_.offload_optimizer) {
       ctx.plan.set_placement(StoreBuffer::kMaster, Placement::kHost);
       ctx.plan.set_placement(StoreBuffer::kState, Placement::kHost);
@@ -71,12 +78,15 @@ class ZeroPlugin final : public memrt::Plugin {
   }
 
   // A segment's staging (per group its largest bucket in the compute dtype, and as much again in
-  // the partition's dtype and place where they differ) is alive through that segment's backward.
-  // Of backward's two candidate peaks, the loss's comes before the head's backward starts (nothing
-  // staged); the last block's has that block's staging beside it.
+  // the partition's dtype and place where they differ) and, at stage 3, its gathered parameters
+  // are alive through that segment's backward. Of backward's two candidate peaks, the loss's comes
+  // before the head's backward starts (nothing staged or gathered); the last block's has that
+  // block's beside it.
   void estimate_planned_memory(memrt::memory::MemoryEstimate& e) const override {
     if (opt_.stage < 2) return;
-    const memrt::memory::Table staging = staging_bytes(*e.store, e.run->shape.n_layer - 1, e.run->device);
+    const int64_t last = e.run->shape.n_layer - 1;
+    memrt::memory::Table staging = staging_bytes(*e.store, last, e.run->device);
+    if (opt_.stage >= 3) staging.at(Category::kCommBuffers) += gathered_bytes(*e.store, last);
     memrt::memory::ActivationEstimate& a = e.activations;
     const bool at_loss = a.backward_at_loss >= a.backward_in_last_block + staging.total();
     a.backward_peak = at_loss ? a.backward_at_loss : a.backward_in_last_block;
@@ -87,6 +97,7 @@ class ZeroPlugin final : public memrt::Plugin {
   // Every rank updated its partition of each compute buffer; gather the others' in chunks of
   // allgather_bucket_size elements (rank-major in a staging buffer, comm_buffers, alive only
   // here), then copy them in place.
+  // Partitioned compute weights (stage 3) stay partitioned: each rank's step wrote its own.
   void after_optimizer_step(memrt::StepContext& ctx) override {
     if (opt_.stage < 1 || ctx.skipped || ctx.run.world_size == 1) return;
     const memrt::ParamStore& store = *store_;
@@ -94,6 +105,7 @@ class ZeroPlugin final : public memrt::Plugin {
     at::NoGradGuard no_grad;
     memrt::memory::Scope scope(Category::kCommBuffers);
     for (size_t g = 0; g < store.groups().size(); ++g) {
+      if (compute_partitioned(static_cast<int>(g))) continue;
       const at::Tensor& compute = store.groups()[g].compute;
       const auto [lo, hi] = store.plan().partition(static_cast<int>(g));
       const int64_t part = hi - lo;  // every rank's partition has this size
@@ -116,6 +128,7 @@ class ZeroPlugin final : public memrt::Plugin {
     store_ = &ctx.store;
     comm_ = &ctx.comm;
     device_ = ctx.run.device;
+    pieces_.clear();
     if (opt_.stage < 2) return;
     buckets_ = plan_buckets(store_->plan());
     bucket_of_.assign(store_->plan().slots().size(), {});
@@ -129,8 +142,23 @@ class ZeroPlugin final : public memrt::Plugin {
         ctx.grad_hooks.on_grad_ready(slot, [this, slot](at::Tensor& grad) { hand_over(slot, grad); });
   }
 
-  // The segment's staging, one buffer per group of its largest bucket, reused bucket after bucket.
+  // Stage 3: the segment's parameters, gathered for its forward (evaluation included) and released
+  // after it.
+  void before_segment_forward(memrt::SegmentContext& ctx) override {
+    if (opt_.stage < 3) return;
+    store_ = ctx.store;  // launcher eval builds no optimizer: the store comes with the segment
+    device_ = ctx.run.device;
+    gather(ctx);
+  }
+  void after_segment_forward(memrt::SegmentContext& ctx) override {
+    if (opt_.stage >= 3) release(ctx.index);
+  }
+
+  // Stage 3 gathers the segment again (autograd's saved views of its buffers read the values);
+  // stage 2's staging: one buffer per group of the segment's largest bucket, reused bucket after
+  // bucket.
   void before_segment_backward(memrt::SegmentContext& ctx) override {
+    if (opt_.stage >= 3) gather(ctx);
     if (opt_.stage < 2 || buckets_.empty()) return;
     const memrt::StorePlan& plan = store_->plan();
     memrt::memory::Scope scope(Category::kCommBuffers);
@@ -150,6 +178,7 @@ class ZeroPlugin final : public memrt::Plugin {
   // The segment's backward is over: its buckets are reduced now, in the same order on every rank,
   // complete or not (a parameter that got no gradient on this rank leaves its part zeros).
   void after_segment_backward(memrt::SegmentContext& ctx) override {
+    if (opt_.stage >= 3) release(ctx.index);
     if (opt_.stage < 2 || buckets_.empty()) return;
     while (next_flush_ < buckets_.size() && buckets_[next_flush_].segment >= ctx.index) flush(next_flush_++);
     for (Staging& st : staging_)
@@ -248,6 +277,122 @@ class ZeroPlugin final : public memrt::Plugin {
     return t;
   }
 
+  // ---- stage 3 ----------------------------------------------------------------------------------
+
+  // Every group's compute weights partitioned, but for DeepSpeed's persistent parameters: those of
+  // at most param_persistence_threshold elements, in model order, each while the sum stays within
+  // model_persistence_threshold, move to a group of their own per parent group
+  // ("<group>_persistent", its weight decay and learning rate) whose compute copy stays whole.
+  void plan_stage3(memrt::StorePlan& plan) {
+    std::map<int, std::set<std::string>> persistent;  // by parent group
+    int64_t kept = 0;
+    for (const memrt::ParamSlot& s : plan.slots()) {  // model order
+      // DeepSpeed's mark_persistence: one that would pass the model's cap is skipped, not the rest.
+      if (s.group < 0 || s.numel > opt_.param_persistence_threshold) continue;
+      if (s.numel > opt_.model_persistence_threshold - kept) continue;
+      kept += s.numel;
+      persistent[s.group].insert(s.param.name);
+    }
+    std::vector<std::string> whole;
+    for (const auto& [g, names] : persistent) {
+      const memrt::StoreGroup& parent = plan.groups()[static_cast<size_t>(g)];
+      whole.push_back(parent.name + "_persistent");
+      plan.add_group({whole.back(), [names = names](const memrt::ParamInfo& p) { return names.count(p.name) > 0; },
+                      parent.weight_decay, parent.lr_scale});
+    }
+    const memrt::GroupSelector partitioned("groups of partitioned compute weights", [whole](const memrt::StoreGroup& g) {
+      return std::find(whole.begin(), whole.end(), g.name) == whole.end();
+    });
+    bool any = false;
+    for (const memrt::StoreGroup& g : plan.groups()) any |= partitioned.matches(g);
+    if (!any) return;  // every trainable parameter is persistent
+    plan.set_extent(StoreBuffer::kCompute, Extent::kPartition, partitioned);
+    if (opt_.offload_param) plan.set_placement(StoreBuffer::kCompute, Placement::kHost, partitioned);
+  }
+
+  static bool compute_partitioned(const memrt::StorePlan& plan, int g) {
+    return plan.groups()[static_cast<size_t>(g)].buffer(StoreBuffer::kCompute).extent == Extent::kPartition;
+  }
+  bool compute_partitioned(int g) const { return compute_partitioned(store_->plan(), g); }
+
+  // What a block gathers: its elements of every partitioned group, in the compute dtype on the
+  // device (the estimate's term; blocks share no parameter).
+  static int64_t gathered_bytes(const memrt::StorePlan& plan, int64_t segment) {
+    int64_t bytes = 0;
+    for (int g = 0; g < static_cast<int>(plan.groups().size()); ++g) {
+      if (!compute_partitioned(plan, g)) continue;
+      bytes += plan.segment_range(g, segment).size() *
+               static_cast<int64_t>(c10::elementSize(plan.groups()[static_cast<size_t>(g)].buffer(StoreBuffer::kCompute).dtype));
+    }
+    return bytes;
+  }
+
+  // One range of one group that a segment's forward reads: its own parameters of the group
+  // (StorePlan::segment_range), or a parameter it shares (the head's tied embedding). Its buffer is
+  // kept for the run; between a gather and its release the buffer has storage, otherwise none.
+  struct Piece {
+    int group = 0;
+    memrt::ElementRange range;
+    at::Tensor buffer;
+  };
+
+  std::vector<Piece>& pieces(const memrt::SegmentContext& ctx) {
+    auto [it, added] = pieces_.try_emplace(ctx.index);
+    if (!added) return it->second;
+    const memrt::StorePlan& plan = store_->plan();
+    for (int g = 0; g < static_cast<int>(plan.groups().size()); ++g) {
+      const memrt::ElementRange r = plan.segment_range(g, ctx.index);
+      if (!r.empty() && compute_partitioned(g)) it->second.push_back({g, r, {}});
+    }
+    for (int slot : ctx.shared) {
+      const int g = plan.slots()[static_cast<size_t>(slot)].group;
+      if (g >= 0 && compute_partitioned(g)) it->second.push_back({g, plan.range(slot), {}});
+    }
+    return it->second;
+  }
+
+  // Each piece's elements from the ranks whose partitions hold them (each owner broadcasts its
+  // part, in the same order on every rank), then the parameters point at views of it. A buffer
+  // freed by release() gets its storage back in place, so that the views of it autograd saved in
+  // the segment's forward (at::linear saves W.t()) read the gathered values in its backward.
+  void gather(const memrt::SegmentContext& ctx) {
+    const memrt::StorePlan& plan = store_->plan();
+    const int rank = plan.rank();
+    at::NoGradGuard no_grad;
+    memrt::memory::Scope scope(Category::kCommBuffers);
+    for (Piece& piece : pieces(ctx)) {
+      const at::Tensor& compute = store_->groups()[static_cast<size_t>(piece.group)].compute;
+      if (!piece.buffer.defined()) {
+        piece.buffer = at::empty({piece.range.size()}, compute.options().device(device_));
+      } else {
+        c10::StorageImpl* storage = piece.buffer.storage().unsafeGetStorageImpl();
+        const size_t bytes = static_cast<size_t>(piece.range.size()) * piece.buffer.element_size();
+        storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+        storage->set_nbytes(bytes);
+      }
+      for (int r = 0; r < plan.world_size(); ++r) {
+        const memrt::ElementRange part = piece.range & plan.partition(piece.group, r);
+        if (part.empty()) continue;
+        at::Tensor dst = piece.buffer.narrow(0, part.begin - piece.range.begin, part.size());
+        if (r == rank) dst.copy_(compute.narrow(0, part.begin - plan.partition(piece.group).begin, part.size()));
+        if (plan.world_size() > 1) ctx.comm.broadcast(dst, r);
+      }
+      store_->attach(piece.group, piece.range, piece.buffer);
+    }
+  }
+
+  // The segment's parameters back to placeholders and its buffers' bytes to the allocator.
+  void release(int64_t segment) {
+    auto it = pieces_.find(segment);
+    if (it == pieces_.end()) return;
+    for (Piece& piece : it->second) {
+      store_->release(piece.group, piece.range);
+      c10::StorageImpl* storage = piece.buffer.storage().unsafeGetStorageImpl();
+      storage->set_data_ptr_noswap(at::DataPtr(nullptr, piece.buffer.device()));
+      storage->set_nbytes(0);
+    }
+  }
+
   void hand_over(int slot, at::Tensor& grad) {
     const memrt::ElementRange mine = store_->plan().range(slot);
     at::Tensor flat = grad.reshape({-1});
@@ -330,11 +475,12 @@ class ZeroPlugin final : public memrt::Plugin {
   size_t next_flush_ = 0;                    // buckets_[0, next_flush_) reduced this micro-step
   std::vector<std::vector<int>> bucket_of_;  // per slot: the buckets it overlaps
   std::vector<Staging> staging_;             // per group
+  std::map<int64_t, std::vector<Piece>> pieces_;  // stage 3: per segment, what it gathers
   c10::Device device_{c10::kCPU};            // where the run computes
 };
 
 }  // namespace
 
-MEMRT_PLUGIN(ZeroPlugin, "zero", "0.3.0",
-             "ZeRO stages 1 and 2 over the parameter store (masters, optimizer state and "
-             "gradients partitioned), optimizer offload to host memory")
+MEMRT_PLUGIN(ZeroPlugin, "zero", "0.4.0",
+             "ZeRO stages 1 to 3 over the parameter store (masters, optimizer state, gradients and "
+             "compute weights partitioned), optimizer and parameter offload to host memory")

@@ -404,19 +404,25 @@ TEST(Checkpoints, SigtermStopsTwoRanksTogether) {
 }
 
 // `launcher export` writes a directory `transformers` loads, giving memrt's logits to 1e-5: GPT-2
-// trained in bf16 (exported from the store's fp32 masters) and Llama in fp32.
+// trained in bf16 (exported from the store's fp32 masters), and Llama in fp32 on 1 rank and under
+// ZeRO-3 on 2.
 TEST(Checkpoints, ExportLoadsInTransformersWithTheSameLogits) {
   struct Model {
     const char* name;
     const char* model;
     const char* ds;
     const char* tensors;  // the model's parameter tensors, all from the store
+    int ranks = 1;
   };
   const Model models[] = {
       {"gpt2_bf16", "{arch: gpt2, n_layer: 2, n_head: 2, d_model: 64, d_ff: 128, vocab_size: 256, n_ctx: 32}",
        R"({"train_micro_batch_size_per_gpu": 4, "bf16": {"enabled": true}})", "28"},
       {"llama", "{arch: llama, n_layer: 2, n_head: 4, n_kv_head: 2, d_model: 64, d_ff: 96, vocab_size: 256, n_ctx: 32}",
        R"({"train_micro_batch_size_per_gpu": 4})", "21"},
+      // ZeRO-3 on 2 ranks: no rank ever held the whole model; each rank's file holds its share.
+      {"llama_zero3", "{arch: llama, n_layer: 2, n_head: 4, n_kv_head: 2, d_model: 64, d_ff: 96, vocab_size: 256, n_ctx: 32}",
+       R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}})",
+       "21", 2},
   };
   for (const Model& m : models) {
     SCOPED_TRACE(m.name);
@@ -425,11 +431,13 @@ TEST(Checkpoints, ExportLoadsInTransformersWithTheSameLogits) {
                                                          "\nblock_size: 32\nmax_steps: 3\nsave_steps: 3\n");
     const std::string ds = dir.write("ds.json", m.ds);
     const fs::path out = dir.path() / "run", hf = dir.path() / "hf";
-    RunResult a = run(kLauncher + " --deepspeed " + ds + " " + yaml + " --output_dir=" + out.string());
+    RunResult a = run(kLauncher + " --num_procs " + std::to_string(m.ranks) + " --master_port " +
+                      std::to_string(free_port()) + " --deepspeed " + ds + " " + yaml + " --output_dir=" + out.string());
     ASSERT_EQ(a.exit_code, 0) << a.out;
     RunResult e = run(kLauncher + " export " + out.string() + " " + hf.string());
     ASSERT_EQ(e.exit_code, 0) << e.out;
-    EXPECT_NE(e.out.find(std::string("in ") + m.tensors + " tensors, from the exact weights saved by 1 rank(s)"),
+    EXPECT_NE(e.out.find(std::string("in ") + m.tensors + " tensors, from the exact weights saved by " +
+                         std::to_string(m.ranks) + " rank(s)"),
               std::string::npos) << e.out;
     if (std::string(m.name) == "gpt2_bf16") {
       // The fp32 masters, not the bf16 copy the model computed with: most values are not bf16's.
@@ -462,42 +470,49 @@ TEST(Checkpoints, ExportLoadsInTransformersWithTheSameLogits) {
 // size) and continues the straight 2-rank run's loss curve within 1e-5 relative. On the same ranks
 // each rank reads its own file only (its update counts too: every rank must have kept every
 // parameter's, or the parameters outside its old partition restart Adam's bias correction).
+//
+// The same from 2 ranks of ZeRO-3 (compute weights partitioned too; biases and norms whole) onto 1
+// and 4 ranks of stage 3 and 2 ranks of stage 2.
 TEST(Checkpoints, ResumesOnAnotherNumberOfRanks) {
   TempDir dir("resume_world");
   const std::string yaml = dir.write("train.yaml", std::string(kTinyModel) + "max_steps: 12\nsave_steps: 6\n");
   auto ds_stage = [&](int stage) {
     return dir.write("ds" + std::to_string(stage) + ".json",
                      R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_clipping": 1.0,
-                         "zero_optimization": {"stage": )" + std::to_string(stage) + R"(, "reduce_bucket_size": 3000}})");
+                         "zero_optimization": {"stage": )" + std::to_string(stage) +
+                         R"(, "reduce_bucket_size": 3000, "stage3_param_persistence_threshold": 1000}})");
   };
   auto launch = [&](int ranks, int stage, const fs::path& out, const std::string& extra) {
     return run(kLauncher + " --num_procs " + std::to_string(ranks) + " --master_port " +
                std::to_string(free_port()) + " --deepspeed " + ds_stage(stage) + " " + yaml +
                " --output_dir=" + out.string() + extra);
   };
-  const fs::path straight = dir.path() / "straight";
-  RunResult a = launch(2, 2, straight, "");
-  ASSERT_EQ(a.exit_code, 0) << a.out;
-  const std::vector<double> want = metric_values(straight, "loss");
-  ASSERT_EQ(want.size(), 12u);
-  for (const auto& [ranks, stage] : {std::pair{1, 0}, std::pair{4, 1}, std::pair{2, 0}}) {
-    SCOPED_TRACE(std::to_string(ranks) + " rank(s), stage " + std::to_string(stage));
-    const fs::path out = dir.path() / ("on" + std::to_string(ranks));
-    fs::create_directories(out);
-    fs::copy(straight / "global_step6", out / "global_step6", fs::copy_options::recursive);
-    std::ofstream(out / "latest") << "global_step6\n";
-    RunResult r = launch(ranks, stage, out, " --resume");
-    ASSERT_EQ(r.exit_code, 0) << r.out;
-    // Each rank reads its partition of every buffer: rank 0's is in rank 0's file except on one
-    // rank, where its partition is everything.
-    const std::string read = "; rank 0 read " + std::string(ranks == 1 ? "2" : "1") + " of 2 rank file(s)\n";
-    EXPECT_NE(r.out.find(ranks == 2 ? "at step 6" + read
-                                     : "at step 6 (saved by 2 rank(s), re-partitioned onto " + std::to_string(ranks) + ")" + read),
-              std::string::npos) << r.out;
-    const std::vector<double> got = metric_values(out, "loss");
-    ASSERT_EQ(got.size(), 6u) << r.out;  // steps 7..12
-    for (size_t i = 0; i < got.size(); ++i)
-      EXPECT_NEAR(got[i], want[i + 6], 1e-5 * std::abs(want[i + 6])) << "step " << i + 7;
+  for (const auto& [from, onto] : {std::pair{2, std::vector<std::pair<int, int>>{{1, 0}, {4, 1}, {2, 0}}},
+                                   std::pair{3, std::vector<std::pair<int, int>>{{1, 3}, {4, 3}, {2, 2}}}}) {
+    const fs::path straight = dir.path() / ("straight" + std::to_string(from));
+    RunResult a = launch(2, from, straight, "");
+    ASSERT_EQ(a.exit_code, 0) << a.out;
+    const std::vector<double> want = metric_values(straight, "loss");
+    ASSERT_EQ(want.size(), 12u);
+    for (const auto& [ranks, stage] : onto) {
+      SCOPED_TRACE("stage " + std::to_string(from) + " onto " + std::to_string(ranks) + " rank(s), stage " + std::to_string(stage));
+      const fs::path out = dir.path() / ("from" + std::to_string(from) + "_on" + std::to_string(ranks));
+      fs::create_directories(out);
+      fs::copy(straight / "global_step6", out / "global_step6", fs::copy_options::recursive);
+      std::ofstream(out / "latest") << "global_step6\n";
+      RunResult r = launch(ranks, stage, out, " --resume");
+      ASSERT_EQ(r.exit_code, 0) << r.out;
+      // Each rank reads its partition of every buffer: rank 0's is in rank 0's file except on one
+      // rank, where its partition is everything.
+      const std::string read = "; rank 0 read " + std::string(ranks == 1 ? "2" : "1") + " of 2 rank file(s)\n";
+      EXPECT_NE(r.out.find(ranks == 2 ? "at step 6" + read
+                                       : "at step 6 (saved by 2 rank(s), re-partitioned onto " + std::to_string(ranks) + ")" + read),
+                std::string::npos) << r.out;
+      const std::vector<double> got = metric_values(out, "loss");
+      ASSERT_EQ(got.size(), 6u) << r.out;  // steps 7..12
+      for (size_t i = 0; i < got.size(); ++i)
+        EXPECT_NEAR(got[i], want[i + 6], 1e-5 * std::abs(want[i + 6])) << "step " << i + 7;
+    }
   }
 }
 

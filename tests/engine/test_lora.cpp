@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <memrt/safetensors.h>
+
 #include "json_helpers.h"
 #include "run_helpers.h"
 #include "torch_reference.h"
@@ -151,6 +153,50 @@ TEST(Lora, EachCompositionResumesExactly) {
     EXPECT_NE(slurp(dir.path() / "straight" / "global_step4" / "rank00000.safetensors").find("store/frozen/"),
               std::string::npos);
   }
+}
+
+// QLoRA under ZeRO-3 on 2 ranks, with activation checkpointing and 8-bit AdamW — where DeepSpeed
+// casts the 4-bit model with .half() (DeepSpeed #3719) and saves a 40-byte empty adapter (peft
+// #2892): the NF4 base stays replicated and uncast, the adapters are partitioned and gathered block
+// by block (the recompute in backward gathering again). The run follows stage 2's loss bit for bit
+// (the same bucketed reductions), writes the same adapter file byte for byte — every A and B of
+// the 14 projections — and resumes exactly.
+TEST(Lora, QLoraUnderZeroThreeSavesTheWholeAdapterAndResumesExactly) {
+  TempDir dir("qlora_zero3");
+  const std::string yaml = dir.write("train.yaml", std::string(kLlama) + "adapter: qlora\nload_in_4bit: true\n"
+                                                   "lora_r: 4\nlora_target_linear: true\n"
+                                                   "gradient_checkpointing: true\noptim: adamw_8bit\n");
+  auto launch2 = [&](const std::string& name, int stage, const std::string& args) {
+    const std::string ds = dir.write(name + ".json", R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": )" +
+                                                         std::to_string(stage) + R"(, "stage3_param_persistence_threshold": 0}})");
+    return run(kLauncher + " --num_procs 2 --master_port " + std::to_string(free_port()) + " --deepspeed " + ds + " " +
+               yaml + " --output_dir=" + (dir.path() / name).string() + " --max_steps=8 --save_steps=4" + args);
+  };
+  const RunResult two = launch2("stage2", 2, "");
+  ASSERT_EQ(two.exit_code, 0) << two.out;
+  const RunResult three = launch2("stage3", 3, "");
+  ASSERT_EQ(three.exit_code, 0) << three.out;
+  EXPECT_NE(three.out.find("compute fp32 partition"), std::string::npos) << three.out;
+  const std::vector<double> want = losses(dir.path() / "stage2");
+  ASSERT_EQ(want.size(), 8u);
+  EXPECT_LT(want.back(), want.front());
+  EXPECT_EQ(losses(dir.path() / "stage3"), want);
+
+  const fs::path adapter = dir.path() / "stage3" / "adapter" / "adapter_model.safetensors";
+  EXPECT_EQ(slurp(adapter), slurp(dir.path() / "stage2" / "adapter" / "adapter_model.safetensors"));
+  const auto file = memrt::SafetensorsFile::open(adapter.string());
+  EXPECT_EQ(file.names().size(), 28u);
+  for (const std::string& name : file.names()) EXPECT_GT(file.tensor(name).abs().sum().item<double>(), 0.0) << name;
+
+  const fs::path resumed = dir.path() / "resumed";
+  fs::create_directories(resumed);
+  fs::copy(dir.path() / "stage3" / "global_step4", resumed / "global_step4", fs::copy_options::recursive);
+  std::ofstream(resumed / "latest") << "global_step4\n";
+  const RunResult r = launch2("resumed", 3, " --resume");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const std::vector<double> got = losses(resumed);
+  ASSERT_EQ(got.size(), 4u);
+  for (size_t k = 0; k < got.size(); ++k) EXPECT_EQ(got[k], want[k + 4]) << "step " << k + 5;
 }
 
 // A base read from model_name_or_path stays there: a QLoRA checkpoint holds the adapters and their

@@ -62,7 +62,8 @@ std::vector<BadZero> bad_sections() {
        {"DS", "'zero_optimization.offload_optimizer.pin_memmory'", "did you mean 'pin_memory'?"}},
       {"wrong_type", R"({"stage": 2, "overlap_comm": "yes"})", {"DS", "'zero_optimization.overlap_comm'", "boolean"}},
       {"stage_4", R"({"stage": 4})", {"DS", "'zero_optimization.stage'", "0, 1, 2 or 3"}},
-      {"stage_3_not_yet", R"({"stage": 3})", {"DS", "'zero_optimization.stage'", "stage 3 is not implemented", "\"stage\": 2"}},
+      {"negative_persistence", R"({"stage": 3, "stage3_param_persistence_threshold": -1})",
+       {"DS", "'zero_optimization.stage3_param_persistence_threshold'", ">= 0 elements"}},
       {"bucket_not_positive", R"({"stage": 2, "reduce_bucket_size": 0})", {"DS", "'zero_optimization.reduce_bucket_size'", "> 0"}},
       {"param_offload_below_stage3", R"({"stage": 2, "offload_param": {"device": "cpu"}})",
        {"DS", "'zero_optimization.offload_param.device'", "'zero_optimization.stage' is 2", "stage 3"}},
@@ -170,6 +171,24 @@ TEST(ZeroConfig, NotesForWhatCannotMatterHere) {
   Configured quiet = configure(R"({"stage": 2, "overlap_comm": false, "contiguous_gradients": true,
       "offload_optimizer": {"device": "cpu", "pin_memory": false}})");
   EXPECT_TRUE(quiet.diag.warnings.empty()) << quiet.diag.warnings.front();
+}
+
+// Stage 3 gathers each segment when it runs: the prefetch and live-parameter limits hold whatever
+// their value (a note each, at stage 3 only); a 16-bit model written at each save is not built
+// (a note names `launcher export`), and "auto" is false there, as Accelerate fills it.
+TEST(ZeroConfig, StageThreeNotesWhatItDoesNotPrefetchOrSave) {
+  const std::string keys = R"("stage3_prefetch_bucket_size": "auto", "stage3_max_live_parameters": 1e9,
+      "stage3_max_reuse_distance": 1e9, "stage3_gather_16bit_weights_on_model_save": true})";
+  Configured three = configure(R"({"stage": 3, )" + keys);
+  for (const char* key : {"stage3_prefetch_bucket_size", "stage3_max_live_parameters", "stage3_max_reuse_distance"})
+    EXPECT_TRUE(has_note(three.diag, "'zero_optimization." + std::string(key) + "' has no effect here: stage 3 gathers"))
+        << key;
+  EXPECT_TRUE(has_note(three.diag, "'zero_optimization.stage3_gather_16bit_weights_on_model_save' is true: "
+                                   "checkpoints stay per-rank partitions"));
+  EXPECT_TRUE(configure(R"({"stage": 2, )" + keys).diag.warnings.empty());
+  Configured automatic = configure(R"({"stage": 3, "stage3_gather_16bit_weights_on_model_save": "auto"})");
+  EXPECT_TRUE(test::has_warning(automatic.cfg, "'zero_optimization.stage3_gather_16bit_weights_on_model_save' is \"auto\": read as false"));
+  EXPECT_TRUE(automatic.diag.warnings.empty()) << automatic.diag.warnings.front();
 }
 
 }  // namespace

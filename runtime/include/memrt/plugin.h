@@ -151,6 +151,9 @@ struct SegmentContext {
   // but another segment owns (the head's tied token embedding, owned by the embedding).
   const std::vector<int>& slots;
   const std::vector<int>& shared;
+  // ABI 2.15: the parameter store, in every run (launcher eval builds no optimizer, so
+  // OptimizerContext never hands it over there): ZeRO-3 gathers a segment's weights into it.
+  ParamStore* store = nullptr;
 };
 
 // run_segment() wrappers form a chain: each may run `next` differently (under no_grad with a
@@ -453,11 +456,13 @@ class Plugin {
 // RunInfo::model_name_or_path. 2.11: StorePlan::keep_weights_only (launcher eval's store). 2.12:
 // RunInfo::chunked_cross_entropy, the chunked head in memrt/ops.h and the activation estimates
 // (memrt/memory.h). 2.13: partitioned compute weights in the store (StorePlan::set_extent(kCompute,
-// kPartition), ParamStore::attach / release). 2.14: memory::activations_op_by_op. The host refuses a plugin whose ABI major differs, whose ABI minor is newer than the host's, or whose
+// kPartition), ParamStore::attach / release). 2.14: memory::activations_op_by_op. 2.15:
+// SegmentContext::store. The host refuses a plugin whose ABI major differs, whose ABI minor is
+// newer than the host's, or whose
 // LibTorch version, C++ ABI flag or CUDA flag differ from its own — plugins pass at::Tensor and
 // nn::Module across the boundary, the same contract as PyTorch C++ extensions.
 #define MEMRT_PLUGIN_ABI_MAJOR 2
-#define MEMRT_PLUGIN_ABI_MINOR 14
+#define MEMRT_PLUGIN_ABI_MINOR 15
 #define MEMRT_PLUGIN_ENTRY_SYMBOL "memrt_plugin_entry"
 
 extern "C" {

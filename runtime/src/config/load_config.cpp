@@ -1195,6 +1195,16 @@ void Loader::resolve_zero(const ConfigNode* zero) {
       out.set(key, ConfigNode::number(std::floor(value), n->file(), n->path()));
     }
   }
+  // Accelerate fills it from its zero3_save_16bit_model, false unless the user asks.
+  for (const char* key : {"stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
+                          "stage3_gather_fp16_weights_on_model_save"}) {
+    if (const ConfigNode* n = out.find(key); n && n->is_auto()) {
+      diag.warnings.push_back(where(*n) + " is \"auto\": read as false, as Accelerate fills it "
+                              "(zero3_save_16bit_model); `launcher export` writes any checkpoint as one "
+                              "Hugging Face model");
+      out.set(key, ConfigNode::boolean(false, n->file(), n->path()));
+    }
+  }
   ConfigNode options = ConfigNode::object(zero->file(), "");
   options.set("zero_optimization", out);
   add_plugin("zero", "zero_optimization", {ds_file + ": zero_optimization"}, options);

@@ -521,7 +521,7 @@ at::Tensor Engine::run_segment(const Segment& segment, const at::Tensor& x, Segm
   // from its autograd node), so every link owns the context it passes on.
   auto shared = std::make_shared<SegmentContext>(SegmentContext{segment.kind, segment.index, segment.block,
                                                                 segment.params, step_, micro, run_, *dist_,
-                                                                segment.slots, segment.shared});
+                                                                segment.slots, segment.shared, store_.get()});
   SegmentContext& ctx = *shared;
   plugins_.each("before_segment_forward", step_, [&](Plugin& p) { p.before_segment_forward(ctx); });
   SegmentFn fn = std::move(body);
@@ -540,7 +540,7 @@ void Engine::advance_backward_events(int64_t upto, int64_t micro) {
   const int64_t n = static_cast<int64_t>(segments_.size());
   for (; backward_events_fired_ < upto && backward_events_fired_ < 2 * n; ++backward_events_fired_) {
     const Segment& s = segments_[n - 1 - backward_events_fired_ / 2];
-    SegmentContext ctx{s.kind, s.index, s.block, s.params, step_, micro, run_, *dist_, s.slots, s.shared};
+    SegmentContext ctx{s.kind, s.index, s.block, s.params, step_, micro, run_, *dist_, s.slots, s.shared, store_.get()};
     if (backward_events_fired_ % 2 == 0) {
       plugins_.each("before_segment_backward", step_, [&](Plugin& p) { p.before_segment_backward(ctx); });
     } else {
@@ -827,9 +827,14 @@ EvalResult Engine::evaluate() {
   const int64_t T = cfg_.data.block_size;
   const int64_t windows = eval_windows(*eval_data_, T);
   const int64_t per_forward = cfg_.eval.batch_size > 0 ? cfg_.eval.batch_size : cfg_.micro_batch_size;
-  // Rank r takes the r-th of world_size contiguous shares of the windows.
+  // Rank r takes the r-th of world_size contiguous shares of the windows. Shares differ by one
+  // window at most, yet every rank runs the same number of forwards — that of the largest share —
+  // since a plugin may communicate inside a segment's forward (ZeRO-3 gathers there): a rank past
+  // its share evaluates one window with every target ignored, which adds nothing.
   const int64_t begin = windows * run_.rank / run_.world_size;
   const int64_t end = windows * (run_.rank + 1) / run_.world_size;
+  const int64_t largest = (windows + run_.world_size - 1) / run_.world_size;
+  const int64_t forwards = (largest + per_forward - 1) / per_forward;
   struct EvalMode {  // dropout off while evaluating, whatever happens
     CausalLM& model;
     explicit EvalMode(CausalLM& m) : model(m) { model.eval(); }
@@ -837,11 +842,14 @@ EvalResult Engine::evaluate() {
   } mode(*model_);
   at::NoGradGuard no_grad;
   double sums[2] = {0.0, 0.0};  // this rank's token losses, and their count
-  for (int64_t first = begin; first < end; first += per_forward) {
-    const int64_t count = std::min(per_forward, end - first);
+  for (int64_t f = 0; f < forwards; ++f) {
+    const int64_t first = begin + f * per_forward;
+    const bool past = first >= end;
     Batch batch = [&] {
       memory::Scope scope(Category::kOther);
-      return eval_batch(*eval_data_, T, first, count);
+      Batch b = past ? eval_batch(*eval_data_, T, 0, 1) : eval_batch(*eval_data_, T, first, std::min(per_forward, end - first));
+      if (past) b.targets = at::full_like(b.targets, -100);  // a new tensor: inputs may share its memory
+      return b;
     }();
     memory::Scope scope(Category::kActivations);
     sums[0] += forward_loss(batch.inputs, batch.targets, /*micro=*/-1).item<double>();

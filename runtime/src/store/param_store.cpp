@@ -802,8 +802,11 @@ std::vector<int> ParamStore::slots_within(int g, ElementRange range, const char*
 void ParamStore::attach(int g, ElementRange range, const at::Tensor& values) {
   const std::vector<int> slots = slots_within(g, range, "attach");
   const at::Tensor& compute = groups_.at(static_cast<size_t>(g)).compute;
+  // A partition resting in host memory (offload_param) is gathered onto the device the run computes on.
+  const bool any_device =
+      plan_.groups()[static_cast<size_t>(g)].buffer(StoreBuffer::kCompute).placement == Placement::kHost;
   if (values.dim() != 1 || values.numel() != range.size() || !values.is_contiguous() ||
-      values.scalar_type() != compute.scalar_type() || values.device() != compute.device())
+      values.scalar_type() != compute.scalar_type() || (values.device() != compute.device() && !any_device))
     throw Error("parameter store: attach to group '" + plan_.groups()[static_cast<size_t>(g)].name + "' needs " +
                 std::to_string(range.size()) + " contiguous " + dtype_name(compute.scalar_type()) + " elements on " +
                 compute.device().str() + ", got " +
