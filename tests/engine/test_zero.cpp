@@ -631,30 +631,38 @@ TEST(Zero, NvmeParameterOffloadBelowStageThreeAndPartialOffloadAreRefusedNamingT
 // per-rank model states of mixed-precision Adam at stage 2 with offload_optimizer — 2 Psi of bf16
 // weights on the device, (4 + 12) Psi / N of fp32 gradients, masters and moments on the host —
 // with the padding the layout uses at that world size, from shapes alone.
+//
+// At stage 3 with offload_param too, and no persistent parameters, the 16-bit weights are
+// partitioned as well: (2 + 4 + 12) Psi / N, all of it on the host.
 TEST(Zero, EstimateGivesDeepSpeedsPerRankModelStatesForEveryWorldSize) {
-  TempDir dir("zero_estimate");
-  const std::string ds = dir.write("ds.json", R"({"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": true},
-      "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}})");
-  RunResult r = run(kLauncher + " --estimate --num_procs 4 --deepspeed " + ds + " " +
-                    dir.write("train.yaml", kYaml) + " --output_dir=" + dir.path().string());
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  const rapidjson::Document d = read_json(dir.path() / "memory_estimate.json");
-  ASSERT_EQ(d["world_sizes"].Size(), 4u);
-  const int64_t decay = 116736, no_decay = 1792;  // as in EachRankHoldsItsPartitionsAsEstimated
-  for (const auto& w : d["world_sizes"].GetArray()) {
-    const int64_t n = w["world_size"].GetInt();
-    const int64_t unit = 16 * n;
-    const int64_t padded = (decay + unit - 1) / unit * unit + (no_decay + unit - 1) / unit * unit;
-    ASSERT_EQ(w["ranks"].Size(), static_cast<unsigned>(n));
-    for (const auto& rank : w["ranks"].GetArray()) {
-      SCOPED_TRACE("world size " + std::to_string(n) + ", rank " + std::to_string(rank["rank"].GetInt()));
-      const auto& e = rank["estimate"]["categories"];
-      EXPECT_EQ(e["weights"]["device"].GetInt64(), 2 * padded);
-      EXPECT_EQ(e["gradients"]["host"].GetInt64(), 4 * padded / n);
-      EXPECT_EQ(e["master_weights"]["host"].GetInt64(), 4 * padded / n);
-      EXPECT_EQ(e["optimizer_state"]["host"].GetInt64(), 8 * padded / n);
-      for (const char* cat : {"gradients", "master_weights", "optimizer_state"})
-        EXPECT_EQ(e[cat]["device"].GetInt64(), 0) << cat;
+  for (int stage : {2, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    TempDir dir("zero_estimate" + std::to_string(stage));
+    const std::string ds = dir.write("ds.json", R"({"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": true},
+        "zero_optimization": {"stage": )" + std::to_string(stage) + R"(, "offload_optimizer": {"device": "cpu"})" +
+        (stage == 3 ? R"(, "offload_param": {"device": "cpu"}, "stage3_param_persistence_threshold": 0)" : "") + "}}");
+    RunResult r = run(kLauncher + " --estimate --num_procs 4 --deepspeed " + ds + " " +
+                      dir.write("train.yaml", kYaml) + " --output_dir=" + dir.path().string());
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    const rapidjson::Document d = read_json(dir.path() / "memory_estimate.json");
+    ASSERT_EQ(d["world_sizes"].Size(), 4u);
+    const int64_t decay = 116736, no_decay = 1792;  // as in EachRankHoldsItsPartitionsAsEstimated
+    for (const auto& w : d["world_sizes"].GetArray()) {
+      const int64_t n = w["world_size"].GetInt();
+      const int64_t unit = 16 * n;
+      const int64_t padded = (decay + unit - 1) / unit * unit + (no_decay + unit - 1) / unit * unit;
+      ASSERT_EQ(w["ranks"].Size(), static_cast<unsigned>(n));
+      for (const auto& rank : w["ranks"].GetArray()) {
+        SCOPED_TRACE("world size " + std::to_string(n) + ", rank " + std::to_string(rank["rank"].GetInt()));
+        const auto& e = rank["estimate"]["categories"];
+        EXPECT_EQ(e["weights"]["device"].GetInt64(), stage == 3 ? 0 : 2 * padded);
+        EXPECT_EQ(e["weights"]["host"].GetInt64(), stage == 3 ? 2 * padded / n : 0);
+        EXPECT_EQ(e["gradients"]["host"].GetInt64(), 4 * padded / n);
+        EXPECT_EQ(e["master_weights"]["host"].GetInt64(), 4 * padded / n);
+        EXPECT_EQ(e["optimizer_state"]["host"].GetInt64(), 8 * padded / n);
+        for (const char* cat : {"gradients", "master_weights", "optimizer_state"})
+          EXPECT_EQ(e[cat]["device"].GetInt64(), 0) << cat;
+      }
     }
   }
 }

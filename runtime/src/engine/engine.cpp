@@ -375,6 +375,10 @@ void Engine::setup() {
     for (auto& t : model_->parameters()) dist_->broadcast(t, 0);
   }
 
+  // Counted before the store takes the parameters: partitioned ones (ZeRO-3) then rest as empty
+  // placeholders.
+  const int64_t model_parameters = count_parameters(*model_);
+
   // The parameter store, planned from the model as the transforms left it and by every plugin,
   // then allocated once; the optimizer steps over it.
   {
@@ -463,7 +467,7 @@ void Engine::setup() {
       metrics_path_ = (std::filesystem::path(cfg_.output_dir) / "metrics.jsonl").string();
       if (!resume_) std::ofstream(metrics_path_, std::ios::trunc);  // a resumed run keeps its history
     }
-    log_ << "model: " << run_.shape.arch << ", " << count_parameters(*model_) << " parameters ("
+    log_ << "model: " << run_.shape.arch << ", " << model_parameters << " parameters ("
          << trainable_.size() << " trainable tensors)\n"
          << trainable_parameters_line(planned, run_.shape) << "\n"
          << "data: " << data->description() << ", " << loader_->samples()
