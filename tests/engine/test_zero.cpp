@@ -493,7 +493,8 @@ TEST(Zero, StageTwoPeakIsEstimatedToTheByte) {
 // the partitions on the host and the persistent weights on the device — measured as estimated. In
 // backward the last block's gathered weights sit beside its staging: in fp32, on the wide MLP and on
 // Llama, every cell of the peak is its estimate to the byte on both ranks, comm_buffers holding the
-// wide block's gathered 589,824 + 2,048 elements and its 8,200-element staging.
+// wide block's gathered 589,824 + 2,048 elements and its 8,200-element staging — and no more at
+// any moment of any step (the report's timeline).
 TEST(Zero, StageThreeHoldsItsPartitionsAndOneBlockGatheredAsEstimated) {
   TempDir dir("zero3_bytes");
   const int64_t decay = 116736, no_decay = 1792;  // as in EachRankHoldsItsPartitionsAsEstimated; 32 | both
@@ -526,7 +527,12 @@ TEST(Zero, StageThreeHoldsItsPartitionsAndOneBlockGatheredAsEstimated) {
       SCOPED_TRACE(r.name() + " rank " + std::to_string(rank["rank"].GetInt()));
       expect_cells_as_estimated(rank);
       if (r.tag == "_wide") {
-        EXPECT_EQ(rank["measured"]["categories"]["comm_buffers"]["device"].GetInt64(), 4 * (589824 + 2048 + 8200));
+        const int64_t gathered_and_staged = 4 * (589824 + 2048 + 8200);
+        EXPECT_EQ(rank["measured"]["categories"]["comm_buffers"]["device"].GetInt64(), gathered_and_staged);
+        // Never more at any moment of any step: the timeline's comm_buffers peak, step by step.
+        ASSERT_EQ(rank["timeline"].Size(), 4u);
+        for (const auto& step : rank["timeline"].GetArray())
+          EXPECT_EQ(step["comm_buffers_peak_bytes"].GetInt64(), gathered_and_staged) << "step " << step["step"].GetInt();
       }
     }
   }

@@ -53,6 +53,7 @@ std::vector<LeakFinding> MemoryMonitor::end_step(int64_t step) {
   s.live_bytes = stats.current_bytes;
   s.peak_bytes = window.total;
   s.activations_peak_bytes = window.cells.category(Category::kActivations);
+  s.comm_buffers_peak_bytes = window.cells.category(Category::kCommBuffers);
   if (stats.peak_bytes > last_peak_) report_.peak_step = step;  // the first step to reach it
   last_peak_ = stats.peak_bytes;
   report_.activations_peak_bytes = std::max(report_.activations_peak_bytes, s.activations_peak_bytes);
@@ -164,7 +165,8 @@ std::string rank_report_json(const RankMemoryReport& r) {
     const StepMemory& s = r.timeline[i];
     os << (i ? "," : "") << "\n        {\"step\": " << s.step << ", \"live_bytes\": " << s.live_bytes
        << ", \"peak_bytes\": " << s.peak_bytes
-       << ", \"activations_peak_bytes\": " << s.activations_peak_bytes << "}";
+       << ", \"activations_peak_bytes\": " << s.activations_peak_bytes
+       << ", \"comm_buffers_peak_bytes\": " << s.comm_buffers_peak_bytes << "}";
   }
   os << "\n      ],\n      \"leaks\": [";
   for (size_t i = 0; i < r.leaks.size(); ++i) {

@@ -20,6 +20,7 @@ struct StepMemory {
   int64_t live_bytes = 0;              // at the end of the step, gradients dropped
   int64_t peak_bytes = 0;              // the largest live bytes during the step
   int64_t activations_peak_bytes = 0;  // the largest activations cell during the step
+  int64_t comm_buffers_peak_bytes = 0;  // the largest comm_buffers cell: staging, ZeRO-3's gathers
 };
 
 struct LeakFinding {

@@ -142,7 +142,8 @@ it. The data is in the page source (memory_report.json).</div></noscript>
   var SERIES = [
     {key: "peak_bytes", label: "peak during the step", color: "#24292f", width: 2.5},
     {key: "live_bytes", label: "live at the end of the step", color: "#4e79a7", width: 2},
-    {key: "activations_peak_bytes", label: "activations peak", color: "#59a14f", width: 2}
+    {key: "activations_peak_bytes", label: "activations peak", color: "#59a14f", width: 2},
+    {key: "comm_buffers_peak_bytes", label: "comm_buffers peak (staging, gathered weights)", color: "#b07aa1", width: 1.5}
   ];
 
   function num(v) { return typeof v === "number" && isFinite(v) ? v : 0; }
