@@ -347,9 +347,10 @@ TEST(ReportHtmlInChromium, TwoRanksBarsTimelineTableAndLeak) {
   EXPECT_NE(dom.find("peak 153.5 MB"), std::string::npos) << "rank 0's measured peak";
   EXPECT_NE(dom.find("peak 161.8 MB"), std::string::npos) << "the estimated peak";
 
-  // A line chart per rank with its three series, and a table per rank with every category.
+  // A line chart per rank with its four series (peak, live, activations and comm_buffers peaks),
+  // and a table per rank with every category.
   EXPECT_EQ(occurrences(dom, "class=\"timeline\""), 2u);
-  EXPECT_EQ(occurrences(dom, "class=\"series\""), 6u);
+  EXPECT_EQ(occurrences(dom, "class=\"series\""), 8u);
   EXPECT_EQ(occurrences(dom, "<table class=\"cmp\""), 2u);
   for (const char* name : kCategories)
     EXPECT_EQ(occurrences(dom, std::string("<tr data-category=\"") + name + "\""), 2u) << name;

@@ -365,6 +365,21 @@ class ParamStore {
   ParamStore(StorePlan plan, const std::vector<std::pair<std::string, at::Tensor>>& params,
              at::Device device);
 
+  // ---- ABI 2.16: the same in steps, so that the model is taken in segment by segment as it is
+  // built: a partitioned parameter's whole tensor goes as soon as its segment is adopted, and under
+  // ZeRO-3 no rank ever holds the whole model. The constructors above are these three calls. ----
+  // Allocates every buffer but the optimizer state; no parameter is taken yet.
+  ParamStore(StorePlan plan, at::Device device);
+  // Takes `params` — any of the plan's parameters not taken before — as the constructor above
+  // does, with the module buffers their frozen layouts name (every one of `buffers` must be named
+  // by the layout of a parameter taken in the same call). Throws memrt::Error naming a parameter
+  // the plan lacks, one taken twice, or one whose shape differs from the plan's.
+  void adopt(const std::vector<std::pair<std::string, at::Tensor>>& params,
+             const std::vector<std::pair<std::string, at::Tensor>>& buffers);
+  // Every parameter of the plan taken (else an error naming the first that is not); allocates the
+  // optimizer state (zeros) — after the parameters, so that set-up never holds both.
+  void finish();
+
   const StorePlan& plan() const { return plan_; }
   const std::vector<Group>& groups() const { return groups_; }
   std::vector<Group>& groups() { return groups_; }
@@ -398,13 +413,17 @@ class ParamStore {
   void release(int g, ElementRange range);
 
  private:
-  void place_frozen(const std::vector<std::pair<std::string, at::Tensor>>& buffers, at::Device device);
+  void place_frozen(const std::vector<int>& slots, const std::vector<std::pair<std::string, at::Tensor>>& buffers);
+  at::Tensor allocate(const BufferLayout& l, int64_t numel, memory::Category category) const;
   std::vector<int> slots_within(int g, ElementRange range, const char* who) const;
 
   StorePlan plan_;
   std::vector<Group> groups_;
   std::vector<at::Tensor> params_;
   std::vector<std::vector<at::Tensor>> frozen_;  // per slot (2.3)
+  // ---- added in ABI 2.16 ----
+  at::Device device_{at::kCPU};
+  std::vector<bool> adopted_;  // per slot
 };
 
 }  // namespace memrt

@@ -12,16 +12,15 @@
 //   for plugin in plugins:            estimate_memory(MemoryEstimate)      # its term of the memory plan
 //   for plugin in plugins:            plan_store(StorePlanContext)         # on the estimate's plan
 //   for plugin in plugins:            estimate_planned_memory(MemoryEstimate)  # terms of that layout
-//   model = build_model(...)          # blocks materialised one by one:
-//       for each block:               on_block_ready(BlockReady)           # quantize/partition early
-//   params = the built model's parameters
-//   for plugin in plugins:            plan_params(ParamPlanContext)        # the same calls again
-//   host: requires_grad of every model parameter := its planned `trainable`
+//   store = ParamStore(the estimate's plan)   # memrt/param_store.h: every buffer but the state
+//   model = build_model(...)          # segments materialised one by one:
+//       for each block:               on_block_ready(BlockReady)           # quantize early
+//       each segment, once finished:  broadcast from rank 0, requires_grad := planned `trainable`,
+//                                     store.adopt: parameters become views of the store's buffers
+//                                     (placeholders when partitioned); their tensors go at once
 //   for plugin in plugins:            transform_model(ModelContext)        # surgery: add what was planned
-//   host: the model's parameters must be the planned list (names, shapes, trainable), else an error
-//   plan = StorePlan(params, the optimizer's state)                        # memrt/param_store.h
-//   for plugin in plugins:            plan_store(StorePlanContext)         # dtypes, masters, partitions
-//   store = ParamStore(plan)          # every buffer allocated once; parameters become views of it
+//   host: store.adopt(what transform_model added); store.finish(): every planned parameter
+//         present (else an error naming it), the optimizer state allocated
 //   optimizer = the fused step over the store
 //   for plugin in plugins:            build_optimizer(OptimizerContext)    # wrap or replace it
 //   for plugin in plugins:            on_train_begin(TrainContext)
@@ -174,10 +173,10 @@ struct BlockReady {
 
 // The model's parameters as they will be trained, before the model is touched (ABI 2.2): a plugin
 // freezes (trainable = false), adds (LoRA's adapters) or replaces (a quantized base) parameters
-// here, deciding from its config and the names and shapes alone. The host calls it twice with the
-// same calls: on a list made from the model's shape for the memory estimate (`launcher
-// --estimate`, and at the start of a run), and on the built model's parameters in the run. It
-// then sets every existing parameter's requires_grad to its `trainable`; a parameter added here
+// here, deciding from its config and the names and shapes alone. The host calls it on a list made
+// from the model's shape, for the memory estimate (`launcher --estimate`, and at the start of a
+// run) — since ABI 2.16 that plan is also the run's: the store is allocated from it before the
+// model is built, each parameter's requires_grad is its `trainable`, and a parameter added here
 // must be created by the plugin's transform_model. So the estimate and the run plan one store.
 struct ParamPlanContext {
   std::vector<ParamInfo>& params;  // in model order; append what the plugin adds
@@ -185,7 +184,10 @@ struct ParamPlanContext {
 };
 
 struct ModelContext {
-  CausalLM& model;  // may be modified: swap modules, inject adapters, cast, freeze, partition
+  // May be modified: wrap modules, inject adapters (the parameters plan_params added). The model's
+  // own parameters are in the parameter store already (ABI 2.16): their data, dtype and
+  // requires_grad are the store's (a frozen one whole, readable; a partitioned one a placeholder).
+  CausalLM& model;
   const RunInfo& run;
   Communicator& comm;
 };
@@ -457,12 +459,12 @@ class Plugin {
 // RunInfo::chunked_cross_entropy, the chunked head in memrt/ops.h and the activation estimates
 // (memrt/memory.h). 2.13: partitioned compute weights in the store (StorePlan::set_extent(kCompute,
 // kPartition), ParamStore::attach / release). 2.14: memory::activations_op_by_op. 2.15:
-// SegmentContext::store. The host refuses a plugin whose ABI major differs, whose ABI minor is
+// SegmentContext::store. 2.16: ParamStore(plan, device), adopt, finish. The host refuses a plugin whose ABI major differs, whose ABI minor is
 // newer than the host's, or whose
 // LibTorch version, C++ ABI flag or CUDA flag differ from its own — plugins pass at::Tensor and
 // nn::Module across the boundary, the same contract as PyTorch C++ extensions.
 #define MEMRT_PLUGIN_ABI_MAJOR 2
-#define MEMRT_PLUGIN_ABI_MINOR 15
+#define MEMRT_PLUGIN_ABI_MINOR 16
 #define MEMRT_PLUGIN_ENTRY_SYMBOL "memrt_plugin_entry"
 
 extern "C" {

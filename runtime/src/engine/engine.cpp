@@ -12,6 +12,7 @@
 #include <iomanip>
 #include <iostream>
 #include <limits>
+#include <set>
 #include <sstream>
 #include <unordered_map>
 
@@ -137,45 +138,6 @@ std::vector<at::Tensor> full_flat_grads(const ParamStore& store) {
   return out;
 }
 
-// The model's parameters as a plan sees them: trainable as requires_grad says, decay by
-// store/host_groups.h.
-std::vector<ParamInfo> model_params(CausalLM& model, bool decay_all) {
-  std::vector<ParamInfo> out;
-  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
-    const at::Tensor& t = item.value();
-    out.push_back({item.key(), t.sizes().vec(), t.scalar_type(), t.requires_grad(),
-                   decays(item.key(), decay_all)});
-  }
-  return out;
-}
-
-std::string describe_param(const ParamInfo& p) {
-  std::ostringstream os;
-  os << "'" << p.name << "' " << c10::toString(p.dtype) << " " << at::IntArrayRef(p.shape)
-     << (p.trainable ? " trainable" : " frozen");
-  return os.str();
-}
-
-// The model after transform_model must be what plan_params planned: the estimate was made from
-// the plan, so a model that differs would train something the memory report never described.
-void check_planned(const std::vector<ParamInfo>& planned, const std::vector<ParamInfo>& model) {
-  const std::string fix = ": a plugin's transform_model must create exactly what its plan_params "
-                          "planned (memrt/plugin.h, ParamPlanContext)";
-  for (size_t i = 0; i < std::max(planned.size(), model.size()); ++i) {
-    if (i >= model.size())
-      throw Error("the plugins planned parameter " + describe_param(planned[i]) +
-                  " but the model has no such parameter after transform_model" + fix);
-    if (i >= planned.size())
-      throw Error("the model has parameter " + describe_param(model[i]) +
-                  " after transform_model, which no plugin planned" + fix);
-    const ParamInfo& a = planned[i];
-    const ParamInfo& b = model[i];
-    if (a.name != b.name || a.shape != b.shape || a.dtype != b.dtype || a.trainable != b.trainable)
-      throw Error("the plugins planned parameter " + describe_param(a) + " but the model has " +
-                  describe_param(b) + " in its place after transform_model" + fix);
-  }
-}
-
 std::string thousands(int64_t n) {
   std::string digits = std::to_string(n), out;
   for (size_t i = 0; i < digits.size(); ++i) {
@@ -256,7 +218,7 @@ EstimateReport estimate_memory(const TrainConfig& cfg, const RunInfo& run, Plugi
 void Engine::setup() {
   run_ = make_run_info(cfg_, dist_->rank(), dist_->world_size(), dist_->local_rank());
   const bool main = run_.rank == 0;
-  memory_.record_idle_rss();
+  memory_.begin_setup();
 
   // Memory: each phase's allocations default to its category (memory.h) in a block that closes
   // where the category ends — the data in `other`, the model's build and transforms in `weights`,
@@ -327,84 +289,94 @@ void Engine::setup() {
     log_ << ops::describe_cpu_math() << "\nthreads: " << at::get_num_threads() << " per rank\n" << plugins_.describe();
   }
 
-  // model: materialised block by block, each handed to the plugins as it appears.
-  const bool decay_all = cfg_.optimizer.from_ds_config;
-  std::vector<ParamInfo> planned;
+  // The parameter store first: the estimate's plan, laid out on the model's shapes by every
+  // plugin (plan_params, plan_store), so the run holds exactly what the estimate counted; every
+  // buffer but the optimizer state is allocated before the model exists.
+  std::vector<ParamInfo> planned = estimate_.params;
+  {
+    StorePlan plan = *estimate_.store;
+    if (plan.groups().empty()) {
+      throw Error("the model has no trainable parameters after the plugins' model transforms; "
+                  "nothing to train");
+    }
+    if (eval_only_) plan.keep_weights_only();  // launcher eval takes no step: no masters, gradients or state
+    plan.check();
+    if (main) log_ << "parameter store:\n" << plan.describe();
+    store_ = std::make_shared<ParamStore>(std::move(plan), run_.device);
+  }
+
+  // The model, materialised segment by segment: each block handed to the plugins as it appears
+  // (on_block_ready: a 4-bit base quantized), then every segment taken into the store before the
+  // next one exists — a trainable parameter becomes a view of its group's buffer, or under ZeRO-3
+  // an empty placeholder, and its whole tensor goes: no rank ever holds the whole model.
   {
     memory::Scope weights_scope(Category::kWeights);
     BuildOptions build;
     build.init_std = cfg_.model.init_std;
     build.seed = cfg_.seed;
     build.weights_dir = cfg_.model.name_or_path;
-    for (const ParamInfo& p : estimate_.params)
+    for (const ParamInfo& p : planned)
       if (!at::isFloatingType(p.dtype)) build.replaced.insert(p.name);
     // Frozen weights the store keeps in another floating dtype (a 16-bit base) take it as each
-    // segment is built, as the estimate's plan of the store says.
-    if (estimate_.store) {
-      const StorePlan& plan = *estimate_.store;
-      for (int i = 0; i < static_cast<int>(plan.slots().size()); ++i) {
-        const ParamSlot& s = plan.slots()[static_cast<size_t>(i)];
-        if (s.group >= 0 || !at::isFloatingType(s.param.dtype)) continue;
-        const FrozenLayout& layout = plan.frozen_layout(i);
-        if (layout.format.empty() && layout.tensors.front().dtype != at::kFloat)  // build_model makes fp32
-          build.frozen_dtypes[s.param.name] = layout.tensors.front().dtype;
-      }
+    // segment is built.
+    const StorePlan& plan = store_->plan();
+    for (int i = 0; i < static_cast<int>(plan.slots().size()); ++i) {
+      const ParamSlot& s = plan.slots()[static_cast<size_t>(i)];
+      if (s.group >= 0 || !at::isFloatingType(s.param.dtype)) continue;
+      const FrozenLayout& layout = plan.frozen_layout(i);
+      if (layout.format.empty() && layout.tensors.front().dtype != at::kFloat)  // build_model makes fp32
+        build.frozen_dtypes[s.param.name] = layout.tensors.front().dtype;
     }
     build.on_block_ready = [&](int64_t index, Block& block, const CheckpointReader* checkpoint) {
       BlockReady ctx{index, block, run_, *dist_, checkpoint};
       plugins_.each("on_block_ready", -1, [&](Plugin& p) { p.on_block_ready(ctx); });
     };
+    // Every rank starts from rank 0's weights (the same seed gives the same init; a loaded
+    // checkpoint is the same file; this makes it so whatever a plugin did); each parameter
+    // trains as planned.
+    std::set<std::string> taken_params, taken_buffers;
+    auto take = [&](const NamedTensors& params, const NamedTensors& buffers) {
+      at::NoGradGuard no_grad;
+      for (const auto& [name, t] : params) {
+        at::Tensor p = t;
+        dist_->broadcast(p, 0);
+        const int64_t slot = plan.find(name);
+        if (slot >= 0) p.set_requires_grad(plan.slots()[static_cast<size_t>(slot)].group >= 0);
+        taken_params.insert(name);
+      }
+      for (const auto& [name, t] : buffers) taken_buffers.insert(name);
+      store_->adopt(params, buffers);
+    };
+    build.on_segment_built = [&](int64_t, const NamedTensors& params, const NamedTensors& buffers) {
+      take(params, buffers);
+    };
     model_ = build_model(run_.shape, build);
     // The default generator feeds dropout: seeded like Hugging Face's set_seed (the same seed on
     // every rank), so a config's run is reproducible. Model init has its own generator.
     at::manual_seed(cfg_.seed);
-    // The plugins' plan of the parameters, on the model as built (the estimate ran the same calls
-    // on its shapes); the model's parameters train as planned, and transform_model adds the rest.
-    planned = model_params(*model_, decay_all);
-    plugins_.plan_params(planned, run_);
-    for (const auto& item : model_->named_parameters(/*recurse=*/true))
-      for (const ParamInfo& p : planned)
-        if (p.name == item.key()) item.value().set_requires_grad(p.trainable);
+    // transform_model adds what plan_params planned besides the model (LoRA's adapters): taken in
+    // with the module buffers no segment had.
     ModelContext model_ctx{*model_, run_, *dist_};
     plugins_.each("transform_model", -1, [&](Plugin& p) { p.transform_model(model_ctx); });
-    check_planned(planned, model_params(*model_, decay_all));
-
-    // Every rank starts from rank 0's weights (the same seed gives the same init; a loaded
-    // checkpoint is the same file; this makes it so whatever a plugin did).
-    at::NoGradGuard no_grad;
-    for (auto& t : model_->parameters()) dist_->broadcast(t, 0);
-  }
-
-  // Counted before the store takes the parameters: partitioned ones (ZeRO-3) then rest as empty
-  // placeholders.
-  const int64_t model_parameters = count_parameters(*model_);
-
-  // The parameter store, planned from the model as the transforms left it and by every plugin,
-  // then allocated once; the optimizer steps over it.
-  {
-    std::vector<std::pair<std::string, at::Tensor>> named, buffers;
+    NamedTensors added, rest;
     for (const auto& item : model_->named_parameters(/*recurse=*/true))
-      named.emplace_back(item.key(), item.value());
+      if (!taken_params.count(item.key())) added.emplace_back(item.key(), item.value());
     for (const auto& item : model_->named_buffers(/*recurse=*/true))
-      buffers.emplace_back(item.key(), item.value());
-    StoreOptions options = store_options(cfg_.optimizer);
-    options.rank = run_.rank;
-    options.world_size = run_.world_size;
-    StorePlan plan = host_store_plan(planned, param_segments(planned, run_.shape.n_layer), options, cfg_.optimizer);
-    if (plan.groups().empty()) {
-      throw Error("the model has no trainable parameters after the plugins' model transforms; "
-                  "nothing to train");
+      if (!taken_buffers.count(item.key())) rest.emplace_back(item.key(), item.value());
+    try {
+      take(added, rest);
+      store_->finish();
+    } catch (const Error& e) {
+      throw Error(std::string(e.what()) + ": a plugin's transform_model must create exactly what its "
+                  "plan_params planned (memrt/plugin.h, ParamPlanContext)");
     }
-    plugins_.plan_store(plan, run_);
-    if (eval_only_) plan.keep_weights_only();  // launcher eval takes no step: no masters, gradients or state
-    plan.check();
-    if (main) log_ << "parameter store:\n" << plan.describe();
-    store_ = std::make_shared<ParamStore>(std::move(plan), named, buffers, run_.device);
-    for (size_t i = 0; i < store_->plan().slots().size(); ++i)
-      if (store_->plan().slots()[i].group >= 0) trainable_.push_back(store_->param(static_cast<int>(i)));
-    const bool frozen = trainable_.size() < store_->plan().slots().size();
-    if (frozen && !cfg_.model.name_or_path.empty()) base_ = BaseSource::of(cfg_.model.name_or_path);
   }
+  int64_t model_parameters = 0;
+  for (const ParamInfo& p : planned) model_parameters += c10::multiply_integers(p.shape);
+  for (size_t i = 0; i < store_->plan().slots().size(); ++i)
+    if (store_->plan().slots()[i].group >= 0) trainable_.push_back(store_->param(static_cast<int>(i)));
+  if (trainable_.size() < store_->plan().slots().size() && !cfg_.model.name_or_path.empty())
+    base_ = BaseSource::of(cfg_.model.name_or_path);
   // The optimizer over the store, and the hooks that hand it gradients: none for launcher eval.
   if (!eval_only_) {
     memory::Scope optimizer_scope(Category::kOptimizerState);

@@ -35,6 +35,7 @@ std::string LeakFinding::message() const {
 void MemoryMonitor::begin_step() {
   if (!stepped_) {  // set-up's peak (data, model, store, state): a step beats it or it stays step 0
     last_peak_ = memory::allocator_stats().peak_bytes;
+    report_.setup = memory::window_peaks();
     stepped_ = true;
   }
   memory::open_window();
@@ -147,6 +148,8 @@ std::string rank_report_json(const RankMemoryReport& r) {
      << ",\n        \"activations_kept_bytes\": " << r.activations_kept_bytes
      << ",\n        \"activations_peak_bytes\": " << r.activations_peak_bytes
      << ",\n        \"gradient_bytes_claimed_late\": " << r.gradient_bytes_claimed_late
+     << ",\n        \"setup\": {\"peak_bytes\": " << r.setup.total
+     << ", \"categories\": " << categories_json(r.setup.cells) << "}"
      << ",\n        \"resident\": {\"idle_bytes\": " << r.resident.idle_bytes
      << ", \"peak_bytes\": " << r.resident.peak_bytes
      << ", \"block_cache\": {\"peak_live_bytes\": " << r.resident.block_cache.peak_live_bytes

@@ -59,6 +59,9 @@ struct RankMemoryReport {
   int64_t activations_kept_bytes = 0;  // the most forward kept for backward, over micro-steps
   int64_t activations_peak_bytes = 0;  // the largest activations cell, over steps
   int64_t gradient_bytes_claimed_late = 0;  // gradients the per-parameter hooks missed (0)
+  // Set-up (data, model, store, optimizer state, before step 1): the largest live bytes and the
+  // largest of each cell — `weights` holds the model being built and the store's compute copy.
+  memory::WindowPeaks setup;
   ResidentMemory resident;
   std::vector<StepMemory> timeline;
   std::vector<LeakFinding> leaks;
@@ -76,7 +79,11 @@ class MemoryMonitor {
   std::vector<LeakFinding> end_step(int64_t step);
   void add_late_gradient_claims(int64_t bytes) { report_.gradient_bytes_claimed_late += bytes; }
   // Before the model is built: the RSS the run's own memory is measured from.
-  void record_idle_rss() { report_.resident.idle_bytes = current_rss_bytes(); }
+  // Set-up starts: its RSS before the data and the model, and the window of its largest cells.
+  void begin_setup() {
+    report_.resident.idle_bytes = current_rss_bytes();
+    memory::open_window();
+  }
 
   // The measurement so far, with `estimate` beside it.
   RankMemoryReport report(int rank, EstimateReport estimate, const c10::Device& device) const;

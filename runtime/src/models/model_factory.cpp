@@ -178,25 +178,31 @@ std::shared_ptr<CausalLM> build_model(const ModelShape& shape, const BuildOption
       }
     }
   };
+  auto built = [&](int64_t segment, const NamedTensors& params, const NamedTensors& buffers) {
+    if (options.on_segment_built) options.on_segment_built(segment, params, buffers);
+  };
   std::shared_ptr<DecoderLM> model = shape.arch == "gpt2" ? make_gpt2(shape) : make_llama(shape);
   fill(model->embedding_parameters());
   settle(model->embedding_parameters());
+  built(-1, model->embedding_parameters(), {});
   for (int64_t i = 0; i < shape.n_layer; ++i) {
     std::shared_ptr<Block> block = model->new_block(i);
-    auto block_params = [&] {
-      NamedTensors params;
-      for (const auto& item : block->named_parameters(/*recurse=*/true))
-        params.emplace_back(block->hf_prefix() + "." + item.key(), item.value());
-      return params;
+    auto block_named = [&](bool buffers) {
+      NamedTensors out;
+      for (const auto& item : buffers ? block->named_buffers(/*recurse=*/true) : block->named_parameters(/*recurse=*/true))
+        out.emplace_back(block->hf_prefix() + "." + item.key(), item.value());
+      return out;
     };
-    fill(block_params());
+    fill(block_named(false));
     model->append_block(block);
     if (options.on_block_ready) options.on_block_ready(i, *block, weights ? &*weights : nullptr);
-    settle(block_params());  // what on_block_ready left floating (a quantized block's norms)
+    settle(block_named(false));  // what on_block_ready left floating (a quantized block's norms)
+    built(i, block_named(false), block_named(true));
   }
   model->finish();
   fill(model->final_parameters());
   settle(model->final_parameters());
+  built(shape.n_layer, model->final_parameters(), {});
   return model;
 }
 

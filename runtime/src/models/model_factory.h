@@ -37,6 +37,11 @@ struct BuildOptions {
   // LoRA): cast as each segment is finished (after on_block_ready), so the whole model is never in
   // fp32 at once — a frozen 16-bit base costs 2 bytes a parameter while it is built, not 4.
   std::map<std::string, at::ScalarType> frozen_dtypes;
+  // Called once per segment as soon as it is finished (after on_block_ready and the casts above):
+  // the embedding (-1), each block (its index), the final norm and untied lm_head (n_layer), with
+  // the segment's parameters and module buffers by their Hugging Face names — so that the caller
+  // takes them into the parameter store before the next segment exists.
+  std::function<void(int64_t segment, const NamedTensors& params, const NamedTensors& buffers)> on_segment_built;
 };
 
 // Builds the model (fp32, CPU). Order: embeddings, then for each block: allocate, initialise or

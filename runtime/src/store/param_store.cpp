@@ -650,65 +650,78 @@ ParamStore::ParamStore(StorePlan plan, const std::vector<std::pair<std::string, 
 
 ParamStore::ParamStore(StorePlan plan, const std::vector<std::pair<std::string, at::Tensor>>& params,
                        const std::vector<std::pair<std::string, at::Tensor>>& buffers, at::Device device)
-    : plan_(std::move(plan)) {
-  plan_.check();
-  std::unordered_map<std::string, const at::Tensor*> by_name;
-  for (const auto& [name, t] : params) by_name[name] = &t;
-  std::unordered_set<std::string> planned;
-  for (const ParamSlot& s : plan_.slots()) planned.insert(s.param.name);
-  for (const auto& [name, t] : params) {
-    if (!planned.count(name))
-      throw Error("parameter store: the model has parameter '" + name + "', which the plan lacks");
-  }
-  params_.reserve(plan_.slots().size());
-  for (const ParamSlot& s : plan_.slots()) {
-    auto it = by_name.find(s.param.name);
-    if (it == by_name.end())
-      throw Error("parameter store: the plan has parameter '" + s.param.name + "', which the model lacks");
-    const at::Tensor& t = *it->second;
-    if (t.sizes().vec() != s.param.shape) {
-      throw Error("parameter store: parameter '" + s.param.name + "' has shape " +
-                  shape_str(t.sizes().vec()) + " but the plan says " + shape_str(s.param.shape));
-    }
-    params_.push_back(t);
-  }
+    : ParamStore(std::move(plan), device) {
+  adopt(params, buffers);
+  finish();
+}
 
-  at::NoGradGuard no_grad;
-  auto alloc = [&](const BufferLayout& l, int64_t numel, Category category) {
-    memory::Scope scope(category, l.placement);
-    const at::Device where = l.placement == Placement::kHost ? at::Device(at::kCPU) : device;
-    return at::zeros({numel}, at::TensorOptions().dtype(l.dtype).device(where));
-  };
+ParamStore::ParamStore(StorePlan plan, at::Device device) : plan_(std::move(plan)), device_(device) {
+  plan_.check();
+  params_.resize(plan_.slots().size());
+  frozen_.resize(plan_.slots().size());
+  adopted_.assign(plan_.slots().size(), false);
   for (int g = 0; g < static_cast<int>(plan_.groups().size()); ++g) {
     const StoreGroup& group = plan_.groups()[static_cast<size_t>(g)];
     Group out;
-    const BufferLayout& compute = group.buffer(StoreBuffer::kCompute);
-    out.compute = alloc(compute, plan_.held_numel(g, StoreBuffer::kCompute), plan_.weights_category(g));
+    out.compute = allocate(group.buffer(StoreBuffer::kCompute), plan_.held_numel(g, StoreBuffer::kCompute),
+                           plan_.weights_category(g));
     if (group.buffer(StoreBuffer::kMaster).present) {
-      out.master = alloc(group.buffer(StoreBuffer::kMaster),
-                         plan_.held_numel(g, StoreBuffer::kMaster), Category::kMasterWeights);
+      out.master = allocate(group.buffer(StoreBuffer::kMaster), plan_.held_numel(g, StoreBuffer::kMaster),
+                            Category::kMasterWeights);
     }
     if (const int64_t n = plan_.held_numel(g, StoreBuffer::kGrad); n > 0) {
-      out.grad = alloc(group.buffer(StoreBuffer::kGrad), n, Category::kGradients);
+      out.grad = allocate(group.buffer(StoreBuffer::kGrad), n, Category::kGradients);
     }
     groups_.push_back(std::move(out));
   }
-  // Fill: masters from the values as they are (fp32), then the compute copy; each parameter then
-  // becomes a view of its range (or, with the compute buffer partitioned, an empty placeholder),
-  // and its old storage goes at once. The state comes after, so the set-up's peak holds the old
-  // parameters or the state, never both.
-  for (size_t i = 0; i < plan_.slots().size(); ++i) {
-    const ParamSlot& s = plan_.slots()[i];
-    at::Tensor& p = params_[i];
-    if (s.group < 0) continue;  // below, with the module buffers
+}
+
+// Zeros of a buffer's layout: its dtype, in its placement, counted in `category`.
+at::Tensor ParamStore::allocate(const BufferLayout& l, int64_t numel, Category category) const {
+  at::NoGradGuard no_grad;
+  memory::Scope scope(category, l.placement);
+  const at::Device where = l.placement == Placement::kHost ? at::Device(at::kCPU) : device_;
+  return at::zeros({numel}, at::TensorOptions().dtype(l.dtype).device(where));
+}
+
+// Masters from the values as they are (fp32), then the compute copy; each parameter then becomes
+// a view of its range (or, with the compute buffer partitioned, an empty placeholder), and its old
+// storage goes at once (unless the caller holds it).
+void ParamStore::adopt(const std::vector<std::pair<std::string, at::Tensor>>& params,
+                       const std::vector<std::pair<std::string, at::Tensor>>& buffers) {
+  std::vector<int> taken;
+  for (const auto& [name, t] : params) {
+    const int64_t found = plan_.find(name);
+    if (found < 0) throw Error("parameter store: the model has parameter '" + name + "', which the plan lacks");
+    const int slot = static_cast<int>(found);
+    const ParamSlot& s = plan_.slots()[static_cast<size_t>(slot)];
+    if (adopted_[static_cast<size_t>(slot)])
+      throw Error("parameter store: parameter '" + name + "' is taken in twice");
+    if (t.sizes().vec() != s.param.shape) {
+      throw Error("parameter store: parameter '" + name + "' has shape " + shape_str(t.sizes().vec()) +
+                  " but the plan says " + shape_str(s.param.shape));
+    }
+    params_[static_cast<size_t>(slot)] = t;
+    adopted_[static_cast<size_t>(slot)] = true;
+    taken.push_back(slot);
+  }
+  at::NoGradGuard no_grad;
+  std::vector<int> frozen;
+  for (int i : taken) {
+    const ParamSlot& s = plan_.slots()[static_cast<size_t>(i)];
+    at::Tensor& p = params_[static_cast<size_t>(i)];
+    if (s.group < 0) {
+      frozen.push_back(i);
+      continue;
+    }
     Group& out = groups_[static_cast<size_t>(s.group)];
     const at::Tensor flat = p.detach().reshape({-1});
     if (out.master.defined()) {
-      auto [view, first] = slice(static_cast<int>(i), StoreBuffer::kMaster);
+      auto [view, first] = slice(i, StoreBuffer::kMaster);
       view.copy_(flat.narrow(0, first, view.numel()));
     }
     if (plan_.groups()[static_cast<size_t>(s.group)].buffer(StoreBuffer::kCompute).extent == Extent::kPartition) {
-      auto [view, first] = slice(static_cast<int>(i), StoreBuffer::kCompute);
+      auto [view, first] = slice(i, StoreBuffer::kCompute);
       view.copy_(flat.narrow(0, first, view.numel()));
       p.set_data(at::empty({0}, out.compute.options()));
       continue;
@@ -717,32 +730,39 @@ ParamStore::ParamStore(StorePlan plan, const std::vector<std::pair<std::string, 
     range.copy_(flat);
     p.set_data(range.view(s.param.shape));
   }
-  place_frozen(buffers, device);
+  place_frozen(frozen, buffers);
+}
+
+void ParamStore::finish() {
+  for (size_t i = 0; i < plan_.slots().size(); ++i) {
+    if (!adopted_[i])
+      throw Error("parameter store: the plan has parameter '" + plan_.slots()[i].param.name + "', which the model lacks");
+  }
   for (int g = 0; g < static_cast<int>(plan_.groups().size()); ++g) {
     const BufferLayout& l = plan_.groups()[static_cast<size_t>(g)].buffer(StoreBuffer::kState);
-    if (!l.present) continue;
+    if (!l.present || !groups_[static_cast<size_t>(g)].state.empty()) continue;
     const std::vector<StateTensor>& tensors = plan_.state_format(g).tensors;
     for (size_t k = 0; k < tensors.size(); ++k) {
       BufferLayout t = l;
       t.dtype = tensors[k].dtype;
       groups_[static_cast<size_t>(g)].state.push_back(
-          alloc(t, plan_.held_state_values(g, static_cast<int>(k)), Category::kOptimizerState));
+          allocate(t, plan_.held_state_values(g, static_cast<int>(k)), Category::kOptimizerState));
     }
   }
 }
 
-// Every frozen slot's tensors as its layout says: a plain weight cast to its planned dtype, each
-// tensor moved to the layout's placement and counted in its category; every module buffer belongs
-// to one layout.
-void ParamStore::place_frozen(const std::vector<std::pair<std::string, at::Tensor>>& buffers, at::Device device) {
+// Every frozen slot's tensors among `slots` as its layout says: a plain weight cast to its planned
+// dtype, each tensor moved to the layout's placement and counted in its category; every one of
+// `buffers` belongs to one of their layouts.
+void ParamStore::place_frozen(const std::vector<int>& slots,
+                              const std::vector<std::pair<std::string, at::Tensor>>& buffers) {
   std::unordered_map<std::string, at::Tensor> by_name;
   for (const auto& [name, t] : buffers) by_name.emplace(name, t);
   std::unordered_set<std::string> named;
-  frozen_.resize(plan_.slots().size());
-  for (size_t i = 0; i < plan_.slots().size(); ++i) {
-    if (plan_.slots()[i].group >= 0) continue;
-    const FrozenLayout& layout = plan_.frozen_layout(static_cast<int>(i));
-    const at::Device where = layout.placement == Placement::kHost ? at::Device(at::kCPU) : device;
+  for (int slot : slots) {
+    const size_t i = static_cast<size_t>(slot);
+    const FrozenLayout& layout = plan_.frozen_layout(slot);
+    const at::Device where = layout.placement == Placement::kHost ? at::Device(at::kCPU) : device_;
     for (size_t k = 0; k < layout.tensors.size(); ++k) {
       const FrozenTensor& f = layout.tensors[k];
       at::Tensor t;
