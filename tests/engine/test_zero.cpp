@@ -321,7 +321,9 @@ TEST(Zero, StageTwoReducesEveryBucketWhenARankGetsNoGradient) {
 // fp32 test's take (4 ranks on 2 cores wait for each other at every one). Stage 1 runs on 2 ranks
 // only: its sums are stage 0's on any number, and the fp32 test runs it on 4. fp16 runs on 2 ranks
 // only: on 4, its buckets add in the order bf16's do, and only the loss scale is fp16's own.
-TEST(Zero, SixteenBitStagesOneAndTwoStayWithinStageZerosSpread) {
+// Stage 3 (parameters and optimizer offloaded with offload) follows stage 2's curve bit for bit in
+// both precisions: the same reductions, computing with the 16-bit weights it gathers.
+TEST(Zero, SixteenBitStagesOneToThreeStayWithinStageZerosSpread) {
   TempDir dir("zero_16bit");
   for (const char* precision : {"bf16", "fp16"}) {
     const std::vector<double> one = losses(train(dir, {precision, 0, false, 1}));
@@ -333,14 +335,22 @@ TEST(Zero, SixteenBitStagesOneAndTwoStayWithinStageZerosSpread) {
       zero0[ranks] = losses(train(dir, {precision, 0, false, ranks}));
       spread = std::max(spread, worst_relative(zero0[ranks], one));
     }
+    std::map<std::pair<int, bool>, std::vector<double>> stage2;  // by (ranks, offload)
     for (int ranks : rank_counts) {
-      for (int stage : {1, 2}) {
+      for (int stage : {1, 2, 3}) {
         if (stage == 1 && ranks == 4) continue;
         for (bool offload : {false, true}) {
           Job r{precision, stage, offload, ranks};
           r.reduce_bucket = 20000;
           r.allgather_bucket = 12000;
           const std::vector<double> curve = losses(train(dir, r));
+          // Stage 3 reduces the same buckets as stage 2 and computes with the weights it gathers:
+          // its curve is stage 2's, bit for bit.
+          std::vector<double>& two = stage2[std::make_pair(ranks, offload)];
+          if (stage == 2) two = curve;
+          if (stage == 3) {
+            EXPECT_EQ(curve, two) << r.name() << ": stage 2's curve";
+          }
           const double d = worst_relative(curve, one);
           std::cout << r.name() << ": " << d << " from 1 rank (stage 0 on " << ranks
                     << " ranks: " << worst_relative(zero0[ranks], one) << ")\n";
@@ -589,7 +599,7 @@ TEST(Zero, StageThreeBuildsTheModelABlockAtATime) {
 // DeepSpeed's data_types.grad_accum_dtype "fp32" with bf16 weights, at every stage (DeepSpeed's
 // BF16_Optimizer below stage 2): each micro-step's bf16 gradient is added into an fp32 gradient —
 // the whole of it below stage 2, after the host's hook takes it from autograd, all-reduced in
-// fp32; under stage 2 reduced in bf16 and this rank's share added into its fp32 partition. 4 bytes
+// fp32; under stages 2 and 3 reduced in bf16 and this rank's share added into its fp32 partition. 4 bytes
 // per element of what the rank holds, measured as estimated; each curve over 2 micro-steps per
 // step stays within 4x the spread bf16 stage 0 shows against fp32.
 TEST(Zero, Bf16GradientsAccumulateInFp32AtEveryStage) {
@@ -597,7 +607,7 @@ TEST(Zero, Bf16GradientsAccumulateInFp32AtEveryStage) {
   const std::vector<double> fp32 = losses(train(dir, {"fp32", 0, false, 1, 2}));
   const std::vector<double> bf16 = losses(train(dir, {"bf16", 0, false, 1, 2}));
   const double spread = std::max(1e-6, worst_relative(bf16, fp32));
-  for (int stage : {0, 1, 2}) {
+  for (int stage : {0, 1, 2, 3}) {
     Job r{"bf16", stage, false, 2, 2};
     r.accumulate_fp32 = true;
     const std::vector<double> curve = losses(train(dir, r));
@@ -608,14 +618,14 @@ TEST(Zero, Bf16GradientsAccumulateInFp32AtEveryStage) {
 
   // The bytes, on one micro-step per step (stage 2 over two: EachRankHoldsItsPartitionsAsEstimated).
   const int64_t padded = (116736 + 31) / 32 * 32 + (1792 + 31) / 32 * 32;  // as in the test above
-  for (int stage : {0, 1, 2}) {
+  for (int stage : {0, 1, 2, 3}) {
     Job one{"bf16", stage, false, 2};
     one.accumulate_fp32 = true;
     const rapidjson::Document report = read_json(train(dir, one) / "memory_report.json");
     for (const auto& rank : report["ranks"].GetArray()) {
       SCOPED_TRACE(one.name() + " rank " + std::to_string(rank["rank"].GetInt()));
       const auto& measured = rank["measured"]["categories"]["gradients"];
-      EXPECT_EQ(measured["device"].GetInt64(), 4 * padded / (stage == 2 ? 2 : 1));
+      EXPECT_EQ(measured["device"].GetInt64(), 4 * padded / (stage >= 2 ? 2 : 1));
       EXPECT_EQ(measured["device"].GetInt64(), rank["estimate"]["categories"]["gradients"]["device"].GetInt64());
     }
   }
