@@ -139,13 +139,10 @@ Options read_options(const ConfigNode& section, ConfigDiagnostics& diag, bool de
   };
   elements({"stage3_param_persistence_threshold", "param_persistence_threshold"}, out.param_persistence_threshold);
   elements({"stage3_model_persistence_threshold", "model_persistence_threshold"}, out.model_persistence_threshold);
-  if (const ConfigNode* n = aliased(r, {"stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
-                                        "stage3_gather_fp16_weights_on_model_save"})) {
-    if (n->as_bool() && out.stage == 3)  // "auto" was resolved by the loader
-      diag.note(*n, "is true: checkpoints stay per-rank partitions (they resume on any rank count and stage); "
-                    "`launcher export <checkpoint> <dir> --dtype bf16` writes the consolidated 16-bit "
-                    "Hugging Face model from one");
-  }
+  // The host writes the consolidated model into each checkpoint when it is true at stage 3 (the
+  // loader resolved "auto" and told the host); here only its type is checked.
+  accept_bool(r, {"stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
+                  "stage3_gather_fp16_weights_on_model_save"});
   // Gathers here are synchronous, one segment at a time: nothing is fetched ahead, so the limits
   // on what is in flight hold whatever their value.
   auto no_prefetch = [&](std::initializer_list<const char*> names) {

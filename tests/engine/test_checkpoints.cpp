@@ -420,8 +420,11 @@ TEST(Checkpoints, ExportLoadsInTransformersWithTheSameLogits) {
       {"llama", "{arch: llama, n_layer: 2, n_head: 4, n_kv_head: 2, d_model: 64, d_ff: 96, vocab_size: 256, n_ctx: 32}",
        R"({"train_micro_batch_size_per_gpu": 4})", "21"},
       // ZeRO-3 on 2 ranks: no rank ever held the whole model; each rank's file holds its share.
+      // With stage3_gather_16bit_weights_on_model_save the checkpoint holds the consolidated model
+      // too (model/), the very files `launcher export` writes from it.
       {"llama_zero3", "{arch: llama, n_layer: 2, n_head: 4, n_kv_head: 2, d_model: 64, d_ff: 96, vocab_size: 256, n_ctx: 32}",
-       R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}})",
+       R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
+           "stage3_gather_16bit_weights_on_model_save": true}})",
        "21", 2},
   };
   for (const Model& m : models) {
@@ -439,6 +442,13 @@ TEST(Checkpoints, ExportLoadsInTransformersWithTheSameLogits) {
     EXPECT_NE(e.out.find(std::string("in ") + m.tensors + " tensors, from the exact weights saved by " +
                          std::to_string(m.ranks) + " rank(s)"),
               std::string::npos) << e.out;
+    const fs::path saved_model = out / "global_step3" / "model";
+    if (std::string(m.name) == "llama_zero3") {
+      for (const char* f : {"config.json", "model.safetensors"})
+        EXPECT_EQ(slurp(saved_model / f), slurp(hf / f)) << f << "\n" << a.out;
+    } else {
+      EXPECT_FALSE(fs::exists(saved_model));
+    }
     if (std::string(m.name) == "gpt2_bf16") {
       // The fp32 masters, not the bf16 copy the model computed with: most values are not bf16's.
       const auto exported = memrt::SafetensorsFile::open((hf / "model.safetensors").string());

@@ -174,19 +174,23 @@ TEST(ZeroConfig, NotesForWhatCannotMatterHere) {
 }
 
 // Stage 3 gathers each segment when it runs: the prefetch and live-parameter limits hold whatever
-// their value (a note each, at stage 3 only); a 16-bit model written at each save is not built
-// (a note names `launcher export`), and "auto" is false there, as Accelerate fills it.
-TEST(ZeroConfig, StageThreeNotesWhatItDoesNotPrefetchOrSave) {
+// their value (a note each, at stage 3 only). stage3_gather_16bit_weights_on_model_save true at
+// stage 3 has the host write the consolidated model into each checkpoint; "auto" is false there,
+// as Accelerate fills it.
+TEST(ZeroConfig, StageThreeNotesWhatItDoesNotPrefetch) {
   const std::string keys = R"("stage3_prefetch_bucket_size": "auto", "stage3_max_live_parameters": 1e9,
       "stage3_max_reuse_distance": 1e9, "stage3_gather_16bit_weights_on_model_save": true})";
   Configured three = configure(R"({"stage": 3, )" + keys);
   for (const char* key : {"stage3_prefetch_bucket_size", "stage3_max_live_parameters", "stage3_max_reuse_distance"})
     EXPECT_TRUE(has_note(three.diag, "'zero_optimization." + std::string(key) + "' has no effect here: stage 3 gathers"))
         << key;
-  EXPECT_TRUE(has_note(three.diag, "'zero_optimization.stage3_gather_16bit_weights_on_model_save' is true: "
-                                   "checkpoints stay per-rank partitions"));
-  EXPECT_TRUE(configure(R"({"stage": 2, )" + keys).diag.warnings.empty());
+  EXPECT_EQ(three.diag.warnings.size(), 3u) << three.diag.warnings.back();
+  EXPECT_TRUE(three.cfg.save_consolidated_model);
+  Configured two = configure(R"({"stage": 2, )" + keys);
+  EXPECT_TRUE(two.diag.warnings.empty());
+  EXPECT_FALSE(two.cfg.save_consolidated_model);
   Configured automatic = configure(R"({"stage": 3, "stage3_gather_16bit_weights_on_model_save": "auto"})");
+  EXPECT_FALSE(automatic.cfg.save_consolidated_model);
   EXPECT_TRUE(test::has_warning(automatic.cfg, "'zero_optimization.stage3_gather_16bit_weights_on_model_save' is \"auto\": read as false"));
   EXPECT_TRUE(automatic.diag.warnings.empty()) << automatic.diag.warnings.front();
 }

@@ -1195,14 +1195,18 @@ void Loader::resolve_zero(const ConfigNode* zero) {
       out.set(key, ConfigNode::number(std::floor(value), n->file(), n->path()));
     }
   }
-  // Accelerate fills it from its zero3_save_16bit_model, false unless the user asks.
+  // Accelerate fills it from its zero3_save_16bit_model, false unless the user asks. True at stage 3,
+  // the host writes the consolidated model into each checkpoint (the plugin checks the key's type).
   for (const char* key : {"stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
                           "stage3_gather_fp16_weights_on_model_save"}) {
-    if (const ConfigNode* n = out.find(key); n && n->is_auto()) {
+    const ConfigNode* n = out.find(key);
+    if (n && n->is_auto()) {
       diag.warnings.push_back(where(*n) + " is \"auto\": read as false, as Accelerate fills it "
                               "(zero3_save_16bit_model); `launcher export` writes any checkpoint as one "
                               "Hugging Face model");
       out.set(key, ConfigNode::boolean(false, n->file(), n->path()));
+    } else if (n && n->is_bool() && n->as_bool() && cfg.zero_stage == 3) {
+      cfg.save_consolidated_model = true;
     }
   }
   ConfigNode options = ConfigNode::object(zero->file(), "");

@@ -267,6 +267,9 @@ struct TrainConfig {
   // train.yaml fp16/bf16). Informational: the precision plugin does the work.
   std::string compute_dtype = "fp32";
   int zero_stage = 0;              // zero_optimization.stage (0: plain data parallel)
+  // zero_optimization.stage3_gather_16bit_weights_on_model_save at stage 3: each checkpoint also
+  // holds the consolidated Hugging Face model (its model/ folder, in the compute dtype).
+  bool save_consolidated_model = false;
   std::string output_dir = "output";
   uint64_t seed = 42;
   // The LM head and its loss a chunk of tokens at a time, the logits never whole

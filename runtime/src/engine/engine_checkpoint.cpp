@@ -131,6 +131,13 @@ std::string Engine::save_checkpoint() {
     fs::remove_all(old);
     if (cfg_.save_total_limit > 0) prune_checkpoints(out.string(), cfg_.save_total_limit, tag);
     log_ << "checkpoint saved: " << final_dir.string() << "\n" << std::flush;
+    // DeepSpeed's stage3_gather_16bit_weights_on_model_save: the model as one Hugging Face
+    // directory beside the rank files, in the compute dtype — what `launcher export` writes from it.
+    if (cfg_.save_consolidated_model) {
+      log_ << export_checkpoint(final_dir.string(), (final_dir / "model").string(), /*merge=*/false,
+                                cfg_.compute_dtype, base_ ? base_->dir : "")
+           << "\n" << std::flush;
+    }
   }
   dist_->barrier();  // no rank goes on before the checkpoint exists
   return (out / tag).string();
