@@ -105,7 +105,7 @@ class ZeroPlugin final : public memrt::Plugin {
     at::NoGradGuard no_grad;
     memrt::memory::Scope scope(Category::kCommBuffers);
     for (size_t g = 0; g < store.groups().size(); ++g) {
-      if (compute_partitioned(static_cast<int>(g))) continue;
+      if (compute_partitioned(store.plan(), static_cast<int>(g))) continue;
       const at::Tensor& compute = store.groups()[g].compute;
       const auto [lo, hi] = store.plan().partition(static_cast<int>(g));
       const int64_t part = hi - lo;  // every rank's partition has this size
@@ -128,7 +128,6 @@ class ZeroPlugin final : public memrt::Plugin {
     store_ = &ctx.store;
     comm_ = &ctx.comm;
     device_ = ctx.run.device;
-    pieces_.clear();
     if (opt_.stage < 2) return;
     buckets_ = plan_buckets(store_->plan());
     bucket_of_.assign(store_->plan().slots().size(), {});
@@ -145,13 +144,10 @@ class ZeroPlugin final : public memrt::Plugin {
   // Stage 3: the segment's parameters, gathered for its forward (evaluation included) and released
   // after it.
   void before_segment_forward(memrt::SegmentContext& ctx) override {
-    if (opt_.stage < 3) return;
-    store_ = ctx.store;  // launcher eval builds no optimizer: the store comes with the segment
-    device_ = ctx.run.device;
-    gather(ctx);
+    if (opt_.stage >= 3) gather(ctx);
   }
   void after_segment_forward(memrt::SegmentContext& ctx) override {
-    if (opt_.stage >= 3) release(ctx.index);
+    if (opt_.stage >= 3) release(ctx);
   }
 
   // Stage 3 gathers the segment again (autograd's saved views of its buffers read the values);
@@ -178,7 +174,7 @@ class ZeroPlugin final : public memrt::Plugin {
   // The segment's backward is over: its buckets are reduced now, in the same order on every rank,
   // complete or not (a parameter that got no gradient on this rank leaves its part zeros).
   void after_segment_backward(memrt::SegmentContext& ctx) override {
-    if (opt_.stage >= 3) release(ctx.index);
+    if (opt_.stage >= 3) release(ctx);
     if (opt_.stage < 2 || buckets_.empty()) return;
     while (next_flush_ < buckets_.size() && buckets_[next_flush_].segment >= ctx.index) flush(next_flush_++);
     for (Staging& st : staging_)
@@ -313,7 +309,6 @@ class ZeroPlugin final : public memrt::Plugin {
   static bool compute_partitioned(const memrt::StorePlan& plan, int g) {
     return plan.groups()[static_cast<size_t>(g)].buffer(StoreBuffer::kCompute).extent == Extent::kPartition;
   }
-  bool compute_partitioned(int g) const { return compute_partitioned(store_->plan(), g); }
 
   // What a block gathers: its elements of every partitioned group, in the compute dtype on the
   // device (the estimate's term; blocks share no parameter).
@@ -336,17 +331,19 @@ class ZeroPlugin final : public memrt::Plugin {
     at::Tensor buffer;
   };
 
+  // The segment's pieces, made on its first gather. The store comes with the segment (ABI 2.15):
+  // launcher eval builds no optimizer, so build_optimizer never hands it over there.
   std::vector<Piece>& pieces(const memrt::SegmentContext& ctx) {
     auto [it, added] = pieces_.try_emplace(ctx.index);
     if (!added) return it->second;
-    const memrt::StorePlan& plan = store_->plan();
+    const memrt::StorePlan& plan = ctx.store->plan();
     for (int g = 0; g < static_cast<int>(plan.groups().size()); ++g) {
       const memrt::ElementRange r = plan.segment_range(g, ctx.index);
-      if (!r.empty() && compute_partitioned(g)) it->second.push_back({g, r, {}});
+      if (!r.empty() && compute_partitioned(plan, g)) it->second.push_back({g, r, {}});
     }
     for (int slot : ctx.shared) {
       const int g = plan.slots()[static_cast<size_t>(slot)].group;
-      if (g >= 0 && compute_partitioned(g)) it->second.push_back({g, plan.range(slot), {}});
+      if (g >= 0 && compute_partitioned(plan, g)) it->second.push_back({g, plan.range(slot), {}});
     }
     return it->second;
   }
@@ -356,14 +353,15 @@ class ZeroPlugin final : public memrt::Plugin {
   // freed by release() gets its storage back in place, so that the views of it autograd saved in
   // the segment's forward (at::linear saves W.t()) read the gathered values in its backward.
   void gather(const memrt::SegmentContext& ctx) {
-    const memrt::StorePlan& plan = store_->plan();
+    memrt::ParamStore& store = *ctx.store;
+    const memrt::StorePlan& plan = store.plan();
     const int rank = plan.rank();
     at::NoGradGuard no_grad;
     memrt::memory::Scope scope(Category::kCommBuffers);
     for (Piece& piece : pieces(ctx)) {
-      const at::Tensor& compute = store_->groups()[static_cast<size_t>(piece.group)].compute;
+      const at::Tensor& compute = store.groups()[static_cast<size_t>(piece.group)].compute;
       if (!piece.buffer.defined()) {
-        piece.buffer = at::empty({piece.range.size()}, compute.options().device(device_));
+        piece.buffer = at::empty({piece.range.size()}, compute.options().device(ctx.run.device));
       } else {
         c10::StorageImpl* storage = piece.buffer.storage().unsafeGetStorageImpl();
         const size_t bytes = static_cast<size_t>(piece.range.size()) * piece.buffer.element_size();
@@ -377,16 +375,16 @@ class ZeroPlugin final : public memrt::Plugin {
         if (r == rank) dst.copy_(compute.narrow(0, part.begin - plan.partition(piece.group).begin, part.size()));
         if (plan.world_size() > 1) ctx.comm.broadcast(dst, r);
       }
-      store_->attach(piece.group, piece.range, piece.buffer);
+      store.attach(piece.group, piece.range, piece.buffer);
     }
   }
 
   // The segment's parameters back to placeholders and its buffers' bytes to the allocator.
-  void release(int64_t segment) {
-    auto it = pieces_.find(segment);
+  void release(const memrt::SegmentContext& ctx) {
+    auto it = pieces_.find(ctx.index);
     if (it == pieces_.end()) return;
     for (Piece& piece : it->second) {
-      store_->release(piece.group, piece.range);
+      ctx.store->release(piece.group, piece.range);
       c10::StorageImpl* storage = piece.buffer.storage().unsafeGetStorageImpl();
       storage->set_data_ptr_noswap(at::DataPtr(nullptr, piece.buffer.device()));
       storage->set_nbytes(0);
