@@ -22,8 +22,9 @@ double lora_scaling(const LoraOptions& o) {
 }
 
 LoraLinearImpl::LoraLinearImpl(torch::nn::AnyModule base, int64_t in_features, int64_t out_features,
-                               LoraOptions options)
-    : base_(std::move(base)), options_(options), scaling_(lora_scaling(options)), in_features_(in_features) {
+                               LoraOptions options, at::Tensor base_norm)
+    : base_(std::move(base)), options_(options), base_norm_(std::move(base_norm)), scaling_(lora_scaling(options)),
+      in_features_(in_features) {
   if (options_.r <= 0) throw Error("LoRA: rank r must be positive, got " + std::to_string(options_.r));
   if (options_.dropout < 0.0 || options_.dropout >= 1.0)
     throw Error("LoRA: lora_dropout must be in [0, 1), got " + std::to_string(options_.dropout));
@@ -79,7 +80,8 @@ void LoraLinearImpl::reset_parameters() {
   at::NoGradGuard no_grad;
   torch::nn::init::kaiming_uniform_(lora_A->weight, std::sqrt(5.0));
   lora_B->weight.zero_();
-  if (options_.dora) lora_magnitude_vector.copy_(weight_norm(at::kFloat));
+  if (options_.dora) lora_magnitude_vector.copy_(base_norm_.defined() ? base_norm_ : weight_norm(at::kFloat));
+  base_norm_ = at::Tensor();
 }
 
 at::Tensor LoraLinearImpl::forward(const at::Tensor& x) {

@@ -45,7 +45,11 @@ double lora_scaling(const LoraOptions& options);
 
 class LoraLinearImpl : public torch::nn::Module {
  public:
-  LoraLinearImpl(torch::nn::AnyModule base, int64_t in_features, int64_t out_features, LoraOptions options);
+  // `base_norm` (DoRA): the base's row norms ||W||_row in fp32, taken where its weight was whole
+  // (LoRA's on_block_ready: under ZeRO-3 the weight is a placeholder by the time it is wrapped);
+  // undefined: computed from the base here.
+  LoraLinearImpl(torch::nn::AnyModule base, int64_t in_features, int64_t out_features, LoraOptions options,
+                 at::Tensor base_norm = at::Tensor());
 
   at::Tensor forward(const at::Tensor& x);
 
@@ -74,6 +78,7 @@ class LoraLinearImpl : public torch::nn::Module {
   at::Tensor base_bias() const;              // the base's bias, or undefined
   torch::nn::AnyModule base_;
   LoraOptions options_;
+  at::Tensor base_norm_;  // DoRA's initial magnitudes, when given; dropped once used
   double scaling_;
   int64_t in_features_;
 };

@@ -95,18 +95,39 @@ class LoraPlugin final : public memrt::Plugin {
     e.refresh_activations();
   }
 
+  // DoRA's magnitudes start as the base's row norms (PEFT: ||W + B A||_row with B zero). They are
+  // taken here, as each block is built, in the dtype the base is kept in: by transform_model a
+  // base that ZeRO-3 partitions rests as a placeholder. A base another plugin replaced (4-bit) has
+  // no floating weight here; its LoRA layer reads it through memrt::DenseWeight.
+  void on_block_ready(memrt::BlockReady& ctx) override {
+    if (freeze_mode_ || !options_.dora) return;
+    at::NoGradGuard no_grad;
+    for (const std::string& name : ctx.block.linear_names()) {
+      const std::string module = ctx.block.hf_prefix() + "." + name;
+      if (!targets_.count(module)) continue;
+      const auto own = ctx.block.linear(name).ptr()->named_parameters(/*recurse=*/false);
+      const at::Tensor* w = own.find("weight");
+      if (w && at::isFloatingType(w->scalar_type()))
+        base_norms_[module] = at::linalg_vector_norm(w->to(at::kFloat), 2, {1}, false, std::nullopt);
+    }
+  }
+
   void transform_model(memrt::ModelContext& ctx) override {
     if (freeze_mode_) return;
     for (int64_t i = 0; i < ctx.model.num_blocks(); ++i) {
       memrt::Block& block = ctx.model.block(i);
       for (const std::string& name : block.linear_names()) {
-        auto it = targets_.find(block.hf_prefix() + "." + name);
+        const std::string module = block.hf_prefix() + "." + name;
+        auto it = targets_.find(module);
         if (it == targets_.end()) continue;
+        auto norm = base_norms_.find(module);
         // A from the run's seeded default generator (PEFT's init), B zero.
         block.replace_linear(name, torch::nn::AnyModule(memrt::lora::LoraLinear(
-                                       block.linear(name), it->second.in, it->second.out, options_)));
+                                       block.linear(name), it->second.in, it->second.out, options_,
+                                       norm == base_norms_.end() ? at::Tensor() : norm->second)));
       }
     }
+    base_norms_.clear();
     if (!adapter_dir_.empty()) load_adapter(ctx.model);
   }
 
@@ -361,6 +382,7 @@ class LoraPlugin final : public memrt::Plugin {
   bool fan_in_fan_out_ = false;
   double loraplus_ratio_ = 1.0;  // LoRA+: B's learning rate over A's
   std::map<std::string, Target> targets_;  // by module name
+  std::map<std::string, at::Tensor> base_norms_;  // DoRA: each target's ||W||_row, from on_block_ready to transform_model
 };
 
 }  // namespace

@@ -6,8 +6,8 @@
 // gradients: as backward hands each parameter's gradient over, it goes into a bucket (staged in
 // a buffer its segment's backward holds) and is dropped; a complete bucket is summed over the
 // ranks in place and each rank adds its share into its flat gradient partition.
-// Stage 3 also partitions the compute weights: a segment's parameters are gathered into a buffer
-// before its forward and again before its backward, and released after each.
+// Stage 3 also partitions the compute weights and a 16-bit frozen base: a segment's parameters are
+// gathered into buffers before its forward and again before its backward, and released after each.
 // docs/zero.md has the phases; the store (memrt/param_store.h) does the bookkeeping, so this
 // plugin sets extents and placements and moves bytes between ranks.
 #include <algorithm>
@@ -275,19 +275,33 @@ class ZeroPlugin final : public memrt::Plugin {
 
   // ---- stage 3 ----------------------------------------------------------------------------------
 
-  // Every group's compute weights partitioned, but for DeepSpeed's persistent parameters: those of
-  // at most param_persistence_threshold elements, in model order, each while the sum stays within
-  // model_persistence_threshold, move to a group of their own per parent group
-  // ("<group>_persistent", its weight decay and learning rate) whose compute copy stays whole.
+  // Every group's compute weights partitioned, and every plain frozen weight (a 16-bit base), but
+  // for DeepSpeed's persistent parameters: those of at most param_persistence_threshold elements,
+  // in model order, each while the sum stays within model_persistence_threshold. Trainable ones
+  // move to a group of their own per parent group ("<group>_persistent", its weight decay and
+  // learning rate) whose compute copy stays whole; frozen ones stay replicated. A quantized base
+  // (plugins/quant's codes and scales) stays replicated: gathering it would move, every segment
+  // and micro-step, what it saves at rest (docs/zero.md).
   void plan_stage3(memrt::StorePlan& plan) {
     std::map<int, std::set<std::string>> persistent;  // by parent group
+    std::set<int> frozen_whole;
     int64_t kept = 0;
-    for (const memrt::ParamSlot& s : plan.slots()) {  // model order
+    for (int i = 0; i < static_cast<int>(plan.slots().size()); ++i) {  // model order
+      const memrt::ParamSlot& s = plan.slots()[static_cast<size_t>(i)];
+      if (s.group < 0 && !plain_frozen(plan, i)) continue;
       // DeepSpeed's mark_persistence: one that would pass the model's cap is skipped, not the rest.
-      if (s.group < 0 || s.numel > opt_.param_persistence_threshold) continue;
+      if (s.numel > opt_.param_persistence_threshold) continue;
       if (s.numel > opt_.model_persistence_threshold - kept) continue;
       kept += s.numel;
-      persistent[s.group].insert(s.param.name);
+      if (s.group >= 0) persistent[s.group].insert(s.param.name);
+      else frozen_whole.insert(i);
+    }
+    for (int i = 0; i < static_cast<int>(plan.slots().size()); ++i) {
+      if (plan.slots()[static_cast<size_t>(i)].group >= 0 || !plain_frozen(plan, i) || frozen_whole.count(i)) continue;
+      memrt::FrozenLayout layout = plan.frozen_layout(i);
+      layout.extent = Extent::kPartition;
+      if (opt_.offload_param) layout.placement = Placement::kHost;
+      plan.set_frozen_layout(i, std::move(layout));
     }
     std::vector<std::string> whole;
     for (const auto& [g, names] : persistent) {
@@ -310,8 +324,18 @@ class ZeroPlugin final : public memrt::Plugin {
     return plan.groups()[static_cast<size_t>(g)].buffer(StoreBuffer::kCompute).extent == Extent::kPartition;
   }
 
-  // What a block gathers: its elements of every partitioned group, in the compute dtype on the
-  // device (the estimate's term; blocks share no parameter).
+  // A frozen weight in one floating tensor (a 16-bit base), not a quantized one's codes and scales.
+  static bool plain_frozen(const memrt::StorePlan& plan, int slot) {
+    const memrt::FrozenLayout& layout = plan.frozen_layout(slot);
+    return layout.format.empty() && layout.tensors.size() == 1 && at::isFloatingType(layout.tensors.front().dtype);
+  }
+
+  static bool frozen_partitioned(const memrt::StorePlan& plan, int slot) {
+    return plan.slots()[static_cast<size_t>(slot)].group < 0 && plan.frozen_layout(slot).extent == Extent::kPartition;
+  }
+
+  // What a block gathers: its elements of every partitioned group and its partitioned frozen
+  // weights, in their dtypes on the device (the estimate's term; blocks share no parameter).
   static int64_t gathered_bytes(const memrt::StorePlan& plan, int64_t segment) {
     int64_t bytes = 0;
     for (int g = 0; g < static_cast<int>(plan.groups().size()); ++g) {
@@ -319,16 +343,22 @@ class ZeroPlugin final : public memrt::Plugin {
       bytes += plan.segment_range(g, segment).size() *
                static_cast<int64_t>(c10::elementSize(plan.groups()[static_cast<size_t>(g)].buffer(StoreBuffer::kCompute).dtype));
     }
+    for (int slot : plan.segment_slots(segment))
+      if (frozen_partitioned(plan, slot))
+        bytes += plan.slots()[static_cast<size_t>(slot)].numel *
+                 static_cast<int64_t>(c10::elementSize(plan.frozen_layout(slot).tensors.front().dtype));
     return bytes;
   }
 
-  // One range of one group that a segment's forward reads: its own parameters of the group
-  // (StorePlan::segment_range), or a parameter it shares (the head's tied embedding). Its buffer is
-  // kept for the run; between a gather and its release the buffer has storage, otherwise none.
+  // What a segment's forward reads of what ZeRO-3 partitions: one range of one group — its own
+  // parameters of the group (StorePlan::segment_range), or a parameter it shares (the head's tied
+  // embedding) — or one partitioned frozen weight (group -1, `slot`). Its buffer is kept for the
+  // run; between a gather and its release the buffer has storage, otherwise none.
   struct Piece {
     int group = 0;
     memrt::ElementRange range;
     at::Tensor buffer;
+    int slot = -1;  // a frozen piece's slot
   };
 
   // The segment's pieces, made on its first gather. The store comes with the segment (ABI 2.15):
@@ -345,6 +375,9 @@ class ZeroPlugin final : public memrt::Plugin {
       const int g = plan.slots()[static_cast<size_t>(slot)].group;
       if (g >= 0 && compute_partitioned(plan, g)) it->second.push_back({g, plan.range(slot), {}});
     }
+    for (const std::vector<int>* slots : {&ctx.slots, &ctx.shared})
+      for (int slot : *slots)
+        if (frozen_partitioned(plan, slot)) it->second.push_back({-1, {0, plan.slots()[static_cast<size_t>(slot)].numel}, {}, slot});
     return it->second;
   }
 
@@ -359,9 +392,15 @@ class ZeroPlugin final : public memrt::Plugin {
     at::NoGradGuard no_grad;
     memrt::memory::Scope scope(Category::kCommBuffers);
     for (Piece& piece : pieces(ctx)) {
-      const at::Tensor& compute = store.groups()[static_cast<size_t>(piece.group)].compute;
+      // Where this rank's part rests, and which elements rank r holds.
+      const bool frozen = piece.group < 0;
+      const at::Tensor& resting = frozen ? store.frozen_tensors(piece.slot).front()
+                                         : store.groups()[static_cast<size_t>(piece.group)].compute;
+      auto held = [&](int r) {
+        return frozen ? plan.frozen_partition(piece.slot, r) : plan.partition(piece.group, r);
+      };
       if (!piece.buffer.defined()) {
-        piece.buffer = at::empty({piece.range.size()}, compute.options().device(ctx.run.device));
+        piece.buffer = at::empty({piece.range.size()}, resting.options().device(ctx.run.device));
       } else {
         c10::StorageImpl* storage = piece.buffer.storage().unsafeGetStorageImpl();
         const size_t bytes = static_cast<size_t>(piece.range.size()) * piece.buffer.element_size();
@@ -369,13 +408,16 @@ class ZeroPlugin final : public memrt::Plugin {
         storage->set_nbytes(bytes);
       }
       for (int r = 0; r < plan.world_size(); ++r) {
-        const memrt::ElementRange part = piece.range & plan.partition(piece.group, r);
+        const memrt::ElementRange part = piece.range & held(r);
         if (part.empty()) continue;
         at::Tensor dst = piece.buffer.narrow(0, part.begin - piece.range.begin, part.size());
-        if (r == rank) dst.copy_(compute.narrow(0, part.begin - plan.partition(piece.group).begin, part.size()));
+        if (r == rank) dst.copy_(resting.narrow(0, part.begin - held(rank).begin, part.size()));
         if (plan.world_size() > 1) ctx.comm.broadcast(dst, r);
       }
-      store.attach(piece.group, piece.range, piece.buffer);
+      if (frozen)
+        store.attach_frozen(piece.slot, piece.buffer.view(plan.slots()[static_cast<size_t>(piece.slot)].param.shape));
+      else
+        store.attach(piece.group, piece.range, piece.buffer);
     }
   }
 
@@ -384,7 +426,10 @@ class ZeroPlugin final : public memrt::Plugin {
     auto it = pieces_.find(ctx.index);
     if (it == pieces_.end()) return;
     for (Piece& piece : it->second) {
-      ctx.store->release(piece.group, piece.range);
+      if (piece.group < 0)
+        ctx.store->release_frozen(piece.slot);
+      else
+        ctx.store->release(piece.group, piece.range);
       c10::StorageImpl* storage = piece.buffer.storage().unsafeGetStorageImpl();
       storage->set_data_ptr_noswap(at::DataPtr(nullptr, piece.buffer.device()));
       storage->set_nbytes(0);

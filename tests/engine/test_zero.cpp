@@ -201,15 +201,19 @@ TEST(Zero, StagesFollowPyTorchsAdamWOnTheSameBatches) {
 
 namespace {
 
-// Stage 0 on 1 rank and stage 2 on 2 ranks of torch_job(tag, more_yaml), each beside PyTorch training
-// the parameters `trainable` names (all when empty) on the batches it recorded: {job, output, curves}.
+// Stage 0 on 1 rank and stage 2 on 2 ranks of torch_job(tag, more_yaml) — and stage 3 on 2 when
+// `stage3` — each beside PyTorch training the parameters `trainable` names (all when empty) on the
+// batches it recorded: {job, output, curves}.
 std::vector<std::tuple<Job, fs::path, std::string>> against_pytorch(const TempDir& dir, const std::string& tag,
                                                                     const std::string& more_yaml,
-                                                                    const std::string& trainable = "") {
+                                                                    const std::string& trainable = "",
+                                                                    bool stage3 = false) {
   const fs::path model = torch_model();
   PythonBatch reference = torch_batch(dir, "reference");
   std::vector<std::tuple<Job, fs::path, std::string>> runs;
-  for (auto [stage, ranks] : {std::pair{0, 1}, std::pair{2, 2}}) {
+  std::vector<std::pair<int, int>> stages{{0, 1}, {2, 2}};
+  if (stage3) stages.emplace_back(3, 2);
+  for (auto [stage, ranks] : stages) {
     const Job r = torch_job(dir, model, stage, ranks, tag, more_yaml);
     runs.emplace_back(r, train(dir, r), torch_train(reference, model, recorded(dir, r), ranks, trainable));
   }
@@ -237,14 +241,15 @@ TEST(ChunkedCrossEntropy, FollowsPyTorchOnOneRankAndUnderZero2OnTwo) {
 // Freeze tuning (plugins/lora, LLaMA-Factory's finetuning_type: freeze) against PyTorch with the
 // same parameters frozen: freeze_trainable_layers 1 + freeze_extra_modules ln_f on this 2-block
 // GPT-2 trains what LLaMA-Factory's rule picks — names containing ".1." or "ln_f" (its substring
-// test; the tied wte, wpe and block 0 stay frozen). Stage 0 on 1 rank and stage 2 on 2 ranks follow
+// test; the tied wte, wpe and block 0 stay frozen). Stage 0 on 1 rank, stage 2 on 2 ranks and stage
+// 3 on 2 (the frozen matrices partitioned too, the head gathering the frozen tied embedding) follow
 // PyTorch's loss within 1e-5 and gradient norm within 5e-5 relative over 20 steps: a parameter
 // trained that should not be, or the reverse, moves both curves far more.
 TEST(Zero, FreezeTuningFollowsPyTorchWithTheSameParametersFrozen) {
   TempDir dir("zero_freeze");
   for (const auto& [r, out, json] :
        against_pytorch(dir, "_freeze", "finetuning_type: freeze\nfreeze_trainable_layers: 1\nfreeze_extra_modules: ln_f\n",
-                       ".1.,ln_f")) {
+                       ".1.,ln_f", /*stage3=*/true)) {
     const auto [want_loss, want_norm] = curves(json);
     ASSERT_EQ(want_loss.size(), 20u);
     ASSERT_NE(want_loss.back(), want_loss.front()) << "the reference trains";
@@ -530,7 +535,11 @@ TEST(Zero, StageThreeHoldsItsPartitionsAndOneBlockGatheredAsEstimated) {
   Job llama{"fp32", 3, false, 2};
   llama.tag = "_llama";
   llama.yaml = kLlamaYaml;
-  for (const Job& r : {wide, llama}) {
+  // LoRA: the frozen base partitioned as well, each rank keeping half of every matrix.
+  Job lora = llama;
+  lora.tag = "_lora";
+  lora.yaml = std::string(kLlamaYaml) + "adapter: lora\nlora_r: 4\nlora_target_linear: true\n";
+  for (const Job& r : {wide, llama, lora}) {
     const rapidjson::Document report = read_json(train(dir, r) / "memory_report.json");
     ASSERT_EQ(report["ranks"].Size(), 2u);
     for (const auto& rank : report["ranks"].GetArray()) {
@@ -543,6 +552,12 @@ TEST(Zero, StageThreeHoldsItsPartitionsAndOneBlockGatheredAsEstimated) {
         ASSERT_EQ(rank["timeline"].Size(), 4u);
         for (const auto& step : rank["timeline"].GetArray())
           EXPECT_EQ(step["comm_buffers_peak_bytes"].GetInt64(), gathered_and_staged) << "step " << step["step"].GetInt();
+      }
+      if (r.tag == "_lora") {
+        // The base: the embedding and the untied head (256 x 64 each) and per block q and o (64 x 64),
+        // k and v (32 x 64), gate, up and down (64 x 192), fp32, half on each rank; the 5 norms (64 each) whole.
+        const int64_t matrices = 2 * 256 * 64 + 2 * (2 * 64 * 64 + 2 * 32 * 64 + 3 * 64 * 192);
+        EXPECT_EQ(rank["measured"]["categories"]["weights"]["device"].GetInt64(), 4 * (matrices / 2 + 5 * 64));
       }
     }
   }

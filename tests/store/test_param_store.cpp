@@ -853,7 +853,7 @@ TEST(StorePlan, FrozenSlotsKeepTheirLayout) {
   expect_error<Error>([&] { plan.set_frozen_layout(q, wrong); }, {"'frozen.weight'", "parameter of its own"});
   wrong = nf4_layout();
   wrong.extent = Extent::kPartition;
-  expect_error<Error>([&] { plan.set_frozen_layout(q, wrong); }, {"stage 3"});
+  expect_error<Error>([&] { plan.set_frozen_layout(q, wrong); }, {"'q.weight'", "only a plain weight alone is partitioned"});
   expect_error<Error>([&] { plan.set_frozen_layout(static_cast<int>(plan.find("a.weight")), nf4_layout()); }, {"'a.weight'", "trainable"});
   plan.set_author("other");
   expect_error<Error>([&] { plan.set_frozen_layout(q, FrozenLayout{"fp4", nf4_layout().tensors}); },
@@ -890,4 +890,54 @@ TEST(ParamStore, FrozenTensorsAreBoundAndCountedAsPlanned) {
   }, {"module buffer 'rotary.inv_freq'", "no frozen parameter's layout"});
   expect_error<Error>([&] { ParamStore(make_plan(), params(), {{"q.weight_absmax", at::ones({2})}}, at::kCPU); },
                       {"'q.weight_absmax'", "(2)", "layout says fp32 (1)"});
+}
+
+// ZeRO-3's frozen partitions: a plain frozen weight of 16 elements on 3 ranks rests as shares of
+// ceil(16 / 3) = 6, 6 and 4 elements (DeepSpeed's per-parameter ds_tensor), counted as such; the
+// module parameter is a placeholder until attach_frozen hands it the whole weight, and again after
+// release_frozen. Attaching a replicated slot, or a weight of another shape or dtype, names it.
+TEST(ParamStore, PartitionedFrozenWeightsRestAsSharesAndAttachWhole) {
+  memory::install_tracking_allocator();
+  const std::vector<ParamInfo> ps = infos();
+  const std::vector<std::pair<std::string, at::Tensor>> values = tensors_for(ps, 3);
+  const at::Tensor whole = values[3].second.clone();  // frozen.weight
+  const int64_t shares[] = {6, 6, 4};
+  for (int rank = 0; rank < 3; ++rank) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    StorePlan plan(ps, options(rank, 3));
+    const int slot = static_cast<int>(plan.find("frozen.weight"));
+    EXPECT_EQ(plan.frozen_partition(slot).size(), 16);  // replicated: all of it
+    FrozenLayout layout = plan.frozen_layout(slot);
+    layout.extent = Extent::kPartition;
+    plan.set_frozen_layout(slot, layout);
+    EXPECT_EQ(plan.frozen_partition(slot).begin, 6 * rank);
+    EXPECT_EQ(plan.frozen_partition(slot).size(), shares[rank]);
+    EXPECT_EQ(plan.bytes().at(Category::kWeights), 4 * (96 + 48) + 4 * shares[rank]);  // groups padded to 3 x 16
+    EXPECT_NE(plan.describe().find("1 partitioned"), std::string::npos) << plan.describe();
+
+    std::vector<std::pair<std::string, at::Tensor>> model;
+    for (const auto& [name, t] : values) model.emplace_back(name, t.clone().set_requires_grad(t.requires_grad()));
+    const at::Tensor param = model[3].second;
+    const int64_t before = memory::live().category(Category::kWeights);
+    ParamStore store(std::move(plan), model, at::kCPU);
+    const at::Tensor& share = store.frozen_tensors(slot).front();
+    EXPECT_TRUE(share.equal(whole.reshape({-1}).narrow(0, 6 * rank, shares[rank])));
+    EXPECT_EQ(param.numel(), 0);  // the module's parameter rests as a placeholder
+    EXPECT_EQ(memory::live().category(Category::kWeights) - before, store.plan().bytes().at(Category::kWeights));
+
+    const at::Tensor gathered = whole.clone();
+    store.attach_frozen(slot, gathered);
+    EXPECT_TRUE(param.equal(whole));
+    EXPECT_EQ(param.data_ptr(), gathered.data_ptr());
+    store.release_frozen(slot);
+    EXPECT_EQ(param.numel(), 0);
+    expect_error<Error>([&] { store.attach_frozen(slot, at::zeros({16})); }, {"'frozen.weight'", "(4, 4)", "got fp32 (16)"});
+    expect_error<Error>([&] { store.attach_frozen(slot, whole.to(at::kBFloat16)); }, {"'frozen.weight'", "bf16"});
+    expect_error<Error>([&] { store.attach_frozen(static_cast<int>(store.plan().find("a.weight")), whole); },
+                        {"'a.weight'", "trainable"});
+  }
+  StorePlan plan(ps, options(0, 3));
+  const int slot = static_cast<int>(plan.find("frozen.weight"));
+  ParamStore replicated(std::move(plan), tensors_for(ps, 3), at::kCPU);
+  expect_error<Error>([&] { replicated.attach_frozen(slot, whole); }, {"'frozen.weight'", "frozen whole"});
 }

@@ -175,8 +175,10 @@ struct FrozenTensor {
 
 // How a frozen parameter is kept. Its tensors, the parameter first; `format` "" is a plain weight
 // (one floating tensor, cast by set_compute_dtype for every group), anything else (a plugin's
-// "nf4") is never cast. Replicated (extent full; a partitioned frozen base is ZeRO-3's, not built)
-// on the device or in host memory.
+// "nf4") is never cast. On the device or in host memory; replicated (extent full) or, for a plain
+// weight alone (ZeRO-3, ABI 2.17), partitioned: each rank keeps its share of the flat elements
+// (StorePlan::frozen_partition) and the parameter rests as a placeholder between
+// ParamStore::attach_frozen and release_frozen.
 struct FrozenLayout {
   std::string format;
   std::vector<FrozenTensor> tensors;
@@ -249,6 +251,12 @@ class StorePlan {
   // A frozen slot's layout: by default its parameter alone, plain, in its (compute) dtype, as
   // weights on the device. Throws for a trainable slot.
   const FrozenLayout& frozen_layout(int slot) const;
+  // ---- ABI 2.17 ----
+  // The flat elements of frozen slot `slot` rank r keeps when its layout is partitioned:
+  // [min(n, r·c), min(n, (r+1)·c)), c = ceil(n / world_size()) (DeepSpeed's per-parameter share;
+  // empty for a rank past the end); all of them when replicated.
+  ElementRange frozen_partition(int slot, int r) const;
+  ElementRange frozen_partition(int slot) const { return frozen_partition(slot, options_.rank); }
 
   // ---- the setters plugins call in plan_store ----
   // Moves the trainable parameters spec.select accepts into a new group (laid out after the others,
@@ -270,7 +278,8 @@ class StorePlan {
   void set_state_format(const StateFormat& format, const GroupSelector& groups = GroupSelector());
   // A frozen slot's tensors and format (a quantizing plugin: the codes, then the buffers that hold
   // its scales): the first tensor is the slot's parameter as planned (name, dtype, shape); names
-  // are unique and no other slot's. Recorded per slot like the groups' axes.
+  // are unique and no other slot's; extent kPartition only for a plain weight alone. Recorded
+  // per slot like the groups' axes.
   void set_frozen_layout(int slot, FrozenLayout layout);
   // Where every frozen slot is kept (device or host memory).
   void set_frozen_placement(memory::Placement placement);
@@ -411,6 +420,16 @@ class ParamStore {
   // whose compute weights are whole.
   void attach(int g, ElementRange range, const at::Tensor& values);
   void release(int g, ElementRange range);
+
+  // ---- ABI 2.17: partitioned frozen weights (ZeRO-3) ----
+  // A frozen slot whose layout is partitioned keeps its share (frozen_tensors(slot): one 1-d
+  // tensor of StorePlan::frozen_partition(slot) elements) and its parameter rests as an empty
+  // placeholder. attach_frozen() points the parameter at `values` — the whole weight as planned
+  // (shape, dtype; contiguous) that a plugin gathered — and release_frozen() sets it back, the
+  // store keeping no reference. A replicated slot, or values of another shape or dtype, is an
+  // error naming the parameter.
+  void attach_frozen(int slot, const at::Tensor& values);
+  void release_frozen(int slot);
 
  private:
   void place_frozen(const std::vector<int>& slots, const std::vector<std::pair<std::string, at::Tensor>>& buffers);

@@ -186,7 +186,8 @@ struct ParamPlanContext {
 struct ModelContext {
   // May be modified: wrap modules, inject adapters (the parameters plan_params added). The model's
   // own parameters are in the parameter store already (ABI 2.16): their data, dtype and
-  // requires_grad are the store's (a frozen one whole, readable; a partitioned one a placeholder).
+  // requires_grad are the store's (a replicated one whole and readable; one ZeRO-3 partitions,
+  // trainable or frozen, an empty placeholder: read a base weight in on_block_ready instead).
   CausalLM& model;
   const RunInfo& run;
   Communicator& comm;
@@ -459,12 +460,14 @@ class Plugin {
 // RunInfo::chunked_cross_entropy, the chunked head in memrt/ops.h and the activation estimates
 // (memrt/memory.h). 2.13: partitioned compute weights in the store (StorePlan::set_extent(kCompute,
 // kPartition), ParamStore::attach / release). 2.14: memory::activations_op_by_op. 2.15:
-// SegmentContext::store. 2.16: ParamStore(plan, device), adopt, finish. The host refuses a plugin whose ABI major differs, whose ABI minor is
+// SegmentContext::store. 2.16: ParamStore(plan, device), adopt, finish. 2.17: partitioned frozen
+// weights (FrozenLayout::extent kPartition, StorePlan::frozen_partition, ParamStore::attach_frozen /
+// release_frozen). The host refuses a plugin whose ABI major differs, whose ABI minor is
 // newer than the host's, or whose
 // LibTorch version, C++ ABI flag or CUDA flag differ from its own — plugins pass at::Tensor and
 // nn::Module across the boundary, the same contract as PyTorch C++ extensions.
 #define MEMRT_PLUGIN_ABI_MAJOR 2
-#define MEMRT_PLUGIN_ABI_MINOR 16
+#define MEMRT_PLUGIN_ABI_MINOR 17
 #define MEMRT_PLUGIN_ENTRY_SYMBOL "memrt_plugin_entry"
 
 extern "C" {

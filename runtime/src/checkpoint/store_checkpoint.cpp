@@ -41,6 +41,11 @@ int frozen_owner(const std::string& name, int world_size) {
   return static_cast<int>(h % static_cast<uint64_t>(world_size));
 }
 
+// Whether frozen slot i is partitioned (ZeRO-3): each rank saves and reads its own share.
+bool partitioned_frozen(const StorePlan& plan, int slot) {
+  return plan.frozen_layout(slot).extent == Extent::kPartition;
+}
+
 struct SavedBuffer {
   std::string name;
   at::Tensor tensor;
@@ -81,7 +86,7 @@ std::string store_layout_json(const ParamStore& store, const BaseSource* base) {
   w.Key("format");
   w.String("memrt-store");
   w.Key("version");
-  w.Int(3);
+  w.Int(4);
   w.Key("world_size");
   w.Int(plan.world_size());
   w.Key("state");
@@ -148,6 +153,8 @@ std::string store_layout_json(const ParamStore& store, const BaseSource* base) {
     w.Key("rank");
     if (base)
       w.Null();
+    else if (partitioned_frozen(plan, static_cast<int>(i)))
+      w.String("shares");
     else
       w.Int(frozen_owner(s.param.name, plan.world_size()));
     w.Key("format");
@@ -214,9 +221,14 @@ std::vector<std::pair<std::string, at::Tensor>> store_shard_tensors(const ParamS
   }
   for (size_t i = 0; i < plan.slots().size() && !base; ++i) {
     const ParamSlot& s = plan.slots()[i];
-    if (s.group >= 0 || frozen_owner(s.param.name, plan.world_size()) != plan.rank()) continue;
-    const FrozenLayout& layout = plan.frozen_layout(static_cast<int>(i));
+    if (s.group >= 0) continue;
     const std::vector<at::Tensor>& tensors = store.frozen_tensors(static_cast<int>(i));
+    if (partitioned_frozen(plan, static_cast<int>(i))) {  // this rank's share (none past the end)
+      if (tensors.front().numel() > 0) out.emplace_back(frozen_name(s.param.name), tensors.front());
+      continue;
+    }
+    if (frozen_owner(s.param.name, plan.world_size()) != plan.rank()) continue;
+    const FrozenLayout& layout = plan.frozen_layout(static_cast<int>(i));
     for (size_t k = 0; k < tensors.size(); ++k) out.emplace_back(frozen_name(layout.tensors[k].name), tensors[k]);
   }
   return out;
@@ -235,8 +247,8 @@ SavedStore::SavedStore(const std::string& dir, std::function<const SafetensorsFi
   if (d.HasParseError() || !d.IsObject()) throw bad("not a JSON object");
   if (!d.HasMember("format") || !d["format"].IsString() || std::string(d["format"].GetString()) != "memrt-store")
     throw bad("\"format\" is not \"memrt-store\"");
-  if (!d.HasMember("version") || !d["version"].IsInt() || d["version"].GetInt() < 1 || d["version"].GetInt() > 3)
-    throw bad("\"version\" is not 1, 2 or 3, the store layouts this memrt reads");
+  if (!d.HasMember("version") || !d["version"].IsInt() || d["version"].GetInt() < 1 || d["version"].GetInt() > 4)
+    throw bad("\"version\" is not 1 to 4, the store layouts this memrt reads");
   const int version = d["version"].GetInt();
   if (!d.HasMember("world_size") || !d["world_size"].IsInt() || d["world_size"].GetInt() < 1)
     throw bad("no positive integer \"world_size\"");
@@ -354,10 +366,14 @@ SavedStore::SavedStore(const std::string& dir, std::function<const SafetensorsFi
     p.dtype = v["dtype"].GetString();
     if (version >= 2) {  // version 1: rank 0 saved every frozen parameter, alone
       const bool in_base = base_ && v.HasMember("rank") && v["rank"].IsNull();
-      if (!v.HasMember("rank") || (!in_base && (!v["rank"].IsInt() || v["rank"].GetInt() < 0 || v["rank"].GetInt() >= world_size_)) ||
+      const bool shares = version >= 4 && v.HasMember("rank") && v["rank"].IsString() &&
+                          std::string(v["rank"].GetString()) == "shares";
+      if (!v.HasMember("rank") ||
+          (!in_base && !shares && (!v["rank"].IsInt() || v["rank"].GetInt() < 0 || v["rank"].GetInt() >= world_size_)) ||
           !v.HasMember("format") || !v["format"].IsString() || !v.HasMember("buffers") || !v["buffers"].IsArray())
-        throw bad("frozen parameter '" + name + "' lacks a \"rank\" of the saving world (null: left in \"base\"), a \"format\" or \"buffers\"");
-      p.rank = in_base ? -1 : v["rank"].GetInt();
+        throw bad("frozen parameter '" + name + "' lacks a \"rank\" of the saving world (null: left in \"base\"; "
+                  "\"shares\": every rank's share), a \"format\" or \"buffers\"");
+      p.rank = in_base ? kInBase : shares ? kShares : v["rank"].GetInt();
       p.format = v["format"].GetString();
       for (const auto& b : v["buffers"].GetArray()) {
         if (!b.IsObject() || !b.HasMember("name") || !b["name"].IsString() || !b.HasMember("dtype") || !b["dtype"].IsString())
@@ -402,7 +418,7 @@ void SavedStore::read(const std::string& param, const std::string& buffer, int64
                                        std::to_string(numel) + " " + dtype + " elements");
     return t.view({-1});
   };
-  if (p.rank < 0) {  // left in the base
+  if (p.rank == kInBase) {
     if (!base_tensors_)
       throw FileError(path_, "does not hold frozen parameter '" + param + "': its run read it from the base model in " +
                                  base_->dir + " (model_name_or_path), which the checkpoint leaves it in");
@@ -413,6 +429,18 @@ void SavedStore::read(const std::string& param, const std::string& buffer, int64
     return;
   }
   if (p.group < 0) {
+    if (buffer == kWeight && p.rank == kShares) {  // saving rank r wrote [r·c, (r + 1)·c)
+      TORCH_CHECK(first + n <= p.numel, "SavedStore::read: bad range");
+      const int64_t c = at::ceil_div(p.numel, static_cast<int64_t>(world_size_));
+      for (int64_t pos = first; pos < first + n;) {
+        const int rank = static_cast<int>(pos / c);
+        const int64_t end = std::min(first + n, (rank + 1) * c);
+        const at::Tensor src = shard(rank, frozen_name(param), std::min(p.numel, (rank + 1) * c) - rank * c, p.dtype);
+        out.narrow(0, pos - first, end - pos).copy_(src.narrow(0, pos - rank * c, end - pos));
+        pos = end;
+      }
+      return;
+    }
     if (buffer == kWeight) {
       TORCH_CHECK(first + n <= p.numel, "SavedStore::read: bad range");
       out.copy_(shard(p.rank, frozen_name(param), p.numel, p.dtype).narrow(0, first, n));
@@ -486,6 +514,9 @@ SavedStore::BaseTensors frozen_tensors_of(const ParamStore& store) {
     for (size_t i = 0; i < plan.slots().size(); ++i) {
       if (plan.slots()[i].group >= 0 || plan.slots()[i].param.name != param) continue;
       const FrozenLayout& layout = plan.frozen_layout(static_cast<int>(i));
+      if (partitioned_frozen(plan, static_cast<int>(i)))
+        throw Error("parameter store: frozen parameter '" + param + "' is partitioned (ZeRO-3); no rank holds it "
+                    "whole: read it from the base model's files");
       for (size_t k = 0; k < layout.tensors.size(); ++k)
         if (k == 0 ? buffer == kWeight : layout.tensors[k].name == buffer) return store.frozen_tensors(static_cast<int>(i))[k];
     }
@@ -538,8 +569,12 @@ int64_t load_store(ParamStore& store, const SavedStore& saved, LoadShare share) 
                                         " in the checkpoint and kept frozen as " + as(layout.format) + " in this run"));
       }
       if (saved.from_base(s.param.name)) continue;  // built from the base (the caller's to check)
-      if (partition_only && frozen_owner(s.param.name, plan.world_size()) != plan.rank()) continue;
       const std::vector<at::Tensor>& tensors = store.frozen_tensors(slot);
+      if (layout.extent == Extent::kPartition) {  // this rank's share, whatever the saving world
+        saved.read(s.param.name, kWeight, plan.frozen_partition(slot).begin, tensors.front());
+        continue;
+      }
+      if (partition_only && frozen_owner(s.param.name, plan.world_size()) != plan.rank()) continue;
       saved.read(s.param.name, kWeight, 0, tensors.front());
       for (size_t k = 1; k < tensors.size(); ++k) saved.read(s.param.name, buffers[k - 1], 0, tensors[k]);
       continue;
@@ -603,7 +638,9 @@ void complete_loaded_store(ParamStore& store, const SavedStore& saved, Communica
     }
   }
   for (size_t i = 0; i < plan.slots().size(); ++i) {
-    if (plan.slots()[i].group >= 0 || saved.from_base(plan.slots()[i].param.name)) continue;
+    if (plan.slots()[i].group >= 0 || saved.from_base(plan.slots()[i].param.name) ||
+        partitioned_frozen(plan, static_cast<int>(i)))  // each rank read its own share
+      continue;
     const int owner = frozen_owner(plan.slots()[i].param.name, plan.world_size());
     for (at::Tensor t : store.frozen_tensors(static_cast<int>(i))) comm.broadcast(t, owner);
   }

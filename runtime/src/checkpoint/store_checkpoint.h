@@ -12,10 +12,12 @@
 // rank chosen by its name (spread, so no rank writes the whole frozen base) — unless they came from
 // a base model's directory (BaseSource): then none is written, "base" records the directory and
 // its fingerprint, each frozen entry has "rank": null, and readers take them from that directory
-// (resume: the run's own model, built from it; export: rebuilt from it). Rank 0 writes store.json,
+// (resume: the run's own model, built from it; export: rebuilt from it). A frozen parameter that
+// ZeRO-3 partitions (StorePlan::frozen_partition) is written by every rank, its share
+// [r * c, (r + 1) * c) of the flat elements, c = ceil(numel / N) ("rank": "shares"). Rank 0 writes store.json,
 // the layout (abridged; the main job's):
 //
-//   {"format": "memrt-store", "version": 3, "world_size": N, "state": ["exp_avg", "exp_avg_sq"],
+//   {"format": "memrt-store", "version": 4, "world_size": N, "state": ["exp_avg", "exp_avg_sq"],
 //    "groups": [{"name": "decay", "numel": 3257856, "padded": 3257856,
 //                "buffers": {"weight": "F32", "exp_avg": "F32", "exp_avg_sq": "F32"},
 //                "state_format": {"name": "fp32", "block": 1, "blocks_per_tensor": false,
@@ -27,7 +29,7 @@
 //    "base": null | {"dir": ..., "config_sha256": ..., "files": [{"name": "model.safetensors",
 //                                                                 "bytes": ..., "sample_sha256": ...}]}}
 //
-// Version 2 has no "base" (every frozen parameter saved). Version 1 (before state formats) has no "state_format" (one F32 or BF16 tensor per state name)
+// Version 3 has no "shares"; version 2 no "base" (every frozen parameter saved). Version 1 (before state formats) has no "state_format" (one F32 or BF16 tensor per state name)
 // and saved every frozen parameter, alone, in rank 0's file.
 //
 // Loading matches parameters by name, so another world size, alignment, group composition or
@@ -94,7 +96,7 @@ class SavedStore {
 
   // The base directory the frozen parameters were left in, if the checkpoint left them there.
   const std::optional<BaseSource>& base() const { return base_; }
-  bool from_base(const std::string& param) const { return params_.at(param).rank < 0; }
+  bool from_base(const std::string& param) const { return params_.at(param).rank == kInBase; }
   // Where read() takes a frozen parameter left in the base from: its "weight" or module buffer,
   // whole (rebuilt from the base as its run built it). Without one, reading it is a FileError.
   using BaseTensors = std::function<at::Tensor(const std::string& param, const std::string& buffer)>;
@@ -106,13 +108,15 @@ class SavedStore {
     std::vector<int64_t> shape;
     int64_t numel = 1;
   };
+  static constexpr int kInBase = -1;  // left in the base model's directory
+  static constexpr int kShares = -2;  // every saving rank wrote its share (ZeRO-3)
   struct Param {
     std::vector<int64_t> shape;
     int64_t numel = 0;
     int group = -1;  // -1: frozen
     int64_t offset = 0;
     std::string dtype;  // frozen: the saved tensor's safetensors dtype
-    int rank = 0;       // frozen: the rank file holding its tensors; -1 left in the base
+    int rank = 0;       // frozen: the rank file holding its tensors; kInBase, kShares
     std::string format;
     std::vector<Buffer> buffers;
   };

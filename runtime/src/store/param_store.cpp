@@ -414,8 +414,9 @@ void StorePlan::set_frozen_layout(int slot, FrozenLayout layout) {
     throw Error(where + ": its first tensor must be the parameter as planned (" + dtype_name(s.param.dtype) +
                 " " + shape_str(s.param.shape) + "); plan_params sets the parameter's dtype and shape");
   }
-  if (layout.extent != Extent::kFull)
-    throw Error(where + ": partitioned frozen weights (ZeRO stage 3) are not built yet");
+  if (layout.extent == Extent::kPartition && (!layout.format.empty() || layout.tensors.size() != 1))
+    throw Error(where + ": only a plain weight alone is partitioned; a quantized base's codes and scales "
+                "stay replicated (docs/zero.md)");
   std::unordered_set<std::string> names;
   for (const FrozenTensor& t : layout.tensors) {
     if (!names.insert(t.name).second) throw Error(where + " names tensor '" + t.name + "' twice");
@@ -424,8 +425,18 @@ void StorePlan::set_frozen_layout(int slot, FrozenLayout layout) {
     for (int64_t d : t.shape)
       if (d < 0) throw Error(where + ": tensor '" + t.name + "' has a negative dimension");
   }
-  record_key("frozen layout of '" + s.param.name + "'", layout.format.empty() ? "plain" : layout.format);
+  record_key("frozen layout of '" + s.param.name + "'",
+             (layout.format.empty() ? std::string("plain") : layout.format) +
+                 (layout.extent == Extent::kPartition ? ", partitioned" : ""));
   frozen_[static_cast<size_t>(slot)] = std::move(layout);
+}
+
+ElementRange StorePlan::frozen_partition(int slot, int r) const {
+  const FrozenLayout& layout = frozen_layout(slot);
+  const int64_t n = slots_[static_cast<size_t>(slot)].numel;
+  if (layout.extent == Extent::kFull) return {0, n};
+  const int64_t c = at::ceil_div(n, static_cast<int64_t>(options_.world_size));
+  return {std::min(n, r * c), std::min(n, (r + 1) * c)};
 }
 
 void StorePlan::set_frozen_placement(Placement placement) {
@@ -596,6 +607,7 @@ memory::Table StorePlan::bytes() const {
     for (const FrozenTensor& f : frozen_[i].tensors) {
       int64_t numel = 1;
       for (int64_t d : f.shape) numel *= d;
+      if (frozen_[i].extent == Extent::kPartition) numel = frozen_partition(static_cast<int>(i)).size();
       t.at(f.category, frozen_[i].placement) += numel * elem_size(f.dtype);
     }
   }
@@ -624,18 +636,20 @@ std::string StorePlan::describe() const {
     }
     os << "\n";
   }
-  int64_t frozen = 0, tensors = 0, on_host = 0;
+  int64_t frozen = 0, tensors = 0, on_host = 0, partitioned = 0;
   std::map<std::string, int> formats;
   for (size_t i = 0; i < slots_.size(); ++i) {
     if (slots_[i].group >= 0) continue;
     frozen += slots_[i].numel;
     tensors += static_cast<int64_t>(frozen_[i].tensors.size());
     on_host += frozen_[i].placement == Placement::kHost ? 1 : 0;
+    partitioned += frozen_[i].extent == Extent::kPartition ? 1 : 0;
     if (!frozen_[i].format.empty()) ++formats[frozen_[i].format];
   }
   if (frozen > 0) {
     os << "  frozen: " << frozen << " elements in " << tensors << " tensors";
     for (const auto& [format, n] : formats) os << "; " << n << " " << format;
+    if (partitioned > 0) os << "; " << partitioned << " partitioned";
     if (on_host > 0) os << "; on host";
     os << "\n";
   }
@@ -786,6 +800,14 @@ void ParamStore::place_frozen(const std::vector<int>& slots,
                     shape_str(f.shape));
       }
       if (t.device() != where) t.set_data(t.to(where));
+      if (layout.extent == Extent::kPartition) {  // this rank's share; the parameter a placeholder
+        const ElementRange held = plan_.frozen_partition(slot);
+        memory::Scope scope(f.category, layout.placement);
+        at::Tensor share = t.detach().reshape({-1}).narrow(0, held.begin, held.size()).clone();
+        t.set_data(at::empty({0}, t.options()));
+        frozen_[i].push_back(std::move(share));
+        continue;
+      }
       memory::claim(t, f.category, layout.placement);
       frozen_[i].push_back(t);
     }
@@ -842,6 +864,34 @@ void ParamStore::release(int g, ElementRange range) {
   const at::Tensor& compute = groups_.at(static_cast<size_t>(g)).compute;
   for (int slot : slots_within(g, range, "release"))
     params_[static_cast<size_t>(slot)].set_data(at::empty({0}, compute.options()));
+}
+
+// The frozen slot `slot` if its layout is partitioned, else an error saying `who` needs one.
+static const ParamSlot& partitioned_frozen(const StorePlan& plan, int slot, const char* who) {
+  const ParamSlot& s = plan.slots().at(static_cast<size_t>(slot));
+  if (s.group >= 0 || plan.frozen_layout(slot).extent != Extent::kPartition)
+    throw Error(std::string("parameter store: ") + who + " of '" + s.param.name + "', which is " +
+                (s.group >= 0 ? "trainable" : "frozen whole") + ": only partitioned frozen weights (ZeRO stage 3) are attached");
+  return s;
+}
+
+void ParamStore::attach_frozen(int slot, const at::Tensor& values) {
+  const ParamSlot& s = partitioned_frozen(plan_, slot, "attach_frozen");
+  const at::Tensor& share = frozen_[static_cast<size_t>(slot)].front();
+  const bool any_device = plan_.frozen_layout(slot).placement == Placement::kHost;  // gathered onto the device
+  if (values.sizes().vec() != s.param.shape || !values.is_contiguous() || values.scalar_type() != share.scalar_type() ||
+      (values.device() != share.device() && !any_device))
+    throw Error("parameter store: attach_frozen of '" + s.param.name + "' needs the whole weight, contiguous " +
+                dtype_name(share.scalar_type()) + " " + shape_str(s.param.shape) + " on " + share.device().str() +
+                ", got " + (values.is_contiguous() ? "" : "non-contiguous ") + dtype_name(values.scalar_type()) + " " +
+                shape_str(values.sizes().vec()) + " on " + values.device().str());
+  params_[static_cast<size_t>(slot)].set_data(values);
+}
+
+void ParamStore::release_frozen(int slot) {
+  partitioned_frozen(plan_, slot, "release_frozen");
+  at::Tensor& p = params_[static_cast<size_t>(slot)];
+  p.set_data(at::empty({0}, p.options()));
 }
 
 const std::vector<at::Tensor>& ParamStore::frozen_tensors(int slot) const {
