@@ -474,6 +474,44 @@ TEST(Checkpoints, ExportLoadsInTransformersWithTheSameLogits) {
   }
 }
 
+// `launcher export` of a ZeRO-3 checkpoint (4 wide GPT-2 blocks, 9.6 MB in fp32; its largest
+// tensor, a block's c_fc weight, 1 MB) holds one tensor at a time: each parameter a view of the
+// mapped rank file it lies in, transposed into Conv1D's layout and converted to --dtype only as it
+// is written. The allocator's peak over the whole export stays below twice the largest tensor —
+// DeepSpeed's zero_to_fp32 holds the model (DeepSpeed #4025). The bf16 file is the fp32 one
+// rounded, tensor for tensor.
+TEST(Checkpoints, ExportHoldsOneTensorAtATime) {
+  TempDir dir("export_streaming");
+  const std::string yaml = dir.write("train.yaml", "model: {arch: gpt2, n_layer: 4, n_head: 2, d_model: 128, d_ff: 2048, "
+                                                   "vocab_size: 256, n_ctx: 16}\nblock_size: 16\nmax_steps: 1\nsave_steps: 1\n");
+  const std::string ds = dir.write("ds.json", R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true},
+                                                  "zero_optimization": {"stage": 3}})");
+  const fs::path out = dir.path() / "run";
+  RunResult a = run(kLauncher + " --num_procs 2 --master_port " + std::to_string(free_port()) + " --deepspeed " + ds +
+                    " " + yaml + " --output_dir=" + out.string());
+  ASSERT_EQ(a.exit_code, 0) << a.out;
+  const int64_t largest = 128 * 2048 * 4, model = 2407168 * 4;
+  for (const char* dtype : {"fp32", "bf16"}) {
+    SCOPED_TRACE(dtype);
+    RunResult e = run(kLauncher + " export " + out.string() + " " + (dir.path() / dtype).string() + " --dtype " + dtype);
+    ASSERT_EQ(e.exit_code, 0) << e.out;
+    const std::string said = "export held at most ";
+    const size_t at = e.out.find(said);
+    ASSERT_NE(at, std::string::npos) << e.out;
+    const int64_t held = std::stoll(e.out.substr(at + said.size()));
+    EXPECT_LT(held, 2 * largest) << e.out;
+    EXPECT_LT(held, model / 4) << e.out;
+  }
+  const auto fp32 = memrt::SafetensorsFile::open((dir.path() / "fp32" / "model.safetensors").string());
+  const auto bf16 = memrt::SafetensorsFile::open((dir.path() / "bf16" / "model.safetensors").string());
+  ASSERT_EQ(bf16.names(), fp32.names());
+  for (const std::string& name : fp32.names()) {
+    const at::Tensor f = fp32.tensor(name), b = bf16.tensor(name);
+    ASSERT_EQ(b.scalar_type(), at::kBFloat16) << name;
+    EXPECT_TRUE(b.equal(f.to(at::kBFloat16))) << name;
+  }
+}
+
 // A checkpoint of 2 ranks of ZeRO-2 resumes on 1 rank of stage 0, on 4 ranks of stage 1 and on
 // the same 2 ranks under stage 0 (re-partitioned on load: masters, moments and gradients
 // partitioned otherwise or not at all; fp32, 4 micro-batches of 2 per step whatever the world

@@ -311,7 +311,8 @@ struct ExportContext {
   const SavedParameters& saved;
   // The tensors export writes, by Hugging Face name (sharded as the files of transformers). The host
   // has put every parameter of the model whose format is plain here, in fp32 and Hugging Face's
-  // layout (GPT-2's Conv1D weights transposed); a plugin adds those it wrote, and may replace or
+  // layout (GPT-2's Conv1D weights transposed) — read-only views of the checkpoint's mapped files
+  // where it can, so never written in place; a plugin adds those it wrote, and may replace or
   // remove entries (an adapter merged into its base weight).
   std::map<std::string, at::Tensor>& tensors;
   // config.json as it will be written (transformers' keys for the model); a plugin adds its own

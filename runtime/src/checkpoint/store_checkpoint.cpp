@@ -407,17 +407,6 @@ void SavedStore::read(const std::string& param, const std::string& buffer, int64
   const int64_t n = dst.numel();
   TORCH_CHECK(first >= 0 && dst.is_contiguous(), "SavedStore::read: bad range");
   at::Tensor out = dst.view({-1});
-  auto shard = [&](int rank, const std::string& name, int64_t numel, const std::string& dtype) {
-    const SafetensorsFile& file = rank_file_(rank);
-    if (!file.contains(name))
-      throw FileError(file.path(), "lacks tensor '" + name + "', which store.json says this rank saved");
-    const at::Tensor t = file.tensor(name);
-    if (t.numel() != numel || dtype_name(t.scalar_type()) != dtype)
-      throw FileError(file.path(), "tensor '" + name + "' is " + std::to_string(t.numel()) + " " +
-                                       dtype_name(t.scalar_type()) + " elements; store.json gives it " +
-                                       std::to_string(numel) + " " + dtype + " elements");
-    return t.view({-1});
-  };
   if (p.rank == kInBase) {
     if (!base_tensors_)
       throw FileError(path_, "does not hold frozen parameter '" + param + "': its run read it from the base model in " +
@@ -468,6 +457,39 @@ void SavedStore::read(const std::string& param, const std::string& buffer, int64
     out.narrow(0, pos - a, end - pos).copy_(src.narrow(0, pos - rank * share, end - pos));
     pos = end;
   }
+}
+
+at::Tensor SavedStore::shard(int rank, const std::string& name, int64_t numel, const std::string& dtype) const {
+  const SafetensorsFile& file = rank_file_(rank);
+  if (!file.contains(name))
+    throw FileError(file.path(), "lacks tensor '" + name + "', which store.json says this rank saved");
+  const at::Tensor t = file.tensor(name);
+  if (t.numel() != numel || dtype_name(t.scalar_type()) != dtype)
+    throw FileError(file.path(), "tensor '" + name + "' is " + std::to_string(t.numel()) + " " +
+                                     dtype_name(t.scalar_type()) + " elements; store.json gives it " +
+                                     std::to_string(numel) + " " + dtype + " elements");
+  return t.view({-1});
+}
+
+at::Tensor SavedStore::view_weight(const std::string& param) const {
+  auto it = params_.find(param);
+  if (it == params_.end()) throw FileError(path_, "lists no parameter '" + param + "'");
+  const Param& p = it->second;
+  if (p.rank == kInBase && base_tensors_) {
+    const at::Tensor t = base_tensors_(param, kWeight);
+    if (t.sizes().vec() == p.shape) return t;
+  } else if (p.group < 0 && p.rank >= 0) {
+    return shard(p.rank, frozen_name(param), p.numel, p.dtype).view(p.shape);
+  } else if (p.group >= 0 && p.numel > 0) {
+    const Group& g = groups_[static_cast<size_t>(p.group)];
+    const int64_t share = g.padded / world_size_;
+    const int rank = static_cast<int>(p.offset / share);
+    if ((p.offset + p.numel - 1) / share == rank)
+      return shard(rank, shard_name(g.name, kWeight), share, g.dtypes.at(kWeight))
+          .narrow(0, p.offset - rank * share, p.numel)
+          .view(p.shape);
+  }
+  return read_whole(param, kWeight);
 }
 
 at::Tensor SavedStore::read_whole(const std::string& param, const std::string& buffer) const {

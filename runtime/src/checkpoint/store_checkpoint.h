@@ -87,6 +87,10 @@ class SavedStore {
   // `param`'s "weight" or one of a frozen parameter's module buffers, whole, in the dtype and shape
   // it was saved in.
   at::Tensor read_whole(const std::string& param, const std::string& buffer) const;
+  // `param`'s "weight" whole as read_whole gives it, but a read-only view of the memory-mapped rank
+  // file (or base model file) where its elements lie in one: `launcher export` holds nothing of a
+  // parameter until it writes it. A copy where they do not (a parameter across two ranks' shares).
+  at::Tensor view_weight(const std::string& param) const;
   // A trainable parameter's group's state format (tensor dtypes as saved); empty for a frozen one.
   const StateFormat& state_format(const std::string& param) const;
   // A frozen parameter's layout as saved: its format ("" plain) and its module buffers' names,
@@ -128,6 +132,8 @@ class SavedStore {
     StateFormat format;
     int64_t per_value(const std::string& buffer) const;  // 0: no such buffer
   };
+  // Rank `rank`'s tensor `name`, flat, checked to hold `numel` values of safetensors `dtype`.
+  at::Tensor shard(int rank, const std::string& name, int64_t numel, const std::string& dtype) const;
   std::string path_;  // store.json
   std::function<const SafetensorsFile&(int)> rank_file_;
   int world_size_ = 1;

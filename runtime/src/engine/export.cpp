@@ -129,7 +129,10 @@ std::string export_checkpoint(const std::string& checkpoint, const std::string& 
   const SavedView view(saved);
 
   // Every parameter of the model in a plain format: its exact weight (the fp32 master where the run
-  // kept one), whole from the shards of every rank, in fp32 and Hugging Face's layout.
+  // kept one), whole from the shards of every rank, in fp32 and Hugging Face's layout — a view of
+  // the mapped rank file where it lies in one (GPT-2's Conv1D weights a transposed view), so that
+  // nothing is held until it is written, one tensor at a time (DeepSpeed's zero_to_fp32 holds the
+  // model, DeepSpeed #4025). A weight saved in 16 bits (no masters) is converted, and held.
   std::map<std::string, at::Tensor> tensors;
   std::set<std::string> plain;
   const std::vector<ParamSpec> specs = parameter_specs(run.shape);
@@ -138,8 +141,8 @@ std::string export_checkpoint(const std::string& checkpoint, const std::string& 
     parameters += spec.numel();
     if (!saved.contains(spec.name) || !view.format(spec.name).empty() || saved.shape(spec.name) != spec.shape)
       continue;  // a plugin's to write (checked below)
-    const at::Tensor t = saved.read_whole(spec.name, "weight").to(at::kFloat);
-    tensors[spec.name] = spec.transposed_on_disk ? t.t().contiguous() : t;
+    const at::Tensor t = saved.view_weight(spec.name).to(at::kFloat);
+    tensors[spec.name] = spec.transposed_on_disk ? t.t() : t;
     plain.insert(spec.name);
   }
 
@@ -168,17 +171,22 @@ std::string export_checkpoint(const std::string& checkpoint, const std::string& 
                                     "in a plain format and was not exported" + by);
   }
 
+  // In name order: a tensor's companions ("<name>.absmax", ...) follow it. The model's floating
+  // parameters are written in --dtype, each converted as it is written.
+  std::vector<std::pair<std::string, at::Tensor>> ordered(tensors.begin(), tensors.end());
+  std::vector<at::ScalarType> as(ordered.size(), at::ScalarType::Undefined);
   if (out_dtype->second.first != at::kFloat) {
-    for (const ParamSpec& spec : specs) {
-      at::Tensor& t = tensors.at(spec.name);
-      if (at::isFloatingType(t.scalar_type()) && t.numel() == spec.numel()) t = t.to(out_dtype->second.first);
+    std::map<std::string, int64_t> numel;
+    for (const ParamSpec& spec : specs) numel[spec.name] = spec.numel();
+    for (size_t i = 0; i < ordered.size(); ++i) {
+      const auto it = numel.find(ordered[i].first);
+      const at::Tensor& t = ordered[i].second;
+      if (it != numel.end() && at::isFloatingType(t.scalar_type()) && t.numel() == it->second) as[i] = out_dtype->second.first;
     }
     config.set("torch_dtype", ConfigNode::string(out_dtype->second.second));
   }
-
-  // In name order: a tensor's companions ("<name>.absmax", ...) follow it.
-  std::vector<std::pair<std::string, at::Tensor>> ordered(tensors.begin(), tensors.end());
-  save_hf_tensors(out_dir, config.to_json() + "\n", ordered);
+  tensors.clear();
+  save_hf_tensors(out_dir, config.to_json() + "\n", ordered, /*max_shard_bytes=*/0, as);
   return "exported " + dir + " to " + out_dir + ": config.json, model.safetensors (" +
          (writers.empty() ? dtype : "parameters written by plugins (" + writers + "), the rest " + dtype) +
          ", " + std::to_string(parameters) + " parameters in " + std::to_string(ordered.size()) +

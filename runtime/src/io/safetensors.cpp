@@ -18,6 +18,8 @@
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
 
+#include "io/safetensors_write.h"
+
 #include "memrt/error.h"
 
 namespace memrt {
@@ -323,25 +325,34 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
 void write_safetensors(const std::string& path,
                        const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata) {
+  write_safetensors_as(path, tensors, {}, metadata);
+}
+
+void write_safetensors_as(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                          const std::vector<at::ScalarType>& as, const std::map<std::string, std::string>& metadata) {
+  TORCH_CHECK(as.empty() || as.size() == tensors.size(), "write_safetensors_as: one dtype per tensor");
   struct Item {
     std::string name;
     at::Tensor tensor;
     int rank;
+    at::ScalarType dtype;  // written in
   };
   std::vector<Item> items;
   std::set<std::string> names;
-  for (const auto& [name, t] : tensors) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto& [name, t] = tensors[i];
     if (name.empty() || name == "__metadata__")
       throw Error("write_safetensors(" + path + "): invalid tensor name '" + name + "'");
     if (!names.insert(name).second)
       throw Error("write_safetensors(" + path + "): tensor '" + name + "' given twice");
     if (!t.defined())
       throw Error("write_safetensors(" + path + "): tensor '" + name + "' is undefined");
-    int rank = dtype_rank(t.scalar_type());
+    const at::ScalarType dtype = as.empty() || as[i] == at::ScalarType::Undefined ? t.scalar_type() : as[i];
+    int rank = dtype_rank(dtype);
     if (rank < 0)
       throw Error("write_safetensors(" + path + "): tensor '" + name + "' has dtype " +
-                  std::string(c10::toString(t.scalar_type())) + ", which safetensors cannot store");
-    items.push_back({name, t, rank});
+                  std::string(c10::toString(dtype)) + ", which safetensors cannot store");
+    items.push_back({name, t, rank, dtype});
   }
   std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
     return a.rank != b.rank ? a.rank > b.rank : a.name < b.name;
@@ -361,11 +372,11 @@ void write_safetensors(const std::string& path,
   }
   uint64_t offset = 0;
   for (const auto& it : items) {
-    const uint64_t nbytes = static_cast<uint64_t>(it.tensor.numel()) * it.tensor.element_size();
+    const uint64_t nbytes = static_cast<uint64_t>(it.tensor.numel()) * c10::elementSize(it.dtype);
     w.Key(it.name.data(), static_cast<rapidjson::SizeType>(it.name.size()));
     w.StartObject();
     w.Key("dtype");
-    w.String(safetensors_dtype_name(it.tensor.scalar_type())->c_str());
+    w.String(safetensors_dtype_name(it.dtype)->c_str());
     w.Key("shape");
     w.StartArray();
     for (int64_t d : it.tensor.sizes()) w.Uint64(static_cast<uint64_t>(d));
@@ -387,8 +398,8 @@ void write_safetensors(const std::string& path,
   for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(header.size() >> (8 * i));
   f.write(len, 8);
   f.write(header.data(), header.size());
-  for (const auto& it : items) {
-    at::Tensor cpu = it.tensor.detach().to(at::kCPU).contiguous();
+  for (const auto& it : items) {  // one converted copy alive at a time
+    at::Tensor cpu = it.tensor.detach().to(at::kCPU, it.dtype).contiguous();
     f.write(cpu.data_ptr(), static_cast<size_t>(cpu.numel()) * cpu.element_size());
   }
   f.commit();

@@ -211,6 +211,7 @@ int estimate(const Args& args) {
 
 int run(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "export") {
+    memrt::memory::install_tracking_allocator();  // the export's peak, reported below
     bool merge = false, usage = argc < 4;
     std::string dtype = "fp32", base;
     for (int i = 4; i < argc && !usage; ++i) {
@@ -238,6 +239,9 @@ int run(int argc, char** argv) {
                          "is now (default: where its run read it)");
     }
     std::cout << memrt::export_checkpoint(argv[2], argv[3], merge, dtype, base) << "\n";
+    // What converting the model held at once, beyond the mapped checkpoint files it reads.
+    std::cout << "export held at most " << memrt::memory::allocator_stats().peak_bytes
+              << " bytes allocated at once (peak)\n";
     return 0;
   }
   // `launcher eval ...` is the training command line with one word in front: drop it here (ranks get

@@ -12,6 +12,7 @@
 #include <rapidjson/prettywriter.h>
 #include <rapidjson/stringbuffer.h>
 
+#include "io/safetensors_write.h"
 #include "memrt/error.h"
 
 namespace memrt {
@@ -423,7 +424,10 @@ void save_hf_checkpoint(CausalLM& model, const std::string& dir, int64_t max_sha
 }
 
 void save_hf_tensors(const std::string& dir, const std::string& config_json,
-                     const std::vector<std::pair<std::string, at::Tensor>>& tensors, int64_t max_shard_bytes) {
+                     const std::vector<std::pair<std::string, at::Tensor>>& tensors, int64_t max_shard_bytes,
+                     const std::vector<at::ScalarType>& as) {
+  TORCH_CHECK(as.empty() || as.size() == tensors.size(), "save_hf_tensors: one dtype per tensor");
+  auto written = [&](size_t i) { return as.empty() || as[i] == at::ScalarType::Undefined ? tensors[i].second.scalar_type() : as[i]; };
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw FileError(dir, "cannot create checkpoint directory: " + ec.message());
@@ -435,7 +439,7 @@ void save_hf_tensors(const std::string& dir, const std::string& config_json,
   std::vector<std::vector<size_t>> shards(1);
   int64_t shard_bytes = 0, total_bytes = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    const int64_t n = tensors[i].second.numel() * tensors[i].second.element_size();
+    const int64_t n = tensors[i].second.numel() * static_cast<int64_t>(c10::elementSize(written(i)));
     total_bytes += n;
     if (max_shard_bytes > 0 && !shards.back().empty() && shard_bytes + n > max_shard_bytes) {
       shards.emplace_back();
@@ -455,7 +459,7 @@ void save_hf_tensors(const std::string& dir, const std::string& config_json,
 
   write_file_atomic((fs::path(dir) / "config.json").string(), config_json);
   if (shards.size() == 1) {
-    write_safetensors(single.string(), tensors, meta);
+    write_safetensors_as(single.string(), tensors, as, meta);
     return;
   }
   fs::remove(single, ec);
@@ -474,12 +478,14 @@ void save_hf_tensors(const std::string& dir, const std::string& config_json,
   for (size_t k = 0; k < shards.size(); ++k) {
     std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", k + 1, shards.size());
     std::vector<std::pair<std::string, at::Tensor>> part;
+    std::vector<at::ScalarType> part_as;
     for (size_t i : shards[k]) {
       part.push_back(tensors[i]);
+      part_as.push_back(written(i));
       w.Key(tensors[i].first.c_str());
       w.String(buf);
     }
-    write_safetensors((fs::path(dir) / buf).string(), part, meta);
+    write_safetensors_as((fs::path(dir) / buf).string(), part, part_as, meta);
   }
   w.EndObject();
   w.EndObject();

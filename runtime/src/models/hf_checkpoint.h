@@ -88,8 +88,10 @@ class HfWeights final : public CheckpointReader {
 // replaced (LoRA, NF4) is a memrt::Error: merge it back first.
 void save_hf_checkpoint(CausalLM& model, const std::string& dir, int64_t max_shard_bytes = 0);
 // The same files from tensors already in Hugging Face's names and layout, in the order given, and
-// the text of config.json.
+// the text of config.json; each tensor written in as[i] when given (io/safetensors_write.h: converted
+// as it is written, one at a time).
 void save_hf_tensors(const std::string& dir, const std::string& config_json,
-                     const std::vector<std::pair<std::string, at::Tensor>>& tensors, int64_t max_shard_bytes = 0);
+                     const std::vector<std::pair<std::string, at::Tensor>>& tensors, int64_t max_shard_bytes = 0,
+                     const std::vector<at::ScalarType>& as = {});
 
 }  // namespace memrt
