@@ -143,19 +143,15 @@ Options read_options(const ConfigNode& section, ConfigDiagnostics& diag, bool de
   // loader resolved "auto" and told the host); here only its type is checked.
   accept_bool(r, {"stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
                   "stage3_gather_fp16_weights_on_model_save"});
-  // Gathers here are synchronous, one segment at a time: nothing is fetched ahead, so the limits
-  // on what is in flight hold whatever their value.
-  auto no_prefetch = [&](std::initializer_list<const char*> names) {
-    const ConfigNode* n = aliased(r, names);
-    if (!n) return;
+  // Prefetch: one segment ahead, within these limits (docs/zero.md).
+  elements({"stage3_prefetch_bucket_size", "prefetch_bucket_size"}, out.prefetch_bucket_size);
+  elements({"stage3_max_live_parameters", "max_live_parameters"}, out.max_live_parameters);
+  if (const ConfigNode* n = aliased(r, {"stage3_max_reuse_distance", "max_reuse_distance"})) {
     n->as_int();
     if (out.stage == 3)
-      diag.note(*n, "has no effect here: stage 3 gathers one segment's parameters when it runs, with "
-                    "nothing fetched ahead or kept from forward into backward");
-  };
-  no_prefetch({"stage3_prefetch_bucket_size", "prefetch_bucket_size"});
-  no_prefetch({"stage3_max_live_parameters", "max_live_parameters"});
-  no_prefetch({"stage3_max_reuse_distance", "max_reuse_distance"});
+      diag.note(*n, "has no effect here: every segment is released after its forward and gathered again "
+                    "for its backward (the next one prefetched), nothing kept from one to the other");
+  }
   if (const ConfigNode* n = aliased(r, {"sub_group_size"})) n->as_int();  // the step is range by range already
 
   for (const char* k : {"elastic_checkpoint", "log_trace_cache_warnings", "enable_sanity_checks",

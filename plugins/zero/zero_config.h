@@ -24,6 +24,11 @@ struct Options {
   // in model order until their sum would pass model_persistence_threshold. DeepSpeed's defaults.
   int64_t param_persistence_threshold = 100'000;
   int64_t model_persistence_threshold = INT64_MAX;
+  // The next segment's gather starts while this one computes when it has at most
+  // prefetch_bucket_size elements (0: never) and both together at most max_live_parameters.
+  // DeepSpeed's defaults.
+  int64_t prefetch_bucket_size = 50'000'000;
+  int64_t max_live_parameters = 1'000'000'000;
 };
 
 // Reads the section (an object). Throws ConfigError naming the file and key; notes go to

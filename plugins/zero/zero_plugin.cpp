@@ -86,7 +86,10 @@ class ZeroPlugin final : public memrt::Plugin {
     if (opt_.stage < 2) return;
     const int64_t last = e.run->shape.n_layer - 1;
     memrt::memory::Table staging = staging_bytes(*e.store, last, e.run->device);
-    if (opt_.stage >= 3) staging.at(Category::kCommBuffers) += gathered_bytes(*e.store, last);
+    if (opt_.stage >= 3) {
+      staging.at(Category::kCommBuffers) += gathered(*e.store, last).bytes;
+      if (prefetches(*e.store, last, last - 1)) staging.at(Category::kCommBuffers) += gathered(*e.store, last - 1).bytes;
+    }
     memrt::memory::ActivationEstimate& a = e.activations;
     const bool at_loss = a.backward_at_loss >= a.backward_in_last_block + staging.total();
     a.backward_peak = at_loss ? a.backward_at_loss : a.backward_in_last_block;
@@ -142,9 +145,11 @@ class ZeroPlugin final : public memrt::Plugin {
   }
 
   // Stage 3: the segment's parameters, gathered for its forward (evaluation included) and released
-  // after it.
+  // after it; the next segment's gather starts meanwhile.
   void before_segment_forward(memrt::SegmentContext& ctx) override {
-    if (opt_.stage >= 3) gather(ctx);
+    if (opt_.stage < 3) return;
+    gather(ctx);
+    prefetch(ctx, ctx.index + 1);
   }
   void after_segment_forward(memrt::SegmentContext& ctx) override {
     if (opt_.stage >= 3) release(ctx);
@@ -154,7 +159,10 @@ class ZeroPlugin final : public memrt::Plugin {
   // stage 2's staging: one buffer per group of the segment's largest bucket, reused bucket after
   // bucket.
   void before_segment_backward(memrt::SegmentContext& ctx) override {
-    if (opt_.stage >= 3) gather(ctx);
+    if (opt_.stage >= 3) {
+      gather(ctx);
+      prefetch(ctx, ctx.index - 1);
+    }
     if (opt_.stage < 2 || buckets_.empty()) return;
     const memrt::StorePlan& plan = store_->plan();
     memrt::memory::Scope scope(Category::kCommBuffers);
@@ -182,6 +190,7 @@ class ZeroPlugin final : public memrt::Plugin {
   }
 
   void after_backward(memrt::MicroStepContext& /*ctx*/) override {
+    if (opt_.stage >= 3) drop_prefetch();  // the embedding's, when its backward did not run
     if (opt_.stage < 2) return;
     // Segments whose backward never ran on this rank (no gradient reached them) still reduce, in
     // the same order as every rank, so that every rank has reduced every bucket once.
@@ -334,20 +343,35 @@ class ZeroPlugin final : public memrt::Plugin {
     return plan.slots()[static_cast<size_t>(slot)].group < 0 && plan.frozen_layout(slot).extent == Extent::kPartition;
   }
 
-  // What a block gathers: its elements of every partitioned group and its partitioned frozen
-  // weights, in their dtypes on the device (the estimate's term; blocks share no parameter).
-  static int64_t gathered_bytes(const memrt::StorePlan& plan, int64_t segment) {
-    int64_t bytes = 0;
+  // What a segment gathers of its own: its elements of every partitioned group and its partitioned
+  // frozen weights, in their dtypes on the device (the estimate's term and the prefetch limits'
+  // measure; the head's shared tied embedding is its embedding's).
+  struct Gathered {
+    int64_t elements = 0, bytes = 0;
+  };
+  static Gathered gathered(const memrt::StorePlan& plan, int64_t segment) {
+    Gathered out;
     for (int g = 0; g < static_cast<int>(plan.groups().size()); ++g) {
       if (!compute_partitioned(plan, g)) continue;
-      bytes += plan.segment_range(g, segment).size() *
-               static_cast<int64_t>(c10::elementSize(plan.groups()[static_cast<size_t>(g)].buffer(StoreBuffer::kCompute).dtype));
+      const int64_t n = plan.segment_range(g, segment).size();
+      out.elements += n;
+      out.bytes += n * static_cast<int64_t>(c10::elementSize(plan.groups()[static_cast<size_t>(g)].buffer(StoreBuffer::kCompute).dtype));
     }
-    for (int slot : plan.segment_slots(segment))
-      if (frozen_partitioned(plan, slot))
-        bytes += plan.slots()[static_cast<size_t>(slot)].numel *
-                 static_cast<int64_t>(c10::elementSize(plan.frozen_layout(slot).tensors.front().dtype));
-    return bytes;
+    for (int slot : plan.segment_slots(segment)) {
+      if (!frozen_partitioned(plan, slot)) continue;
+      const int64_t n = plan.slots()[static_cast<size_t>(slot)].numel;
+      out.elements += n;
+      out.bytes += n * static_cast<int64_t>(c10::elementSize(plan.frozen_layout(slot).tensors.front().dtype));
+    }
+    return out;
+  }
+
+  // Whether segment `next`'s gather starts while `current` computes (DeepSpeed's limits, in
+  // elements): it gathers something, at most prefetch_bucket_size, and both at most
+  // max_live_parameters. The same rule in the run and the estimate.
+  bool prefetches(const memrt::StorePlan& plan, int64_t current, int64_t next) const {
+    const int64_t n = gathered(plan, next).elements;
+    return n > 0 && n <= opt_.prefetch_bucket_size && gathered(plan, current).elements + n <= opt_.max_live_parameters;
   }
 
   // What a segment's forward reads of what ZeRO-3 partitions: one range of one group — its own
@@ -359,6 +383,7 @@ class ZeroPlugin final : public memrt::Plugin {
     memrt::ElementRange range;
     at::Tensor buffer;
     int slot = -1;  // a frozen piece's slot
+    std::vector<std::unique_ptr<memrt::Communicator::Pending>> pending;  // its broadcasts in flight
   };
 
   // The segment's pieces, made on its first gather. The store comes with the segment (ABI 2.15):
@@ -381,17 +406,55 @@ class ZeroPlugin final : public memrt::Plugin {
     return it->second;
   }
 
-  // Each piece's elements from the ranks whose partitions hold them (each owner broadcasts its
-  // part, in the same order on every rank), then the parameters point at views of it. A buffer
-  // freed by release() gets its storage back in place, so that the views of it autograd saved in
-  // the segment's forward (at::linear saves W.t()) read the gathered values in its backward.
+  // The segment's parameters gathered (or, prefetched, their gather finished), then pointed at
+  // views of the gathered buffers.
   void gather(const memrt::SegmentContext& ctx) {
-    memrt::ParamStore& store = *ctx.store;
+    std::vector<Piece>& ps = pieces(ctx);
+    if (prefetched_ != ctx.index) start(*ctx.store, ctx.comm, ctx.run.device, ps);
+    prefetched_ = kNone;
+    const memrt::StorePlan& plan = ctx.store->plan();
+    for (Piece& piece : ps) {
+      for (auto& p : piece.pending) p->wait();
+      piece.pending.clear();
+      if (piece.group < 0)
+        ctx.store->attach_frozen(piece.slot, piece.buffer.view(plan.slots()[static_cast<size_t>(piece.slot)].param.shape));
+      else
+        ctx.store->attach(piece.group, piece.range, piece.buffer);
+    }
+  }
+
+  // Starts gathering segment `next` (its pieces known from an earlier gather, so from the second
+  // micro-step on) while the current one computes, within the limits.
+  void prefetch(const memrt::SegmentContext& ctx, int64_t next) {
+    auto it = pieces_.find(next);
+    if (it == pieces_.end() || !prefetches(ctx.store->plan(), ctx.index, next)) return;
+    start(*ctx.store, ctx.comm, ctx.run.device, it->second);
+    prefetched_ = next;
+  }
+
+  // A prefetch no phase took (the embedding's, when no gradient reaches it): completed, freed.
+  void drop_prefetch() {
+    auto it = pieces_.find(prefetched_);
+    prefetched_ = kNone;
+    if (it == pieces_.end()) return;
+    for (Piece& piece : it->second) {
+      for (auto& p : piece.pending) p->wait();
+      piece.pending.clear();
+      free_storage(piece.buffer);
+    }
+  }
+
+  // Starts each piece's broadcasts: the ranks whose partitions hold its elements each broadcast
+  // their part, in the same order on every rank, into the piece's buffer. A buffer freed by
+  // release() gets its storage back in place, so that the views of it autograd saved in the
+  // segment's forward (at::linear saves W.t()) read the gathered values in its backward.
+  static void start(memrt::ParamStore& store, memrt::Communicator& comm, const c10::Device& device,
+                    std::vector<Piece>& ps) {
     const memrt::StorePlan& plan = store.plan();
     const int rank = plan.rank();
     at::NoGradGuard no_grad;
     memrt::memory::Scope scope(Category::kCommBuffers);
-    for (Piece& piece : pieces(ctx)) {
+    for (Piece& piece : ps) {
       // Where this rank's part rests, and which elements rank r holds.
       const bool frozen = piece.group < 0;
       const at::Tensor& resting = frozen ? store.frozen_tensors(piece.slot).front()
@@ -400,7 +463,7 @@ class ZeroPlugin final : public memrt::Plugin {
         return frozen ? plan.frozen_partition(piece.slot, r) : plan.partition(piece.group, r);
       };
       if (!piece.buffer.defined()) {
-        piece.buffer = at::empty({piece.range.size()}, resting.options().device(ctx.run.device));
+        piece.buffer = at::empty({piece.range.size()}, resting.options().device(device));
       } else {
         c10::StorageImpl* storage = piece.buffer.storage().unsafeGetStorageImpl();
         const size_t bytes = static_cast<size_t>(piece.range.size()) * piece.buffer.element_size();
@@ -412,13 +475,15 @@ class ZeroPlugin final : public memrt::Plugin {
         if (part.empty()) continue;
         at::Tensor dst = piece.buffer.narrow(0, part.begin - piece.range.begin, part.size());
         if (r == rank) dst.copy_(resting.narrow(0, part.begin - held(rank).begin, part.size()));
-        if (plan.world_size() > 1) ctx.comm.broadcast(dst, r);
+        if (plan.world_size() > 1) piece.pending.push_back(comm.broadcast_async(dst, r));
       }
-      if (frozen)
-        store.attach_frozen(piece.slot, piece.buffer.view(plan.slots()[static_cast<size_t>(piece.slot)].param.shape));
-      else
-        store.attach(piece.group, piece.range, piece.buffer);
     }
+  }
+
+  static void free_storage(at::Tensor& buffer) {
+    c10::StorageImpl* storage = buffer.storage().unsafeGetStorageImpl();
+    storage->set_data_ptr_noswap(at::DataPtr(nullptr, buffer.device()));
+    storage->set_nbytes(0);
   }
 
   // The segment's parameters back to placeholders and its buffers' bytes to the allocator.
@@ -430,9 +495,7 @@ class ZeroPlugin final : public memrt::Plugin {
         ctx.store->release_frozen(piece.slot);
       else
         ctx.store->release(piece.group, piece.range);
-      c10::StorageImpl* storage = piece.buffer.storage().unsafeGetStorageImpl();
-      storage->set_data_ptr_noswap(at::DataPtr(nullptr, piece.buffer.device()));
-      storage->set_nbytes(0);
+      free_storage(piece.buffer);
     }
   }
 
@@ -519,6 +582,8 @@ class ZeroPlugin final : public memrt::Plugin {
   std::vector<std::vector<int>> bucket_of_;  // per slot: the buckets it overlaps
   std::vector<Staging> staging_;             // per group
   std::map<int64_t, std::vector<Piece>> pieces_;  // stage 3: per segment, what it gathers
+  static constexpr int64_t kNone = INT64_MIN;
+  int64_t prefetched_ = kNone;               // the segment whose gather is in flight
   c10::Device device_{c10::kCPU};            // where the run computes
 };
 

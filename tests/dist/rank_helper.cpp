@@ -4,7 +4,7 @@
 // test (closed-form sums, or every rank's inputs regenerated locally), prints "OK <mode> ..." and
 // exits 0; any mismatch prints "FAIL ..." to stderr and exits 1.
 //
-//   dist_rank_helper collectives          all_reduce sum/max, broadcast, all_gather,
+//   dist_rank_helper collectives          all_reduce sum/max, broadcast (and async), all_gather,
 //                                         reduce_scatter, barrier (several dtypes, a strided tensor)
 //   dist_rank_helper grads B1 B2 ...      all_reduce_gradients with bucket sizes B1, B2 ... bytes,
 //                                         against the plain mean / sum / DeepSpeed scalings
@@ -32,6 +32,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -41,6 +42,7 @@
 
 namespace {
 
+using memrt::Communicator;
 using memrt::DistContext;
 
 int g_failures = 0;
@@ -108,6 +110,25 @@ void run_collectives(DistContext& d) {
     d.broadcast(b, root);
     expect_equal(b, at::full({4, 4}, static_cast<float>(100 * root + 1), at::kFloat),
                  "broadcast from rank " + std::to_string(root));
+  }
+
+  // broadcast_async: one broadcast from every rank in flight at once, a blocking collective issued
+  // meanwhile (ZeRO-3's prefetch beside a bucket's reduction), then each waited for.
+  {
+    std::vector<at::Tensor> parts;
+    std::vector<std::unique_ptr<Communicator::Pending>> pending;
+    for (int root = 0; root < w; ++root) {
+      parts.push_back(at::full({1000}, static_cast<float>(r == root ? 10 * root + 7 : -1), at::kFloat));  // (1000,)
+      pending.push_back(d.broadcast_async(parts.back(), root));
+    }
+    at::Tensor meanwhile = at::ones({8}, at::kFloat);  // (8,)
+    d.all_reduce_sum(meanwhile);
+    expect_equal(meanwhile, at::full({8}, static_cast<float>(w), at::kFloat), "all_reduce_sum beside broadcast_async");
+    for (int root = 0; root < w; ++root) {
+      pending[static_cast<size_t>(root)]->wait();
+      expect_equal(parts[static_cast<size_t>(root)], at::full({1000}, static_cast<float>(10 * root + 7), at::kFloat),
+                   "broadcast_async from rank " + std::to_string(root));
+    }
   }
 
   // all_gather: every rank contributes [rank, rank + 0.5, rank + 0.25]

@@ -5,6 +5,7 @@
 // order. A failed or timed-out collective (a peer died) throws memrt::DistributedError.
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -26,6 +27,25 @@ class Communicator {
   // out (n elements) = this rank's slice of the element-wise sum of every rank's `in` (world_size * n).
   virtual void reduce_scatter_sum(at::Tensor& out, const at::Tensor& in) = 0;
   virtual void barrier() = 0;
+
+  // ---- ABI 2.18: a collective that runs while the caller computes ----
+  // A started collective. wait() returns once it is complete (a failure throws as the blocking call
+  // would); the destructor waits too, so a tensor handed over is never freed under the backend.
+  class Pending {
+   public:
+    virtual ~Pending() = default;
+    virtual void wait() = 0;
+  };
+  // Starts broadcast(t, root) and returns: `t` (contiguous) must be neither read nor written until
+  // the handle's wait() returns. Issued in the same order on every rank, like every collective. A
+  // backend without asynchronous collectives broadcasts before returning (this default).
+  virtual std::unique_ptr<Pending> broadcast_async(at::Tensor& t, int root) {
+    broadcast(t, root);
+    struct Done final : Pending {
+      void wait() override {}
+    };
+    return std::make_unique<Done>();
+  }
 };
 
 }  // namespace memrt

@@ -10,9 +10,11 @@
 
 #include <array>
 #include <charconv>
+#include <functional>
 #include <chrono>
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -401,6 +403,47 @@ void DistContext::all_reduce_sum(at::Tensor& t) {
 void DistContext::all_reduce_max(at::Tensor& t) {
   if (!impl_) return;
   impl_->all_reduce(t, c10d::ReduceOp::MAX, "all_reduce_max");
+}
+
+namespace {
+
+// A started c10d work: waited for once, by wait() or the destructor.
+class PendingWork final : public Communicator::Pending {
+ public:
+  using Wait = std::function<void(const c10::intrusive_ptr<c10d::Work>&)>;
+  PendingWork(c10::intrusive_ptr<c10d::Work> work, Wait wait) : work_(std::move(work)), wait_(std::move(wait)) {}
+  ~PendingWork() override {
+    try {
+      wait();
+    } catch (const std::exception&) {  // the process group is marked broken; the next collective says so
+    }
+  }
+  void wait() override {
+    if (!work_) return;
+    const c10::intrusive_ptr<c10d::Work> work = std::move(work_);
+    work_.reset();
+    wait_(work);
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+  Wait wait_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator::Pending> DistContext::broadcast_async(at::Tensor& t, int root) {
+  if (!impl_ || !t.is_contiguous()) return Communicator::broadcast_async(t, root);  // one rank: nothing to do
+  if (root < 0 || root >= world_size()) broadcast(t, root);  // the blocking call's error
+  std::string what = "broadcast from rank " + std::to_string(root) + " of " + describe(t);
+  std::vector<at::Tensor> ts{t};
+  c10d::BroadcastOptions opts;
+  opts.rootRank = root;
+  c10::intrusive_ptr<c10d::Work> work = impl_->start(what, [&] { return impl_->backend->broadcast(ts, opts); });
+  Impl* impl = impl_.get();
+  return std::make_unique<PendingWork>(std::move(work), [impl, what](const c10::intrusive_ptr<c10d::Work>& w) {
+    impl->wait(w, what);
+  });
 }
 
 void DistContext::broadcast(at::Tensor& t, int root) {
