@@ -74,8 +74,10 @@ void estimate_checkpointed(memory::MemoryEstimate& e, const std::vector<bool>& c
     prefix[i + 1] = prefix[i] + kept[i];
     host_upto[i + 1] = host_upto[i] + (checkpointed[i] ? input : 0);
   }
-  // The largest block candidate (the first backward reaches, on a tie).
-  int64_t block_act = 0, block_grads = 0, block_host = 0;
+  // The largest block candidate (the first backward reaches, on a tie), gradients counted as they
+  // stay here; and the largest in activations alone, what a plugin that hands each gradient over as
+  // it comes (ZeRO-2 and 3, after this one) takes as the block candidate.
+  int64_t block_act = 0, block_grads = 0, block_host = 0, most_act = 0;
   bool have_block = false;
   for (int64_t j = L - 1; j >= 0; --j) {
     // Block j's backward: blocks after it and the head are freed, its output's slot holds the
@@ -88,6 +90,7 @@ void estimate_checkpointed(memory::MemoryEstimate& e, const std::vector<bool>& c
       if (offload && !run.device.is_cpu()) act += input;
     }
     const int64_t grads = accumulating ? all_grads : grads_from[j + 1] + last_projection[j];
+    most_act = std::max(most_act, act);
     if (!have_block || act + grads > block_act + block_grads) {
       block_act = act;
       block_grads = grads;
@@ -95,7 +98,7 @@ void estimate_checkpointed(memory::MemoryEstimate& e, const std::vector<bool>& c
       have_block = true;
     }
   }
-  a.backward_in_last_block = block_act - kept_total;
+  a.backward_in_last_block = most_act - kept_total;
   a.backward_in_embedding = unchecked.kept() + unchecked.backward_in_embedding - kept_total;
 
   // At the loss (reached first, so it wins a tie): everything forward kept, every saved input.

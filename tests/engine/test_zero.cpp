@@ -463,7 +463,7 @@ void expect_cells_as_estimated(const rapidjson::Value& rank, const std::vector<c
 
 }  // namespace
 
-TEST(Zero, StageTwoPeakIsEstimatedToTheByte) {
+TEST(Zero, StagesTwoAndThreePeaksAreEstimatedToTheByte) {
   TempDir dir("zero_stage2_peak");
   const std::string wide = kWideYaml;
   const std::string mlp =
@@ -495,6 +495,15 @@ TEST(Zero, StageTwoPeakIsEstimatedToTheByte) {
   rotary.tag = "_llama";
   rotary.yaml = llama;
   cases.push_back({rotary, {}, -1});
+  // Activation checkpointing: the peak is in the last block's recompute backward, the estimate's
+  // block candidate counted in activations alone (each gradient is handed over as it comes), at
+  // stage 2 and at stage 3 (the two gathered blocks beside it).
+  for (int stage : {2, 3}) {
+    Job checkpointed{"fp32", stage, false, 2};
+    checkpointed.tag = "_wide_checkpointing";
+    checkpointed.yaml = wide + "gradient_checkpointing: true\n";
+    cases.push_back({checkpointed, {}, -1});
+  }
   for (const Case& c : cases) {
     const rapidjson::Document report = read_json(train(dir, c.job) / "memory_report.json");
     ASSERT_EQ(report["ranks"].Size(), 2u);
