@@ -407,15 +407,19 @@ void DistContext::all_reduce_max(at::Tensor& t) {
 
 namespace {
 
-// A started c10d work: waited for once, by wait() or the destructor.
+// A started c10d work: waited for once, by wait() (through the context, which turns a failure into
+// a DistributedError) or by the destructor (bounded by `timeout`, touching only the work: the
+// context may be gone when a handle is dropped while unwinding).
 class PendingWork final : public Communicator::Pending {
  public:
   using Wait = std::function<void(const c10::intrusive_ptr<c10d::Work>&)>;
-  PendingWork(c10::intrusive_ptr<c10d::Work> work, Wait wait) : work_(std::move(work)), wait_(std::move(wait)) {}
+  PendingWork(c10::intrusive_ptr<c10d::Work> work, Wait wait, std::chrono::milliseconds timeout)
+      : work_(std::move(work)), wait_(std::move(wait)), timeout_(timeout) {}
   ~PendingWork() override {
+    if (!work_) return;
     try {
-      wait();
-    } catch (const std::exception&) {  // the process group is marked broken; the next collective says so
+      work_->wait(timeout_);
+    } catch (const std::exception&) {  // the job is failing already; its first error is reported
     }
   }
   void wait() override {
@@ -428,6 +432,7 @@ class PendingWork final : public Communicator::Pending {
  private:
   c10::intrusive_ptr<c10d::Work> work_;
   Wait wait_;
+  std::chrono::milliseconds timeout_;
 };
 
 }  // namespace
@@ -441,9 +446,9 @@ std::unique_ptr<Communicator::Pending> DistContext::broadcast_async(at::Tensor& 
   opts.rootRank = root;
   c10::intrusive_ptr<c10d::Work> work = impl_->start(what, [&] { return impl_->backend->broadcast(ts, opts); });
   Impl* impl = impl_.get();
-  return std::make_unique<PendingWork>(std::move(work), [impl, what](const c10::intrusive_ptr<c10d::Work>& w) {
-    impl->wait(w, what);
-  });
+  return std::make_unique<PendingWork>(
+      std::move(work), [impl, what](const c10::intrusive_ptr<c10d::Work>& w) { impl->wait(w, what); },
+      std::chrono::duration_cast<std::chrono::milliseconds>(timeout_));
 }
 
 void DistContext::broadcast(at::Tensor& t, int root) {
