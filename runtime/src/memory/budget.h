@@ -1,0 +1,38 @@
+// The memory a run may use (docs/preflight.md): the limits of its cgroup (v2 or v1), the host's
+// available memory, and the user's memory_budget. Read from a root directory, so that tests read
+// fixture trees.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace memrt::memory {
+
+// One limit and where it came from ("cgroup v2 memory.max (/sys/fs/cgroup/a/memory.max)").
+struct MemoryLimit {
+  int64_t bytes = 0;
+  std::string source;
+};
+
+struct MemoryBudget {
+  std::vector<MemoryLimit> limits;  // those that exist, in the order read
+  // The binding one (the smallest), or none.
+  std::optional<MemoryLimit> smallest() const;
+};
+
+// The limits under `root` ("/" on a machine): the cgroup v2 memory.max and memory.high of this
+// process's cgroup and every cgroup above it (a parent's limit binds its children), else the
+// cgroup v1 memory.limit_in_bytes of its memory cgroup, and /proc/meminfo's MemAvailable. A file
+// missing or unreadable is a limit that does not exist ("max", or v1's unlimited 2^63 rounded
+// to pages, likewise); a malformed value is a memrt::FileError naming the file and the value.
+MemoryBudget read_budget(const std::string& root = "/");
+
+// A size as users write it: bytes ("6442450944"), or a number with a unit — binary K/Ki/KiB,
+// M/Mi/MiB, G/Gi/GiB, T/Ti/TiB (2^10 steps; a bare K, M, G, T too, as sizes in memory tools are
+// read) or decimal KB, MB, GB, TB (10^3 steps), case-insensitive, "6.5GiB" allowed. Anything
+// else, or a size not above zero, is a memrt::Error naming `what` and the text.
+int64_t parse_size(const std::string& text, const std::string& what);
+
+}  // namespace memrt::memory

@@ -1,0 +1,104 @@
+// The memory budget's readers (memory/budget.h) on fixture trees as cgroup v2, cgroup v1 and
+// /proc/meminfo lay them out — limits set, "max", v1's unlimited value, files missing, values
+// malformed — and sizes as users write them.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <string>
+
+#include "../data/test_util.h"
+#include "memory/budget.h"
+#include "memrt/error.h"
+
+namespace memrt::memory {
+namespace {
+
+namespace fs = std::filesystem;
+using memrt::test::expect_error;
+
+void write(const fs::path& file, const std::string& text) {
+  fs::create_directories(file.parent_path());
+  std::ofstream(file) << text;
+}
+
+const char* kMeminfo = "MemTotal:       24000000 kB\nMemFree:         1000000 kB\nMemAvailable:   20000000 kB\n";
+
+TEST(MemoryBudget, CgroupV2LimitsOfTheCgroupAndItsParentsAndMemAvailable) {
+  memrt::test::TempDir dir;
+  const fs::path root = dir.str();
+  write(root / "proc/self/cgroup", "0::/job.slice/run\n");
+  write(root / "proc/meminfo", kMeminfo);
+  write(root / "sys/fs/cgroup/cgroup.controllers", "cpu memory\n");
+  write(root / "sys/fs/cgroup/job.slice/run/memory.max", "max\n");
+  write(root / "sys/fs/cgroup/job.slice/run/memory.high", "8589934592\n");
+  write(root / "sys/fs/cgroup/job.slice/memory.max", "6442450944\n");  // the parent binds
+  const MemoryBudget b = read_budget(root.string());
+  ASSERT_EQ(b.limits.size(), 3u);
+  EXPECT_EQ(b.limits[0].bytes, 8589934592);
+  EXPECT_NE(b.limits[0].source.find("cgroup v2 memory.high"), std::string::npos) << b.limits[0].source;
+  EXPECT_EQ(b.limits[2].bytes, 20000000LL * 1024);
+  ASSERT_TRUE(b.smallest());
+  EXPECT_EQ(b.smallest()->bytes, 6442450944);
+  EXPECT_NE(b.smallest()->source.find("job.slice/memory.max"), std::string::npos) << b.smallest()->source;
+}
+
+TEST(MemoryBudget, CgroupV1LimitAndItsUnlimitedValue) {
+  memrt::test::TempDir dir;
+  const fs::path root = dir.str();
+  write(root / "proc/self/cgroup", "12:cpu,cpuacct:/docker/abc\n7:memory:/docker/abc\n0::/\n");
+  write(root / "proc/meminfo", kMeminfo);
+  const fs::path limit = root / "sys/fs/cgroup/memory/docker/abc/memory.limit_in_bytes";
+  write(limit, "4294967296\n");
+  MemoryBudget b = read_budget(root.string());
+  ASSERT_EQ(b.limits.size(), 2u);
+  EXPECT_EQ(b.smallest()->bytes, 4294967296);
+  EXPECT_NE(b.smallest()->source.find("cgroup v1 memory.limit_in_bytes"), std::string::npos);
+  write(limit, "9223372036854771712\n");  // no limit: 2^63 - 1 rounded down to a page
+  b = read_budget(root.string());
+  ASSERT_EQ(b.limits.size(), 1u);
+  EXPECT_NE(b.smallest()->source.find("MemAvailable"), std::string::npos);
+}
+
+TEST(MemoryBudget, MissingFilesAreNoLimitAndMalformedValuesNameTheFile) {
+  memrt::test::TempDir dir;
+  const fs::path root = dir.str();
+  EXPECT_TRUE(read_budget(root.string()).limits.empty());
+  EXPECT_FALSE(read_budget(root.string()).smallest());
+  write(root / "proc/self/cgroup", "0::/a\n");
+  write(root / "sys/fs/cgroup/cgroup.controllers", "memory\n");
+  write(root / "sys/fs/cgroup/a/memory.max", "lots\n");
+  expect_error<FileError>([&] { read_budget(root.string()); }, {"a/memory.max", "'lots'", "\"max\""});
+  write(root / "sys/fs/cgroup/a/memory.max", "max\n");
+  write(root / "proc/meminfo", "MemAvailable: many\n");
+  expect_error<FileError>([&] { read_budget(root.string()); }, {"meminfo", "MemAvailable", "<n> kB"});
+}
+
+TEST(MemoryBudget, SizesAsUsersWriteThem) {
+  EXPECT_EQ(parse_size("6442450944", "memory_budget"), 6442450944);
+  EXPECT_EQ(parse_size("6GiB", "memory_budget"), 6442450944);
+  EXPECT_EQ(parse_size("6G", "memory_budget"), 6442450944);
+  EXPECT_EQ(parse_size("6gb", "memory_budget"), 6000000000);
+  EXPECT_EQ(parse_size("6.5GB", "memory_budget"), 6500000000);
+  EXPECT_EQ(parse_size("512MiB", "memory_budget"), 536870912);
+  EXPECT_EQ(parse_size("2 TiB", "memory_budget"), 2199023255552);
+  for (const char* bad : {"", "six", "6 parsecs", "-1GiB", "0", "1e30GB"})
+    expect_error<Error>([&] { parse_size(bad, "memory_budget"); }, {"memory_budget is '", "6GiB"});
+}
+
+// This machine's own: /proc/meminfo always has MemAvailable; its cgroup's limit where one is set
+// (printed, for the log).
+TEST(MemoryBudget, ThisMachinesLimitsAreRead) {
+  const MemoryBudget b = read_budget("/");
+  bool available = false;
+  for (const MemoryLimit& l : b.limits) {
+    std::cout << "  " << l.source << ": " << l.bytes << " bytes\n";
+    available |= l.source.rfind("MemAvailable", 0) == 0;
+    EXPECT_GT(l.bytes, 0) << l.source;
+  }
+  EXPECT_TRUE(available);
+}
+
+}  // namespace
+}  // namespace memrt::memory
