@@ -12,6 +12,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <tuple>
 
 #include "config/batch_triple.h"
 
@@ -138,6 +139,8 @@ const std::vector<std::pair<std::string, std::vector<std::string>>> kYamlKeys = 
     {"block_size", {"block_size", "sequence_len", "max_seq_length", "cutoff_len", "max_length"}},
     {"output_dir", {"output_dir"}},
     {"seed", {"seed"}},
+    {"memory_budget", {"memory_budget"}},
+    {"no_preflight", {"no_preflight"}},
     {"chunked_cross_entropy",
      {"chunked_cross_entropy", "use_liger_kernel", "enable_liger_kernel", "liger_fused_linear_cross_entropy"}},
     {"logging_steps", {"logging_steps"}},
@@ -695,6 +698,12 @@ void Loader::resolve_batch(const ConfigNode* tbs, const ConfigNode* mbs, const C
     cfg.seed = static_cast<uint64_t>(s);
   }
   if (const ConfigNode* x = yv("chunked_cross_entropy")) cfg.chunked_cross_entropy = x->as_bool();
+  if (const ConfigNode* x = yv("memory_budget"); x && !x->is_null()) {
+    const std::optional<int64_t> bytes = x->is_string() ? parse_size(x->as_string()) : parse_size(x->to_json(0));
+    if (!bytes) throw x->error("is " + x->to_json(0) + ": write a size in bytes or with a unit, e.g. 6GiB, 6.5GB, 512MiB");
+    cfg.memory_budget = *bytes;
+  }
+  if (const ConfigNode* x = yv("no_preflight")) cfg.preflight = !x->as_bool();
   if (const ConfigNode* x = yv("resume_from_checkpoint")) {
     if (!(x->is_bool() && !x->as_bool())) {
       throw x->error("is not supported in train.yaml: resume with `launcher ... --resume` (newest "
@@ -2033,6 +2042,30 @@ void Loader::resolve_eval() {
 
 }  // namespace
 
+std::optional<int64_t> parse_size(const std::string& text) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  std::string unit = text.substr(used);
+  unit.erase(0, unit.find_first_not_of(' '));
+  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char c) { return std::tolower(c); });
+  double scale = unit.empty() || unit == "b" ? 1 : 0;
+  const double kib = 1024;
+  for (const auto& [letter, binary, decimal] : {std::tuple{"k", kib, 1e3}, {"m", kib * kib, 1e6},
+                                                {"g", kib * kib * kib, 1e9}, {"t", kib * kib * kib * kib, 1e12}}) {
+    const std::string p = letter;
+    if (unit == p || unit == p + "i" || unit == p + "ib") scale = binary;
+    if (unit == p + "b") scale = decimal;
+  }
+  const double bytes = v * scale;
+  if (scale == 0 || !std::isfinite(bytes) || !(bytes >= 1) || bytes > 9.2e18) return std::nullopt;
+  return static_cast<int64_t>(std::llround(bytes));
+}
+
 TrainConfig load_train_config(const ConfigSources& sources) {
   Loader loader(sources);
   loader.run();
@@ -2071,6 +2104,8 @@ std::string resolved_config_json(const TrainConfig& cfg) {
   root.set("seed", num(static_cast<double>(cfg.seed)));
   root.set("compute_dtype", str(cfg.compute_dtype));
   root.set("chunked_cross_entropy", ConfigNode::boolean(cfg.chunked_cross_entropy));
+  if (cfg.memory_budget > 0) root.set("memory_budget", num(static_cast<double>(cfg.memory_budget)));
+  root.set("preflight", ConfigNode::boolean(cfg.preflight));
   root.set("zero_stage", num(cfg.zero_stage));
 
   const OptimizerConfig& o = cfg.optimizer;

@@ -4,6 +4,8 @@
 // docs/configuration.md for the tables.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +23,12 @@ struct ConfigSources {
 // Reads, validates and resolves both files and the overrides. Throws ConfigError naming the file,
 // the key path, what was expected and how to fix it.
 TrainConfig load_train_config(const ConfigSources& sources);
+
+// A size as users write it: bytes ("6442450944"), or a number with a unit — binary K/Ki/KiB,
+// M/Mi/MiB, G/Gi/GiB, T/Ti/TiB (2^10 steps; bare K, M, G, T too, as memory tools read them) or
+// decimal KB, MB, GB, TB (10^3 steps), case-insensitive, "6.5GiB" allowed; none for anything else
+// or a size not above zero (train.yaml memory_budget).
+std::optional<int64_t> parse_size(const std::string& text);
 
 // What `launcher --print-config` prints: the resolved values (batch triple with its equation and N,
 // optimizer, scheduler, model, data, plugins with their options, warnings) as pretty JSON.

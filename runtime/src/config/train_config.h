@@ -275,6 +275,11 @@ struct TrainConfig {
   // The LM head and its loss a chunk of tokens at a time, the logits never whole
   // (ops::linear_cross_entropy_sum; docs/models.md, "The head and its loss").
   bool chunked_cross_entropy = false;
+  // The memory this host's ranks may use together (train.yaml memory_budget, bytes; 0: none) and
+  // whether set-up checks the estimate against it and the machine's limits first (--no_preflight
+  // skips it; docs/preflight.md).
+  int64_t memory_budget = 0;
+  bool preflight = true;
 
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;

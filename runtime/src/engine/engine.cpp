@@ -25,6 +25,7 @@
 
 #include "data/dataset.h"
 #include "data/progress.h"
+#include "engine/preflight.h"
 #include "engine/step_profile.h"
 #include "dist/process_group.h"
 #include "checkpoint/checkpoint_files.h"
@@ -288,6 +289,9 @@ void Engine::setup() {
     for (const std::string& w : diag.warnings) log_ << "warning: " << w << "\n";
     log_ << ops::describe_cpu_math() << "\nthreads: " << at::get_num_threads() << " per rank\n" << plugins_.describe();
   }
+
+  // Before a byte of the store or the model: will it fit? (docs/preflight.md)
+  if (cfg_.preflight) preflight(estimate_.table, cfg_, run_.device, *dist_);
 
   // The parameter store first: the estimate's plan, laid out on the model's shapes by every
   // plugin (plan_params, plan_store), so the run holds exactly what the estimate counted; every

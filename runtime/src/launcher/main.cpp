@@ -25,6 +25,7 @@
 #include "dist/local_launch.h"
 #include "dist/process_group.h"
 #include "engine/engine.h"
+#include "engine/preflight.h"
 #include "memrt/safetensors.h"
 #include "memory/tracking_allocator.h"
 #include "memrt/build_info.h"
@@ -340,6 +341,9 @@ int main(int argc, char** argv) {
     return run(argc, argv);
   } catch (const po::error& e) {
     std::cerr << "error: " << e.what() << "\n" << kUsage;
+  } catch (const memrt::PreflightError& e) {  // refused before allocating: the caller may retry changed
+    std::cerr << "error: " << e.what() << "\n";
+    return 2;
   } catch (const memrt::Error& e) {
     std::cerr << "error: " << e.what() << "\n";
   } catch (const c10::Error& e) {

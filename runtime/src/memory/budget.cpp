@@ -3,11 +3,9 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <tuple>
 #include <utility>
 
 #include "memrt/error.h"
@@ -108,34 +106,6 @@ MemoryBudget read_budget(const std::string& root_dir) {
     out.limits.push_back({static_cast<int64_t>(kb) * 1024, "MemAvailable (" + (root / "proc/meminfo").string() + ")"});
   }
   return out;
-}
-
-int64_t parse_size(const std::string& text, const std::string& what) {
-  auto bad = [&] {
-    return Error(what + " is '" + text + "': write a size in bytes or with a unit, e.g. 6GiB, 6.5GB, 512MiB");
-  };
-  size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception&) {
-    throw bad();
-  }
-  std::string unit = text.substr(used);
-  unit.erase(0, unit.find_first_not_of(' '));
-  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char c) { return std::tolower(c); });
-  double scale = 0;
-  if (unit.empty() || unit == "b") scale = 1;
-  for (const auto& [names, binary, decimal] :
-       {std::tuple{"k", 1024.0, 1e3}, {"m", 1024.0 * 1024, 1e6}, {"g", 1024.0 * 1024 * 1024, 1e9},
-        {"t", 1024.0 * 1024 * 1024 * 1024, 1e12}}) {
-    const std::string p = names;
-    if (unit == p || unit == p + "i" || unit == p + "ib") scale = binary;
-    if (unit == p + "b") scale = decimal;
-  }
-  const double bytes = v * scale;
-  if (scale == 0 || !(bytes >= 1) || !std::isfinite(bytes) || bytes > 9.2e18) throw bad();
-  return static_cast<int64_t>(std::llround(bytes));
 }
 
 }  // namespace memrt::memory

@@ -29,10 +29,4 @@ struct MemoryBudget {
 // to pages, likewise); a malformed value is a memrt::FileError naming the file and the value.
 MemoryBudget read_budget(const std::string& root = "/");
 
-// A size as users write it: bytes ("6442450944"), or a number with a unit — binary K/Ki/KiB,
-// M/Mi/MiB, G/Gi/GiB, T/Ti/TiB (2^10 steps; a bare K, M, G, T too, as sizes in memory tools are
-// read) or decimal KB, MB, GB, TB (10^3 steps), case-insensitive, "6.5GiB" allowed. Anything
-// else, or a size not above zero, is a memrt::Error naming `what` and the text.
-int64_t parse_size(const std::string& text, const std::string& what);
-
 }  // namespace memrt::memory
