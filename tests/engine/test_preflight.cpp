@@ -51,6 +51,8 @@ TEST(Preflight, ARunThatWouldNotFitIsRefusedBeforeItAllocatesAndTheRanksOfAHostA
   const std::string budget = "--memory_budget=" + std::to_string(need * 3 / 2);
   const RunResult one = launch(1, budget);
   EXPECT_EQ(one.exit_code, 0) << one.out;
+  EXPECT_NE(one.out.find("memory pre-flight: this host's 1 rank(s) need an estimated "), std::string::npos) << one.out;
+  EXPECT_NE(one.out.find("allowed by memory_budget"), std::string::npos) << one.out;
   const RunResult two = launch(2, budget);
   EXPECT_EQ(two.exit_code, 2) << two.out;
   EXPECT_NE(two.out.find("this host's 2 rank(s) need"), std::string::npos) << two.out;

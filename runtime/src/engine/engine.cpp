@@ -291,7 +291,10 @@ void Engine::setup() {
   }
 
   // Before a byte of the store or the model: will it fit? (docs/preflight.md)
-  if (cfg_.preflight) preflight(estimate_.table, cfg_, run_.device, *dist_);
+  if (cfg_.preflight) {
+    const std::string fits = preflight(estimate_.table, cfg_, run_.device, *dist_);
+    if (main) log_ << fits << "\n";
+  }
 
   // The parameter store first: the estimate's plan, laid out on the model's shapes by every
   // plugin (plan_params, plan_store), so the run holds exactly what the estimate counted; every

@@ -32,7 +32,7 @@ int64_t host_id() {
 
 }  // namespace
 
-void preflight(const memory::Table& estimate, const TrainConfig& cfg, const c10::Device& device,
+std::string preflight(const memory::Table& estimate, const TrainConfig& cfg, const c10::Device& device,
                Communicator& comm) {
   // Each rank's row: its estimated peak in host memory (what it will still allocate), its resident
   // memory now (LibTorch, the data: what it holds already) and its host; summed, every rank has
@@ -56,16 +56,20 @@ void preflight(const memory::Table& estimate, const TrainConfig& cfg, const c10:
   if (cfg.memory_budget > 0) budget.limits.push_back({cfg.memory_budget, "memory_budget (train.yaml or --memory_budget)"});
   // MemAvailable is what the host has left beside what this job holds already: the growth goes
   // against it; every other limit bounds the whole.
+  // The limit with the least room left; over it, the run is refused.
   std::optional<memory::MemoryLimit> over;
   int64_t over_need = 0;
   for (const memory::MemoryLimit& l : budget.limits) {
     const int64_t need = l.source.rfind("MemAvailable", 0) == 0 ? host_growth : host_growth + host_resident;
-    if (need > l.bytes && (!over || l.bytes - need < over->bytes - over_need)) {
+    if (!over || l.bytes - need < over->bytes - over_need) {
       over = l;
       over_need = need;
     }
   }
-  if (!over) return;
+  if (!over) return "memory pre-flight: no limit found (no cgroup limit, no MemAvailable, no memory_budget)";
+  if (over_need <= over->bytes)
+    return "memory pre-flight: this host's " + std::to_string(ranks) + " rank(s) need an estimated " + mb(over_need) +
+           " of " + mb(over->bytes) + " allowed by " + over->source;
 
   std::string cells;
   for (memory::Category c : memory::all_categories()) {

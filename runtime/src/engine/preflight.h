@@ -24,8 +24,9 @@ class PreflightError : public Error {
 // run; the host cells on an accelerator, whose own memory is not checked yet), plus its resident
 // memory now (LibTorch, the data), summed over the ranks of its host, against each limit of
 // read_budget("/") — MemAvailable against the growth alone, the others against the whole — and
-// cfg.memory_budget. Throws PreflightError on every rank of a host over a limit.
-void preflight(const memory::Table& estimate, const TrainConfig& cfg, const c10::Device& device,
+// cfg.memory_budget. Throws PreflightError on every rank of a host over a limit; else returns one
+// line for the log: the need and the limit with the least room, and where it came from.
+std::string preflight(const memory::Table& estimate, const TrainConfig& cfg, const c10::Device& device,
                Communicator& comm);
 
 }  // namespace memrt
