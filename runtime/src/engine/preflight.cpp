@@ -3,10 +3,8 @@
 
 #include <unistd.h>
 
-#include <cstdio>
 #include <functional>
 #include <optional>
-#include <vector>
 
 #include <ATen/ATen.h>
 
@@ -16,12 +14,6 @@
 
 namespace memrt {
 namespace {
-
-std::string mb(int64_t bytes) {
-  char buf[48];
-  std::snprintf(buf, sizeof buf, "%.3f MB", static_cast<double>(bytes) / 1e6);
-  return buf;
-}
 
 // This host's name, hashed into 53 bits (exact in a double, summed over ranks as an integer).
 int64_t host_id() {
@@ -68,20 +60,20 @@ std::string preflight(const memory::Table& estimate, const TrainConfig& cfg, con
   }
   if (!over) return "memory pre-flight: no limit found (no cgroup limit, no MemAvailable, no memory_budget)";
   if (over_need <= over->bytes)
-    return "memory pre-flight: this host's " + std::to_string(ranks) + " rank(s) need an estimated " + mb(over_need) +
-           " of " + mb(over->bytes) + " allowed by " + over->source;
+    return "memory pre-flight: this host's " + std::to_string(ranks) + " rank(s) need an estimated " + megabytes(over_need) +
+           " of " + megabytes(over->bytes) + " allowed by " + over->source;
 
   std::string cells;
   for (memory::Category c : memory::all_categories()) {
     const int64_t b = estimate.category(c);
-    if (b != 0) cells += std::string(cells.empty() ? "" : ", ") + memory::to_string(c) + " " + mb(b);
+    if (b != 0) cells += std::string(cells.empty() ? "" : ", ") + memory::to_string(c) + " " + megabytes(b);
   }
   throw PreflightError(
       "this run would not fit in memory, so it did not start: this host's " + std::to_string(ranks) +
-      " rank(s) need an estimated " + std::to_string(over_need) + " B (" + mb(over_need) + ") at their peak, more than " +
-      over->source + " allows: " + std::to_string(over->bytes) + " B (" + mb(over->bytes) + "). Rank " +
-      std::to_string(comm.rank()) + "'s estimated peak " + mb(growth) + " = " + cells + "; resident at set-up " +
-      mb(resident) + ". Nothing was allocated (the allocator's peak so far: " +
+      " rank(s) need an estimated " + std::to_string(over_need) + " B (" + megabytes(over_need) + ") at their peak, more than " +
+      over->source + " allows: " + std::to_string(over->bytes) + " B (" + megabytes(over->bytes) + "). Rank " +
+      std::to_string(comm.rank()) + "'s estimated peak " + megabytes(growth) + " = " + cells + "; resident at set-up " +
+      megabytes(resident) + ". Nothing was allocated (the allocator's peak so far: " +
       std::to_string(memory::allocator_stats().peak_bytes) + " B). Make a rank hold less — activation "
       "checkpointing, a smaller micro-batch with more accumulation, bf16, an 8-bit or 4-bit optimizer, "
       "offload_optimizer, a higher ZeRO stage over more ranks (`launcher --estimate` prints the plan per "
