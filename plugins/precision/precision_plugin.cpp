@@ -116,12 +116,10 @@ class PrecisionPlugin final : public memrt::Plugin {
     if (e.run->shape.arch == "llama")
       t.at(Category::kOther) -= 2 * e.run->block_size * e.run->shape.head_dim() * (4 - b);
 
-    // Activations in the compute dtype, at the same backward candidate as the plan before.
-    // What plugins before this one added to a block (the tensors their own modules keep, LoRA's
-    // dropout) is in the old compute dtype: it is kept, scaled to the new one.
-    const bool at_loss = e.activations.backward_peak == e.activations.backward_at_loss;
-    const bool at_embedding = !at_loss && e.activations.embedding_trains &&
-                              e.activations.backward_peak == e.activations.backward_in_embedding;
+    // Activations in the compute dtype, backward's candidate chosen again in it (the head's fp32
+    // gradients at the loss keep their size, a block's halve). What plugins before this one added
+    // to a block (the tensors their own modules keep, LoRA's dropout) is in the old compute dtype:
+    // it is kept, scaled to the new one.
     const memrt::memory::ActivationEstimate host = memrt::memory::activation_estimate(
         e.run->shape, e.run->micro_batch_size, e.run->block_size, e.compute_dtype, e.params,
         e.run->chunked_cross_entropy);
@@ -133,17 +131,13 @@ class PrecisionPlugin final : public memrt::Plugin {
                                                        e.run->chunked_cross_entropy);
     for (size_t i = 0; i < before.size() && i < host.per_block.size(); ++i)
       e.activations.per_block[i] += (before[i] - host.per_block[i]) / old_width * b;
-    e.activations.backward_peak = at_loss        ? e.activations.backward_at_loss
-                                  : at_embedding ? e.activations.backward_in_embedding
-                                                 : e.activations.backward_in_last_block;
     if (scaler_) {
       e.activations.head += 4;  // the scaled loss backward starts from
       // A chunked head's first candidate is inside its chunks, in forward: the loss is not scaled yet.
-      if (e.run->chunked_cross_entropy) {
-        e.activations.backward_at_loss -= 4;
-        if (at_loss) e.activations.backward_peak -= 4;
-      }
+      if (e.run->chunked_cross_entropy) e.activations.backward_at_loss -= 4;
     }
+    // Gradients accumulated in fp32 go into the store's flat buffer as autograd hands them over.
+    e.choose_backward_peak(accumulate_fp32_ ? 0 : b);
     if (accumulate_fp32_) {
       // Each 16-bit gradient goes into the store's flat fp32 gradient (its cells come from the
       // plan) the moment autograd hands it over: none is alive beside it, in backward or at the

@@ -394,15 +394,15 @@ class ZeroPlugin final : public memrt::Plugin {
     const memrt::StorePlan& plan = ctx.store->plan();
     for (int g = 0; g < static_cast<int>(plan.groups().size()); ++g) {
       const memrt::ElementRange r = plan.segment_range(g, ctx.index);
-      if (!r.empty() && compute_partitioned(plan, g)) it->second.push_back({g, r, {}});
+      if (!r.empty() && compute_partitioned(plan, g)) it->second.push_back({g, r, {}, -1, {}});
     }
     for (int slot : ctx.shared) {
       const int g = plan.slots()[static_cast<size_t>(slot)].group;
-      if (g >= 0 && compute_partitioned(plan, g)) it->second.push_back({g, plan.range(slot), {}});
+      if (g >= 0 && compute_partitioned(plan, g)) it->second.push_back({g, plan.range(slot), {}, -1, {}});
     }
     for (const std::vector<int>* slots : {&ctx.slots, &ctx.shared})
       for (int slot : *slots)
-        if (frozen_partitioned(plan, slot)) it->second.push_back({-1, {0, plan.slots()[static_cast<size_t>(slot)].numel}, {}, slot});
+        if (frozen_partitioned(plan, slot)) it->second.push_back({-1, {0, plan.slots()[static_cast<size_t>(slot)].numel}, {}, slot, {}});
     return it->second;
   }
 

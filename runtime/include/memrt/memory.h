@@ -192,6 +192,12 @@ struct MemoryEstimate {
   // Gradient elements alive at backward's peak (the host's plan: all of them when accumulating,
   // else those handed over by then). A plugin that changes the gradients' dtype scales these.
   int64_t backward_grad_elements = 0;
+  // ABI 2.19: the gradient elements alive at each of backward's candidates (the host's plan: all
+  // of them when accumulating; else at the loss none, in the last block those of the final segment
+  // and of the block's last projection, in the embedding's backward all but its own).
+  int64_t grad_elements_at_loss = 0;
+  int64_t grad_elements_in_last_block = 0;
+  int64_t grad_elements_in_embedding = 0;
   // Whether the peak is in backward (else in the optimizer step, every gradient alive).
   bool peak_in_backward = true;
   Table table;
@@ -202,6 +208,13 @@ struct MemoryEstimate {
 
   // A plugin that changes the activation terms calls this to re-derive table's activations cell.
   void refresh_activations(Placement placement = Placement::kDevice);
+  // ABI 2.19: picks backward's candidate at the peak as the host's plan does — the largest of each
+  // candidate's activations plus its gradients at `grad_bytes` per element (the loss's on a tie,
+  // the embedding's only when larger) — and sets activations.backward_peak and
+  // backward_grad_elements. A plugin that re-derives the activations (another compute dtype)
+  // calls it: which candidate is largest can change with the dtype (the head's fp32 gradients do
+  // not shrink in 16 bits, a block's do).
+  void choose_backward_peak(int64_t grad_bytes);
 };
 
 // A named contribution to the estimate: what one plugin (or the host) changed.

@@ -463,12 +463,13 @@ class Plugin {
 // kPartition), ParamStore::attach / release). 2.14: memory::activations_op_by_op. 2.15:
 // SegmentContext::store. 2.16: ParamStore(plan, device), adopt, finish. 2.17: partitioned frozen
 // weights (FrozenLayout::extent kPartition, StorePlan::frozen_partition, ParamStore::attach_frozen /
-// release_frozen). 2.18: Communicator::broadcast_async (ZeRO-3's prefetch). The host refuses a plugin whose ABI major differs, whose ABI minor is
+// release_frozen). 2.18: Communicator::broadcast_async (ZeRO-3's prefetch). 2.19:
+// MemoryEstimate's gradient elements per backward candidate and choose_backward_peak. The host refuses a plugin whose ABI major differs, whose ABI minor is
 // newer than the host's, or whose
 // LibTorch version, C++ ABI flag or CUDA flag differ from its own — plugins pass at::Tensor and
 // nn::Module across the boundary, the same contract as PyTorch C++ extensions.
 #define MEMRT_PLUGIN_ABI_MAJOR 2
-#define MEMRT_PLUGIN_ABI_MINOR 18
+#define MEMRT_PLUGIN_ABI_MINOR 19
 #define MEMRT_PLUGIN_ENTRY_SYMBOL "memrt_plugin_entry"
 
 extern "C" {

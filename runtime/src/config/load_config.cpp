@@ -322,6 +322,25 @@ std::vector<std::string> replaced_keys(const std::string& key) {
   return replaced;
 }
 
+// Sets the dotted `key` of `root` to `node`, making the blocks on the way (whose errors name `file`);
+// a train.yaml key (`yaml_spellings`) replaces the key under every spelling, as setting the key
+// itself would.
+void set_key(ConfigNode& root, const std::string& key, ConfigNode node, const std::string& file, bool yaml_spellings) {
+  if (root.is_null()) root = ConfigNode::object(file, "");
+  if (yaml_spellings)
+    for (const std::string& replaced : replaced_keys(key)) root.erase(replaced);
+  ConfigNode* parent = &root;
+  size_t start = 0;
+  for (size_t dot = key.find('.'); dot != std::string::npos; dot = key.find('.', start)) {
+    const std::string part = key.substr(start, dot - start);
+    ConfigNode* child = parent->find(part);
+    if (!child || !child->is_object()) child = &parent->set(part, ConfigNode::object(file, key.substr(0, dot)));
+    parent = child;
+    start = dot + 1;
+  }
+  parent->set(key.substr(start), std::move(node));
+}
+
 // Applies "--key=value" / "--key value" words to the train.yaml tree. Dotted keys reach into
 // blocks ("--model.n_layer=2"). An override replaces the key under every spelling, as it would
 // replace the key itself: `--model_name_or_path=D` over axolotl's `base_model: E` trains D.
@@ -344,22 +363,15 @@ void apply_overrides(ConfigNode& ty, const std::vector<std::string>& words) {
       value = "true";  // a bare flag, as Hugging Face's argument parser reads `--bf16`
     }
     if (key.empty()) throw ConfigError(kCommandLine, "", "empty key in '" + w + "'");
-    ConfigNode node = parse_yaml_value(value, kCommandLine, key);
-    if (ty.is_null()) ty = ConfigNode::object(kCommandLine, "");
-    for (const std::string& replaced : replaced_keys(key)) ty.erase(replaced);
-    ConfigNode* parent = &ty;
-    size_t start = 0;
-    for (size_t dot = key.find('.'); dot != std::string::npos; dot = key.find('.', start)) {
-      const std::string part = key.substr(start, dot - start);
-      ConfigNode* child = parent->find(part);
-      if (!child || !child->is_object()) {
-        child = &parent->set(part, ConfigNode::object(kCommandLine, key.substr(0, dot)));
-      }
-      parent = child;
-      start = dot + 1;
-    }
-    parent->set(key.substr(start), std::move(node));
+    set_key(ty, key, parse_yaml_value(value, kCommandLine, key), kCommandLine, true);
   }
+}
+
+// Applies the memory advisor's edits (ConfigEdit) of one file to its tree, after the overrides.
+void apply_edits(ConfigNode& tree, ConfigEdit::File file, const std::string& name, const std::vector<ConfigEdit>& edits) {
+  const bool yaml = file == ConfigEdit::File::kTrainYaml;
+  for (const ConfigEdit& e : edits)
+    if (e.file == file) set_key(tree, e.key, e.value, yaml ? kCommandLine : name, yaml);
 }
 
 // ---- the loader -------------------------------------------------------------------------------
@@ -424,6 +436,7 @@ void Loader::read_inputs() {
   }
   yaml_file = src.train_yaml_path.empty() ? std::string("train.yaml") : src.train_yaml_path;
   apply_overrides(ty, src.overrides);
+  apply_edits(ty, ConfigEdit::File::kTrainYaml, yaml_file, src.edits);
   y = read_yaml(ty, diag);
   cfg.train_yaml = ty;
   cfg.train_yaml_path = src.train_yaml_path;
@@ -449,6 +462,7 @@ void Loader::read_inputs() {
     ds = parse_json_file(path);
     if (!ds.is_object()) throw ConfigError(path, "", "expected a JSON object at the top, found " + ds.describe());
   }
+  apply_edits(ds, ConfigEdit::File::kDsConfig, path, src.edits);
   cfg.ds_config = ds;
   cfg.ds_config_path = path;
 }
@@ -458,6 +472,7 @@ void Loader::run() {
     throw ConfigError(kCommandLine, "world_size", "must be at least 1, got " + std::to_string(src.world_size));
   }
   cfg.world_size = src.world_size;
+  cfg.sources = src;
   read_inputs();
 
   ConfigReader dr(ds, diag);

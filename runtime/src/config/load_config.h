@@ -13,13 +13,6 @@
 
 namespace memrt {
 
-struct ConfigSources {
-  std::string ds_config_path;   // may be empty: no ds_config (or train.yaml's `deepspeed:` key)
-  std::string train_yaml_path;  // may be empty: no train.yaml
-  std::vector<std::string> overrides;  // the command-line words after the yaml: "--max_steps=20" or "--max_steps" "20"
-  int world_size = 1;                  // data-parallel ranks
-};
-
 // Reads, validates and resolves both files and the overrides. Throws ConfigError naming the file,
 // the key path, what was expected and how to fix it.
 TrainConfig load_train_config(const ConfigSources& sources);

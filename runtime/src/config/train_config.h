@@ -14,6 +14,26 @@
 
 namespace memrt {
 
+// One key set in one of the run's two files, as a user would edit it there (the memory advisor's
+// changes, docs/preflight.md): a dotted key path ("zero_optimization.offload_optimizer.device",
+// "gradient_checkpointing_kwargs.every_n_blocks"); a train.yaml key replaces every spelling of it,
+// as a command-line override does.
+struct ConfigEdit {
+  enum class File { kDsConfig, kTrainYaml };
+  File file = File::kTrainYaml;
+  std::string key;
+  ConfigNode value;
+};
+
+// Where a run's configuration comes from.
+struct ConfigSources {
+  std::string ds_config_path;   // may be empty: no ds_config (or train.yaml's `deepspeed:` key)
+  std::string train_yaml_path;  // may be empty: no train.yaml
+  std::vector<std::string> overrides;  // the command-line words after the yaml: "--max_steps=20" or "--max_steps" "20"
+  std::vector<ConfigEdit> edits;       // applied after the overrides
+  int world_size = 1;                  // data-parallel ranks
+};
+
 // One of axolotl's `lr_groups`: the decaying parameters whose name contains one of `modules`
 // train at learning rate `lr` (relative to the optimizer's, the schedule scales both alike).
 struct LrGroup {
@@ -229,6 +249,7 @@ struct PluginSpec {
 struct TrainConfig {
   std::string ds_config_path;
   std::string train_yaml_path;
+  ConfigSources sources;  // what it was loaded from, to load it again changed (the memory advisor)
 
   // Batch triple, consistent: train_batch_size == micro_batch_size * grad_accum_steps * world_size.
   int64_t train_batch_size = 0;

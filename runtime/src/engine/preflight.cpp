@@ -8,6 +8,7 @@
 
 #include <ATen/ATen.h>
 
+#include "engine/advisor.h"
 #include "memory/budget.h"
 #include "memory/report.h"
 #include "memory/tracking_allocator.h"
@@ -24,60 +25,84 @@ int64_t host_id() {
 
 }  // namespace
 
-std::string preflight(const memory::Table& estimate, const TrainConfig& cfg, const c10::Device& device,
-               Communicator& comm) {
-  // Each rank's row: its estimated peak in host memory (what it will still allocate), its resident
-  // memory now (LibTorch, the data: what it holds already) and its host; summed, every rank has
-  // every row.
-  const int64_t growth = device.is_cpu() ? estimate.total() : estimate.placement(memory::Placement::kHost);
-  const int64_t resident = current_rss_bytes();
-  at::Tensor rows = at::zeros({comm.world_size(), 3}, at::kLong);  // (ranks, 3)
-  rows[comm.rank()][0] = growth;
-  rows[comm.rank()][1] = resident;
-  rows[comm.rank()][2] = host_id();
-  comm.all_reduce_sum(rows);
-  int64_t host_growth = 0, host_resident = 0, ranks = 0;
-  for (int r = 0; r < comm.world_size(); ++r) {
-    if (rows[r][2].item<int64_t>() != rows[comm.rank()][2].item<int64_t>()) continue;
-    host_growth += rows[r][0].item<int64_t>();
-    host_resident += rows[r][1].item<int64_t>();
-    ++ranks;
-  }
+int64_t host_growth(const memory::Table& estimate, const c10::Device& device) {
+  return device.is_cpu() ? estimate.total() : estimate.placement(memory::Placement::kHost);
+}
 
-  memory::MemoryBudget budget = memory::read_budget("/");
-  if (cfg.memory_budget > 0) budget.limits.push_back({cfg.memory_budget, "memory_budget (train.yaml or --memory_budget)"});
-  // MemAvailable is what the host has left beside what this job holds already: the growth goes
-  // against it; every other limit bounds the whole.
-  // The limit with the least room left; over it, the run is refused.
-  std::optional<memory::MemoryLimit> over;
-  int64_t over_need = 0;
-  for (const memory::MemoryLimit& l : budget.limits) {
-    const int64_t need = l.source.rfind("MemAvailable", 0) == 0 ? host_growth : host_growth + host_resident;
-    if (!over || l.bytes - need < over->bytes - over_need) {
-      over = l;
-      over_need = need;
-    }
+std::optional<Tightest> tightest(const HostMemory& host, int64_t growth) {
+  std::optional<Tightest> out;
+  for (const memory::MemoryLimit& l : host.limits) {
+    const int64_t need = l.source.rfind("MemAvailable", 0) == 0 ? growth : growth + host.resident;
+    if (!out || l.bytes - need < out->limit.bytes - out->need) out = Tightest{l, need};
   }
-  if (!over) return "memory pre-flight: no limit found (no cgroup limit, no MemAvailable, no memory_budget)";
-  if (over_need <= over->bytes)
-    return "memory pre-flight: this host's " + std::to_string(ranks) + " rank(s) need an estimated " + megabytes(over_need) +
-           " of " + megabytes(over->bytes) + " allowed by " + over->source;
+  return out;
+}
 
+std::vector<memory::MemoryLimit> host_limits(int64_t memory_budget) {
+  std::vector<memory::MemoryLimit> limits = memory::read_budget("/").limits;
+  if (memory_budget > 0) limits.push_back({memory_budget, "memory_budget (train.yaml or --memory_budget)"});
+  return limits;
+}
+
+Verdict judge(const HostMemory& host, int64_t growth, const memory::Table& estimate, int rank,
+              const ConfigSources& sources) {
+  Verdict v;
+  const std::string ranks = std::to_string(host.ranks.size());
+  const std::optional<Tightest> t = tightest(host, growth);
+  if (!t) {
+    v.line = "memory pre-flight: no limit found (no cgroup limit, no MemAvailable, no memory_budget)";
+    return v;
+  }
+  if (t->fits()) {
+    v.line = "memory pre-flight: this host's " + ranks + " rank(s) need an estimated " + megabytes(t->need) + " of " +
+             megabytes(t->limit.bytes) + " allowed by " + t->limit.source;
+    return v;
+  }
+  v.fits = false;
   std::string cells;
   for (memory::Category c : memory::all_categories()) {
     const int64_t b = estimate.category(c);
     if (b != 0) cells += std::string(cells.empty() ? "" : ", ") + memory::to_string(c) + " " + megabytes(b);
   }
-  throw PreflightError(
-      "this run would not fit in memory, so it did not start: this host's " + std::to_string(ranks) +
-      " rank(s) need an estimated " + std::to_string(over_need) + " B (" + megabytes(over_need) + ") at their peak, more than " +
-      over->source + " allows: " + std::to_string(over->bytes) + " B (" + megabytes(over->bytes) + "). Rank " +
-      std::to_string(comm.rank()) + "'s estimated peak " + megabytes(growth) + " = " + cells + "; resident at set-up " +
-      megabytes(resident) + ". Nothing was allocated (the allocator's peak so far: " +
-      std::to_string(memory::allocator_stats().peak_bytes) + " B). Make a rank hold less — activation "
-      "checkpointing, a smaller micro-batch with more accumulation, bf16, an 8-bit or 4-bit optimizer, "
-      "offload_optimizer, a higher ZeRO stage over more ranks (`launcher --estimate` prints the plan per "
-      "rank; docs/preflight.md) — or start anyway with --no_preflight");
+  v.line = "this host's " + ranks + " rank(s) need an estimated " + std::to_string(t->need) + " B (" +
+           megabytes(t->need) + ") at their peak, more than " + t->limit.source + " allows: " +
+           std::to_string(t->limit.bytes) + " B (" + megabytes(t->limit.bytes) + "). Rank " + std::to_string(rank) +
+           "'s estimated peak " + megabytes(estimate.total()) + " = " + cells + "; the host's ranks hold " +
+           megabytes(host.resident) + " already (resident).";
+  v.advice = sources.train_yaml_path.empty() && sources.ds_config_path.empty()
+                 ? "Make a rank hold less (docs/preflight.md)."
+                 : advice_text(advise(sources, host), sources);
+  return v;
+}
+
+std::string preflight(const memory::Table& estimate, const TrainConfig& cfg, const c10::Device& device,
+                      Communicator& comm) {
+  // Each rank's row: its estimated peak in host memory (what it will still allocate), its resident
+  // memory now (LibTorch, the data: what it holds already) and its host; summed, every rank has
+  // every row.
+  at::Tensor rows = at::zeros({comm.world_size(), 3}, at::kLong);  // (ranks, 3)
+  rows[comm.rank()][0] = host_growth(estimate, device);
+  rows[comm.rank()][1] = current_rss_bytes();
+  rows[comm.rank()][2] = host_id();
+  comm.all_reduce_sum(rows);
+  HostMemory host;
+  host.world_size = comm.world_size();
+  host.device = device;
+  int64_t growth = 0;
+  for (int r = 0; r < comm.world_size(); ++r) {
+    if (rows[r][2].item<int64_t>() != rows[comm.rank()][2].item<int64_t>()) continue;
+    growth += rows[r][0].item<int64_t>();
+    host.resident += rows[r][1].item<int64_t>();
+    host.ranks.push_back(r);
+  }
+  host.limits = host_limits(cfg.memory_budget);
+  // What the allocator holds before the advisor's estimates: nothing of the model, nothing of the store.
+  const int64_t allocated = memory::allocator_stats().peak_bytes;
+  const Verdict v = judge(host, growth, estimate, comm.rank(), cfg.sources);
+  if (v.fits) return v.line;
+  throw PreflightError("this run would not fit in memory, so it did not start: " + v.line +
+                       " Nothing was allocated (the allocator's peak so far: " + std::to_string(allocated) + " B).\n" +
+                       v.advice + "\nOr start anyway with --no_preflight.");
 }
 
 }  // namespace memrt

@@ -1,12 +1,16 @@
 // Pre-flight (docs/preflight.md): before a rank allocates its store or its model, this host's ranks'
 // estimated peaks against the memory they may use — the cgroup's limits, MemAvailable and
 // memory_budget. A run that will not fit is refused with PreflightError (the launcher's exit code
-// 2), nothing allocated, rather than killed by the kernel's OOM killer mid-run.
+// 2), nothing allocated, rather than killed by the kernel's OOM killer mid-run; the refusal names
+// the config changes that would fit (engine/advisor.h).
 #pragma once
 
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "config/train_config.h"
+#include "memory/budget.h"
 #include "memrt/comm.h"
 #include "memrt/error.h"
 #include "memrt/memory.h"
@@ -20,13 +24,50 @@ class PreflightError : public Error {
   using Error::Error;
 };
 
-// Every rank calls it (a collective): each rank's estimated peak in host memory (all of it on a CPU
-// run; the host cells on an accelerator, whose own memory is not checked yet), plus its resident
-// memory now (LibTorch, the data), summed over the ranks of its host, against each limit of
-// read_budget("/") — MemAvailable against the growth alone, the others against the whole — and
-// cfg.memory_budget. Throws PreflightError on every rank of a host over a limit; else returns one
-// line for the log: the need and the limit with the least room, and where it came from.
+// This host as pre-flight sees it: its ranks, what they hold already, the limits they share.
+struct HostMemory {
+  std::vector<int> ranks;  // the ranks on this host, ascending
+  int world_size = 1;
+  int64_t resident = 0;    // their resident memory (RSS) at set-up, summed
+  std::vector<memory::MemoryLimit> limits;  // read_budget("/")'s and memory_budget
+  c10::Device device = c10::kCPU;
+};
+
+// What a rank's estimate adds to its host's memory: all of it on a CPU run, its host cells on an
+// accelerator (whose own memory is not checked yet).
+int64_t host_growth(const memory::Table& estimate, const c10::Device& device);
+
+// The host's need against the limit with the least room left: MemAvailable's need is the ranks'
+// growth alone (what they hold already is not available memory), every other limit's the growth
+// plus what they hold. None when there is no limit.
+struct Tightest {
+  memory::MemoryLimit limit;
+  int64_t need = 0;
+  bool fits() const { return need <= limit.bytes; }
+};
+std::optional<Tightest> tightest(const HostMemory& host, int64_t growth);
+
+// The limits a host's ranks share: read_budget("/")'s, and `memory_budget` when above zero.
+std::vector<memory::MemoryLimit> host_limits(int64_t memory_budget);
+
+// One host's verdict for `growth` (its ranks' summed): when it fits, `line` is the log's line (the
+// need against the limit with the least room, and where it came from); when not, `line` gives the
+// need, that limit and `rank`'s `estimate` by category, and `advice` the changes that would fit
+// (engine/advisor.h, for the config `sources` name).
+struct Verdict {
+  bool fits = true;
+  std::string line;
+  std::string advice;
+};
+Verdict judge(const HostMemory& host, int64_t growth, const memory::Table& estimate, int rank,
+              const ConfigSources& sources);
+
+// Every rank calls it (a collective): each rank's growth plus its RSS now, summed over the ranks of
+// its host, against each limit of read_budget("/") and cfg.memory_budget. Throws PreflightError on
+// every rank of a host over a limit, with the advisor's changes that fit (computed from
+// cfg.sources); else returns one line for the log: the need and the limit with the least room, and
+// where it came from.
 std::string preflight(const memory::Table& estimate, const TrainConfig& cfg, const c10::Device& device,
-               Communicator& comm);
+                      Communicator& comm);
 
 }  // namespace memrt

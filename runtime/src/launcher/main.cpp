@@ -27,6 +27,7 @@
 #include "engine/engine.h"
 #include "engine/preflight.h"
 #include "memrt/safetensors.h"
+#include "memory/report.h"
 #include "memory/tracking_allocator.h"
 #include "memrt/build_info.h"
 #include "plugin/plugin_host.h"
@@ -207,7 +208,26 @@ int estimate(const Args& args) {
   std::filesystem::create_directories(cfg.output_dir);
   memrt::write_file_atomic(path.string(), memrt::memory_estimate_json(by_world_size));
   std::cout << "written: " << path.string() << "\n";
-  return 0;
+
+  // Pre-flight for num_procs ranks on this host (docs/preflight.md), each holding at set-up what
+  // this process holds now (LibTorch and the plugins loaded; a run adds its data): the advisor's
+  // changes when it would not fit. Exit code 2 then, as the run's refusal.
+  memrt::HostMemory host;
+  host.world_size = args.num_procs;
+  int64_t growth = 0;
+  for (int r = 0; r < args.num_procs; ++r) {
+    host.ranks.push_back(r);
+    growth += memrt::host_growth(by_world_size.back()[static_cast<size_t>(r)].table, run.device);
+  }
+  host.resident = memrt::current_rss_bytes() * args.num_procs;
+  host.limits = memrt::host_limits(cfg.memory_budget);
+  const memrt::Verdict v = memrt::judge(host, growth, by_world_size.back().front().table, 0, cfg.sources);
+  if (v.fits) {
+    std::cout << v.line << "\n";
+    return 0;
+  }
+  std::cout << "memory pre-flight: this run would not fit in memory: " << v.line << "\n" << v.advice << "\n";
+  return 2;
 }
 
 int run(int argc, char** argv) {

@@ -27,6 +27,19 @@ void MemoryEstimate::refresh_activations(Placement placement) {
   table.at(Category::kActivations, placement) = activations.total();
 }
 
+void MemoryEstimate::choose_backward_peak(int64_t grad_bytes) {
+  ActivationEstimate& a = activations;
+  const int64_t at_loss = a.backward_at_loss + grad_elements_at_loss * grad_bytes;
+  const int64_t in_block = a.backward_in_last_block + grad_elements_in_last_block * grad_bytes;
+  const bool loss = at_loss >= in_block;
+  a.backward_peak = loss ? a.backward_at_loss : a.backward_in_last_block;
+  backward_grad_elements = loss ? grad_elements_at_loss : grad_elements_in_last_block;
+  if (a.embedding_trains && a.backward_in_embedding + grad_elements_in_embedding * grad_bytes > std::max(at_loss, in_block)) {
+    a.backward_peak = a.backward_in_embedding;
+    backward_grad_elements = grad_elements_in_embedding;
+  }
+}
+
 int64_t block_backward_bytes(const ModelShape& s, int64_t micro_batch, int64_t block_size,
                              at::ScalarType dtype) {
   const int64_t b = static_cast<int64_t>(c10::elementSize(dtype));
@@ -499,21 +512,14 @@ memory::MemoryEstimate host_memory_plan(const RunInfo& run, const HostPlanOption
   // the optimizer step (every gradient, no activations).
   const int64_t all_grads = trainable * b;
   // In the last block the final segment (norm, untied lm_head) has handed over its gradients,
-  // and so has Llama's down projection.
-  const int64_t grads_at_loss = run.grad_accum_steps > 1 ? all_grads : 0;
-  const int64_t grads_in_block =
-      run.grad_accum_steps > 1 ? all_grads : (final_segment + last_projection) * b;
-  // In the embedding's backward every gradient but the embedding's own has been handed over.
-  const int64_t grads_in_embedding = run.grad_accum_steps > 1 ? all_grads : all_grads - embedding_segment * b;
-  const bool at_loss =
-      a.backward_at_loss + grads_at_loss >= a.backward_in_last_block + grads_in_block;
-  a.backward_peak = at_loss ? a.backward_at_loss : a.backward_in_last_block;
-  int64_t grads_in_backward = at_loss ? grads_at_loss : grads_in_block;
-  if (a.embedding_trains && a.backward_in_embedding + grads_in_embedding > a.backward_peak + grads_in_backward) {
-    a.backward_peak = a.backward_in_embedding;
-    grads_in_backward = grads_in_embedding;
-  }
-  e.backward_grad_elements = grads_in_backward / b;
+  // and so has Llama's down projection; in the embedding's backward every gradient but the
+  // embedding's own.
+  const bool accumulating = run.grad_accum_steps > 1;
+  e.grad_elements_at_loss = accumulating ? trainable : 0;
+  e.grad_elements_in_last_block = accumulating ? trainable : final_segment + last_projection;
+  e.grad_elements_in_embedding = accumulating ? trainable : trainable - embedding_segment;
+  e.choose_backward_peak(b);
+  const int64_t grads_in_backward = e.backward_grad_elements * b;
   e.peak_in_backward = a.total() + grads_in_backward >= all_grads;
   if (e.peak_in_backward) {
     t.at(Category::kGradients) = grads_in_backward;
