@@ -68,7 +68,7 @@ TEST_P(ShippedConfig, PeakIsWithinTenPercentOfTheEstimateAndAttributed) {
                     kConfigs + p.yaml + " --max_steps=8 --output_dir=" + dir.path().string() + p.overrides);
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("memory at the peak, rank 0 of " + std::to_string(p.ranks)), std::string::npos) << r.out;
-  EXPECT_EQ(r.out.find("warning: memory"), std::string::npos) << "a normal run has no leak\n" << r.out;
+  EXPECT_EQ(r.out.find("warning: memory"), std::string::npos) << "a normal run has no leak, nor RSS past its estimate\n" << r.out;
   ASSERT_TRUE(fs::exists(dir.path() / "memory_report.html"));
 
   const rapidjson::Document d = read_json(dir.path() / "memory_report.json");
@@ -83,6 +83,7 @@ TEST_P(ShippedConfig, PeakIsWithinTenPercentOfTheEstimateAndAttributed) {
         << "rank " << rank["rank"].GetInt() << ": measured " << peak << " vs estimate " << estimate;
     EXPECT_LT(unattributed, 0.05 * peak) << "rank " << rank["rank"].GetInt();
     EXPECT_EQ(rank["leaks"].Size(), 0u);
+    EXPECT_TRUE(rank["resident_growth"].IsNull());
     EXPECT_EQ(rank["timeline"].Size(), 8u);
     // Training, not set-up, sets every shipped config's peak (0 would be set-up: docs/memory.md).
     EXPECT_GE(rank["measured"]["peak_step"].GetInt64(), 1) << "rank " << rank["rank"].GetInt();
@@ -122,6 +123,48 @@ max_steps: 12
   EXPECT_EQ(leaks[0]["bytes_per_step"].GetInt64(), 1000);
   EXPECT_EQ(leaks[0]["first_step"].GetInt64(), 2);
   EXPECT_EQ(leaks[0]["last_step"].GetInt64(), 7);
+}
+
+// Resident memory growing past the estimate by more than the margin is warned about once, naming
+// the categories that grew — none when the growth is outside memrt's tensors, the leaked
+// tensors' category when it is not — and the step it began at; memory_report.json records
+// it. A normal run records none.
+TEST(MemoryReport, ResidentMemoryPastTheEstimateIsWarnedAboutOnce) {
+  TempDir dir("resident");
+  const std::string yaml = dir.write("train.yaml", R"(model: {arch: gpt2, n_layer: 1, n_head: 2, d_model: 32, d_ff: 64, vocab_size: 256, n_ctx: 16}
+block_size: 16
+max_steps: 8
+)");
+  auto train = [&](const std::string& name, const std::string& options) {
+    const std::string ds = dir.write(name + ".json", std::string(R"({"train_micro_batch_size_per_gpu": 2,
+        "plugins": [{"name": "fixture_leaky", "library": ")") + FIXTURE_LEAKY + R"(", "options": )" + options + "}]}");
+    RunResult r = run(kLauncher + " --deepspeed " + ds + " " + yaml + " --output_dir=" + (dir.path() / name).string());
+    EXPECT_EQ(r.exit_code, 0) << r.out;
+    return r;
+  };
+  const std::string warning = "warning: memory: the process's resident memory reached ";
+  // 32 MiB a step, written page by page: past the margin (64 MiB and half the tiny estimate) at step 3.
+  for (const bool outside : {true, false}) {
+    const std::string name = outside ? "outside" : "tensors";
+    const RunResult r = train(name, std::string(R"({"bytes": 33554432, "outside": )") + (outside ? "true" : "false") + "}");
+    const auto at = r.out.find(warning);
+    ASSERT_NE(at, std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find(warning, at + 1), std::string::npos) << "warned once\n" << r.out;
+    EXPECT_NE(r.out.find(outside ? "No category of memrt's tensors grew since step 1" : "Grown since step 1 (live bytes at the end of a step): 'activations'", at),
+              std::string::npos) << r.out;
+    const rapidjson::Document d = read_json(dir.path() / name / "memory_report.json");
+    const auto& g = d["ranks"][0]["resident_growth"];
+    ASSERT_TRUE(g.IsObject()) << name;
+    EXPECT_GT(g["resident_bytes"].GetInt64(), g["allowed_bytes"].GetInt64());
+    EXPECT_GE(g["step"].GetInt64(), 2);
+    EXPECT_LE(g["step"].GetInt64(), 4);
+    EXPECT_LE(g["since_step"].GetInt64(), g["step"].GetInt64());
+    EXPECT_EQ(g["categories"].Size(), outside ? 0u : 1u);
+    EXPECT_EQ(d["ranks"][0]["timeline"][0]["resident_peak_bytes"].GetInt64() > 0, true);
+  }
+  const RunResult quiet = train("quiet", R"({"bytes": 1})");
+  EXPECT_EQ(quiet.out.find(warning), std::string::npos) << quiet.out;
+  EXPECT_TRUE(read_json(dir.path() / "quiet" / "memory_report.json")["ranks"][0]["resident_growth"].IsNull());
 }
 
 // MEMRT_PEAK_BACKTRACE: the report names where the peak's last allocation came from — in this

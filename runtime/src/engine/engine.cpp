@@ -290,7 +290,9 @@ void Engine::setup() {
     log_ << ops::describe_cpu_math() << "\nthreads: " << at::get_num_threads() << " per rank\n" << plugins_.describe();
   }
 
-  // Before a byte of the store or the model: will it fit? (docs/preflight.md)
+  // Before a byte of the store or the model: will it fit? (docs/preflight.md) What this process
+  // holds now is the baseline of the resident check at each step's end.
+  memory_.expect_resident(current_rss_bytes(), host_growth(estimate_.table, run_.device));
   if (cfg_.preflight) {
     const std::string fits = preflight(estimate_.table, cfg_, run_.device, *dist_);
     if (main) log_ << fits << "\n";
@@ -745,6 +747,8 @@ void Engine::train_step(TrainSummary& summary) {
   for (const LeakFinding& leak : memory_.end_step(step_)) {
     if (run_.rank == 0) log_ << "warning: " << leak.message() << "\n";
   }
+  if (const std::optional<ResidentGrowth> g = memory_.check_resident(); g && run_.rank == 0)
+    log_ << "warning: " << g->message() << "\n";
 
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   const double tokens = static_cast<double>(step_tokens_ * run_.world_size);

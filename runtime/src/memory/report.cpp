@@ -30,6 +30,23 @@ std::string LeakFinding::message() const {
   return os.str();
 }
 
+std::string ResidentGrowth::message() const {
+  std::ostringstream os;
+  os << "memory: the process's resident memory reached " << megabytes(resident_bytes) << " by step " << step
+     << ", past the " << megabytes(expected_bytes) << " expected (the RSS at pre-flight plus the estimated peak) by more "
+     << "than the margin (" << megabytes(allowed_bytes) << " allowed); it passed the expectation at step " << since_step
+     << ". ";
+  if (categories.empty()) {
+    os << "No category of memrt's tensors grew since step 1: the growth is outside them (a library's own memory, "
+          "the allocator's fragmentation)";
+  } else {
+    os << "Grown since step 1 (live bytes at the end of a step):";
+    for (size_t i = 0; i < categories.size(); ++i) os << (i ? ", '" : " '") << memory::to_string(categories[i]) << "'";
+  }
+  os << " (docs/preflight.md)";
+  return os.str();
+}
+
 // ---- the monitor -----------------------------------------------------------------------------------
 
 void MemoryMonitor::begin_step() {
@@ -55,6 +72,9 @@ std::vector<LeakFinding> MemoryMonitor::end_step(int64_t step) {
   s.peak_bytes = window.total;
   s.activations_peak_bytes = window.cells.category(Category::kActivations);
   s.comm_buffers_peak_bytes = window.cells.category(Category::kCommBuffers);
+  s.resident_peak_bytes = peak_rss_bytes();
+  last_live_ = memory::live();
+  if (step == 1) first_live_ = last_live_;
   if (stats.peak_bytes > last_peak_) report_.peak_step = step;  // the first step to reach it
   last_peak_ = stats.peak_bytes;
   report_.activations_peak_bytes = std::max(report_.activations_peak_bytes, s.activations_peak_bytes);
@@ -82,6 +102,32 @@ std::vector<LeakFinding> MemoryMonitor::end_step(int64_t step) {
     found.push_back(f);
   }
   return found;
+}
+
+void MemoryMonitor::expect_resident(int64_t baseline, int64_t growth) {
+  baseline_ = baseline;
+  growth_ = growth;
+}
+
+std::optional<ResidentGrowth> MemoryMonitor::check_resident() {
+  if (baseline_ < 0 || report_.timeline.empty() || report_.resident_growth) return std::nullopt;
+  const StepMemory& s = report_.timeline.back();
+  const int64_t expected = baseline_ + growth_;
+  if (over_since_ == 0 && s.resident_peak_bytes > expected) over_since_ = s.step;
+  // The margin: the RSS beyond the allocator's peak (block cache, glibc's arenas, oneDNN's and
+  // MKL's buffers) is 1.1-1.3x the allocator's peak on the shipped configs.
+  const int64_t allowed = expected + growth_ / 2 + (int64_t{64} << 20);
+  if (s.resident_peak_bytes <= allowed) return std::nullopt;
+  ResidentGrowth g;
+  g.step = s.step;
+  g.since_step = over_since_;
+  g.resident_bytes = s.resident_peak_bytes;
+  g.expected_bytes = expected;
+  g.allowed_bytes = allowed;
+  for (Category c : memory::all_categories())
+    if (last_live_.category(c) - first_live_.category(c) > (int64_t{1} << 20)) g.categories.push_back(c);
+  report_.resident_growth = g;
+  return g;
 }
 
 RankMemoryReport MemoryMonitor::report(int rank, EstimateReport estimate,
@@ -169,7 +215,8 @@ std::string rank_report_json(const RankMemoryReport& r) {
     os << (i ? "," : "") << "\n        {\"step\": " << s.step << ", \"live_bytes\": " << s.live_bytes
        << ", \"peak_bytes\": " << s.peak_bytes
        << ", \"activations_peak_bytes\": " << s.activations_peak_bytes
-       << ", \"comm_buffers_peak_bytes\": " << s.comm_buffers_peak_bytes << "}";
+       << ", \"comm_buffers_peak_bytes\": " << s.comm_buffers_peak_bytes
+       << ", \"resident_peak_bytes\": " << s.resident_peak_bytes << "}";
   }
   os << "\n      ],\n      \"leaks\": [";
   for (size_t i = 0; i < r.leaks.size(); ++i) {
@@ -178,7 +225,18 @@ std::string rank_report_json(const RankMemoryReport& r) {
        << "\", \"bytes_per_step\": " << f.bytes_per_step << ", \"first_step\": " << f.first_step
        << ", \"last_step\": " << f.last_step << "}";
   }
-  os << "\n      ]\n    }";
+  os << "\n      ],\n      \"resident_growth\": ";
+  if (const auto& g = r.resident_growth) {
+    os << "{\"step\": " << g->step << ", \"since_step\": " << g->since_step << ", \"resident_bytes\": " << g->resident_bytes
+       << ", \"expected_bytes\": " << g->expected_bytes << ", \"allowed_bytes\": " << g->allowed_bytes
+       << ", \"categories\": [";
+    for (size_t i = 0; i < g->categories.size(); ++i)
+      os << (i ? ", " : "") << "\"" << memory::to_string(g->categories[i]) << "\"";
+    os << "]}";
+  } else {
+    os << "null";
+  }
+  os << "\n    }";
   return os.str();
 }
 

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,12 +22,22 @@ struct StepMemory {
   int64_t peak_bytes = 0;              // the largest live bytes during the step
   int64_t activations_peak_bytes = 0;  // the largest activations cell during the step
   int64_t comm_buffers_peak_bytes = 0;  // the largest comm_buffers cell: staging, ZeRO-3's gathers
+  int64_t resident_peak_bytes = 0;      // the process's RSS high-water mark by the end of the step
 };
 
 struct LeakFinding {
   memory::Category category = memory::Category::kUnattributed;
   int64_t bytes_per_step = 0;
   int64_t first_step = 0, last_step = 0;
+  std::string message() const;  // the warning, as printed
+};
+
+// The resident memory past what the estimate allows for (docs/preflight.md, "During the run").
+struct ResidentGrowth {
+  int64_t step = 0;        // the first step whose RSS high-water mark passed `allowed_bytes`
+  int64_t since_step = 0;  // the first step whose high-water mark passed `expected_bytes`
+  int64_t resident_bytes = 0, expected_bytes = 0, allowed_bytes = 0;
+  std::vector<memory::Category> categories;  // those whose live bytes grew since step 1 (by > 1 MiB)
   std::string message() const;  // the warning, as printed
 };
 
@@ -65,6 +76,7 @@ struct RankMemoryReport {
   ResidentMemory resident;
   std::vector<StepMemory> timeline;
   std::vector<LeakFinding> leaks;
+  std::optional<ResidentGrowth> resident_growth;
 };
 
 // Follows one rank through the steps; the engine calls it at fixed points of each step.
@@ -78,6 +90,11 @@ class MemoryMonitor {
   // End of step `step` (1-based), gradients dropped. Returns the leaks first found now.
   std::vector<LeakFinding> end_step(int64_t step);
   void add_late_gradient_claims(int64_t bytes) { report_.gradient_bytes_claimed_late += bytes; }
+  // The resident check's expectation: the RSS where pre-flight measured it, and what the
+  // estimated peak adds to host memory.
+  void expect_resident(int64_t baseline, int64_t growth);
+  // After end_step: the resident memory past the estimate by more than the margin, the first time.
+  std::optional<ResidentGrowth> check_resident();
   // Before the model is built: the RSS the run's own memory is measured from.
   // Set-up starts: its RSS before the data and the model, and the window of its largest cells.
   void begin_setup() {
@@ -94,6 +111,9 @@ class MemoryMonitor {
   bool stepped_ = false;  // begin_step has run once: set-up's peak is known
   std::deque<memory::Table> recent_;  // end-of-step live tables, steps >= 2
   std::vector<bool> warned_ = std::vector<bool>(memory::kNumCategories, false);
+  int64_t baseline_ = -1, growth_ = 0;  // expect_resident's
+  memory::Table first_live_, last_live_;  // the live table at the end of step 1 and of the last step
+  int64_t over_since_ = 0;              // the first step past the expectation (0: none yet)
 };
 
 // {"device": n, "host": m} per category, in the order of memory::all_categories().
