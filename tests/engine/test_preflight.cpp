@@ -12,7 +12,11 @@
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
 
+#include "config/load_config.h"
+#include "engine/advisor.h"
+#include "engine/engine.h"
 #include "json_helpers.h"
+#include "plugin/plugin_host.h"
 #include "run_helpers.h"
 
 namespace {
@@ -209,4 +213,53 @@ TEST(Preflight, TheMainJobRefusedNamesChangesThatFitAndEachRunsAtItsPrintedEstim
 TEST(Preflight, ALoraLlamaRefusedNamesChangesThatFitAndEachRunsAtItsPrintedEstimate) {
   every_printed_change_fits(kConfigDir + "ds_auto.json", kConfigDir + "train_llama.yaml",
                             "--use_peft=true --lora_r=16 --lora_alpha=32 --lora_target_modules=all-linear", 85, "advice_lora");
+}
+
+// On an accelerator the device cells of a rank's estimate must fit its device's free memory (what
+// cudaMemGetInfo reports once the context exists; a GPU is not needed to check the rule), and the
+// advisor's changes fit it too — among them offloading the optimizer, which a CPU run never gets.
+TEST(Preflight, AnAcceleratorsDeviceCellsMustFitItsFreeMemoryAndTheAdviceToo) {
+  EXPECT_FALSE(memrt::device_free_memory(at::kCPU));
+  memrt::HostMemory host;
+  host.ranks = {0};
+  host.device = at::Device(at::kCUDA, 0);
+  host.limits = {{int64_t{1} << 40, "memory_budget (train.yaml or --memory_budget)"}};
+  memrt::memory::Table estimate;
+  estimate.at(memrt::memory::Category::kWeights, memrt::memory::Placement::kDevice) = 2000;
+  estimate.at(memrt::memory::Category::kOptimizerState, memrt::memory::Placement::kHost) = 500;
+  EXPECT_EQ(memrt::device_need(estimate, host.device), 2000);
+  EXPECT_EQ(memrt::host_growth(estimate, host.device), 500);
+  host.device_limit = memrt::memory::MemoryLimit{5000, "the free memory of cuda:0 (test)"};
+  const memrt::Verdict fits = memrt::judge(host, 500, 2000, estimate, 0, {});
+  EXPECT_TRUE(fits.fits);
+  EXPECT_NE(fits.line.find("rank 0 needs 0.002 MB of the free memory of cuda:0"), std::string::npos) << fits.line;
+  host.device_limit->bytes = 1000;
+  const memrt::Verdict refused = memrt::judge(host, 500, 2000, estimate, 0, {});
+  EXPECT_FALSE(refused.fits);
+  EXPECT_NE(refused.line.find("rank 0 needs an estimated 2000 B (0.002 MB) of its device at its peak, more than the "
+                              "free memory of cuda:0"), std::string::npos) << refused.line;
+
+  // The main job on a GPU of 92% of what it needs there: its optimizer state (14% of it) offloaded fits.
+  memrt::ConfigSources sources;
+  sources.ds_config_path = kConfigDir + "ds_config.json";
+  sources.train_yaml_path = kConfigDir + "train.yaml";
+  const memrt::TrainConfig cfg = memrt::load_train_config(sources);
+  memrt::PluginHost plugins = memrt::PluginHost::load(cfg.plugins);
+  memrt::RunInfo run = memrt::make_run_info(cfg, 0, 1, 0);
+  run.device = host.device;
+  memrt::ConfigDiagnostics diag;
+  plugins.configure(run, diag);
+  const int64_t need = memrt::device_need(memrt::estimate_memory(cfg, run, plugins).table, host.device);
+  ASSERT_GT(need, 0);
+  host.device_limit->bytes = need * 92 / 100;
+  const memrt::Advice advice = memrt::advise(sources, host);
+  ASSERT_GE(advice.suggestions.size(), 3u) << memrt::advice_text(advice, sources);
+  bool offload = false;
+  for (const memrt::Suggestion& s : advice.suggestions) {
+    EXPECT_LE(s.device, host.device_limit->bytes * 95 / 100) << s.change;
+    offload = offload || s.change.find("offloaded") != std::string::npos;
+  }
+  std::string refused_changes;
+  for (const std::string& r : advice.refused) refused_changes += r + "\n";
+  EXPECT_TRUE(offload) << memrt::advice_text(advice, sources) << "\nrefused:\n" << refused_changes;
 }

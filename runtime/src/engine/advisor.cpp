@@ -2,6 +2,7 @@
 #include "engine/advisor.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -173,6 +174,7 @@ std::vector<Kind> kinds(const TrainConfig& cfg, const HostMemory& host) {
 // One config estimated on every rank of the host.
 struct Point {
   int64_t peak = 0;
+  int64_t device = 0;  // the largest device need of the host's ranks (an accelerator's)
   Tightest fit;
 };
 
@@ -202,8 +204,10 @@ class Estimator {
         const memory::Table table = estimate_memory(cfg, run, plugins).table;
         growth += host_growth(table, host_.device);
         p.peak = std::max(p.peak, table.total());
+        p.device = std::max(p.device, device_need(table, host_.device));
       }
-      p.fit = *tightest(host_, growth);
+      const std::optional<Tightest> t = tightest(host_, growth);
+      p.fit = t ? *t : Tightest{{std::numeric_limits<int64_t>::max(), "no host limit"}, growth};
       return p;
     } catch (const Error& e) {
       refused = e.what();
@@ -212,7 +216,11 @@ class Estimator {
   }
 
   bool fits(const std::optional<Point>& p) const {
-    return p && p->fit.need <= p->fit.limit.bytes - static_cast<int64_t>(kMargin * static_cast<double>(p->fit.limit.bytes));
+    auto within = [](int64_t need, int64_t limit) {
+      return need <= limit - static_cast<int64_t>(kMargin * static_cast<double>(limit));
+    };
+    return p && within(p->fit.need, p->fit.limit.bytes) &&
+           (!host_.device_limit || within(p->device, host_.device_limit->bytes));
   }
 
   int64_t count = 0;
@@ -242,7 +250,7 @@ std::string nested(const std::string& key, const std::string& value, bool json) 
 
 Advice advise(const ConfigSources& sources, const HostMemory& host) {
   Advice advice;
-  if (host.ranks.empty() || host.limits.empty()) return advice;
+  if (host.ranks.empty() || (host.limits.empty() && !host.device_limit)) return advice;
   ConfigSources base = sources;
   base.world_size = host.world_size;
   const std::vector<Kind> all = kinds(load_train_config(base), host);
@@ -255,6 +263,7 @@ Advice advise(const ConfigSources& sources, const HostMemory& host) {
     }
     s.edits = joined(chosen);
     s.peak = p.peak;
+    s.device = p.device;
     s.fit = p.fit;
     advice.suggestions.push_back(std::move(s));
   };
@@ -358,6 +367,7 @@ std::string advice_text(const Advice& advice, const ConfigSources& sources) {
     os << "\n  " << ++n << ". " << s.change << (s.changes_what_is_trained ? " [changes what is trained]" : "")
        << ": estimated peak " << s.peak << " B (" << megabytes(s.peak) << ") per rank, " << megabytes(s.fit.need)
        << " of " << megabytes(s.fit.limit.bytes) << " for the host";
+    if (s.device > 0) os << ", " << megabytes(s.device) << " of its device";
     std::string yaml, overrides, ds;
     for (const ConfigEdit& e : s.edits) {
       const bool in_yaml = e.file == File::kTrainYaml;

@@ -16,6 +16,7 @@ struct Suggestion {
   std::string change;                 // in words: "activation checkpointing of every 2nd block"
   std::vector<ConfigEdit> edits;      // the keys to set, in the files the user has them in
   int64_t peak = 0;                   // the largest estimated peak of this host's ranks (bytes)
+  int64_t device = 0;                 // on an accelerator: the largest device need of them
   Tightest fit;                       // the host's need against the limit with the least room
   bool changes_what_is_trained = false;  // LoRA, QLoRA
 };

@@ -7,6 +7,7 @@
 #include <optional>
 
 #include <ATen/ATen.h>
+#include <c10/core/CachingDeviceAllocator.h>
 
 #include "engine/advisor.h"
 #include "memory/budget.h"
@@ -38,24 +39,41 @@ std::optional<Tightest> tightest(const HostMemory& host, int64_t growth) {
   return out;
 }
 
+std::optional<memory::MemoryLimit> device_free_memory(const c10::Device& device) {
+  if (device.is_cpu()) return std::nullopt;
+  try {
+    const auto [free, total] = c10::getDeviceAllocator(device.type())->getMemoryInfo(device.index());
+    return memory::MemoryLimit{static_cast<int64_t>(free), "the free memory of " + device.str() + " (" +
+                                                               megabytes(static_cast<int64_t>(free)) + " of " +
+                                                               megabytes(static_cast<int64_t>(total)) +
+                                                               ", its context counted)"};
+  } catch (const c10::Error&) {  // an allocator that cannot say
+    return std::nullopt;
+  }
+}
+
+int64_t device_need(const memory::Table& estimate, const c10::Device& device) {
+  return device.is_cpu() ? 0 : estimate.placement(memory::Placement::kDevice);
+}
+
 std::vector<memory::MemoryLimit> host_limits(int64_t memory_budget) {
   std::vector<memory::MemoryLimit> limits = memory::read_budget("/").limits;
   if (memory_budget > 0) limits.push_back({memory_budget, "memory_budget (train.yaml or --memory_budget)"});
   return limits;
 }
 
-Verdict judge(const HostMemory& host, int64_t growth, const memory::Table& estimate, int rank,
+Verdict judge(const HostMemory& host, int64_t growth, int64_t device, const memory::Table& estimate, int rank,
               const ConfigSources& sources) {
   Verdict v;
   const std::string ranks = std::to_string(host.ranks.size());
   const std::optional<Tightest> t = tightest(host, growth);
-  if (!t) {
-    v.line = "memory pre-flight: no limit found (no cgroup limit, no MemAvailable, no memory_budget)";
-    return v;
-  }
-  if (t->fits()) {
-    v.line = "memory pre-flight: this host's " + ranks + " rank(s) need an estimated " + megabytes(t->need) + " of " +
-             megabytes(t->limit.bytes) + " allowed by " + t->limit.source;
+  const bool device_fits = !host.device_limit || device <= host.device_limit->bytes;
+  if (device_fits && (!t || t->fits())) {
+    v.line = !t ? "memory pre-flight: no limit found (no cgroup limit, no MemAvailable, no memory_budget)"
+                : "memory pre-flight: this host's " + ranks + " rank(s) need an estimated " + megabytes(t->need) +
+                      " of " + megabytes(t->limit.bytes) + " allowed by " + t->limit.source;
+    if (host.device_limit)
+      v.line += "; rank " + std::to_string(rank) + " needs " + megabytes(device) + " of " + host.device_limit->source;
     return v;
   }
   v.fits = false;
@@ -64,11 +82,14 @@ Verdict judge(const HostMemory& host, int64_t growth, const memory::Table& estim
     const int64_t b = estimate.category(c);
     if (b != 0) cells += std::string(cells.empty() ? "" : ", ") + memory::to_string(c) + " " + megabytes(b);
   }
-  v.line = "this host's " + ranks + " rank(s) need an estimated " + std::to_string(t->need) + " B (" +
-           megabytes(t->need) + ") at their peak, more than " + t->limit.source + " allows: " +
-           std::to_string(t->limit.bytes) + " B (" + megabytes(t->limit.bytes) + "). Rank " + std::to_string(rank) +
-           "'s estimated peak " + megabytes(estimate.total()) + " = " + cells + "; the host's ranks hold " +
-           megabytes(host.resident) + " already (resident).";
+  v.line = device_fits ? "this host's " + ranks + " rank(s) need an estimated " + std::to_string(t->need) + " B (" +
+                             megabytes(t->need) + ") at their peak, more than " + t->limit.source + " allows: " +
+                             std::to_string(t->limit.bytes) + " B (" + megabytes(t->limit.bytes) + ")."
+                       : "rank " + std::to_string(rank) + " needs an estimated " + std::to_string(device) + " B (" +
+                             megabytes(device) + ") of its device at its peak, more than " + host.device_limit->source +
+                             ".";
+  v.line += " Rank " + std::to_string(rank) + "'s estimated peak " + megabytes(estimate.total()) + " = " + cells +
+            "; the host's ranks hold " + megabytes(host.resident) + " already (resident).";
   v.advice = sources.train_yaml_path.empty() && sources.ds_config_path.empty()
                  ? "Make a rank hold less (docs/preflight.md)."
                  : advice_text(advise(sources, host), sources);
@@ -96,10 +117,22 @@ std::string preflight(const memory::Table& estimate, const TrainConfig& cfg, con
     host.ranks.push_back(r);
   }
   host.limits = host_limits(cfg.memory_budget);
+  host.device_limit = device_free_memory(device);
   // What the allocator holds before the advisor's estimates: nothing of the model, nothing of the store.
   const int64_t allocated = memory::allocator_stats().peak_bytes;
-  const Verdict v = judge(host, growth, estimate, comm.rank(), cfg.sources);
-  if (v.fits) return v.line;
+  const Verdict v = judge(host, growth, device_need(estimate, device), estimate, comm.rank(), cfg.sources);
+  // Every rank learns which were refused: none goes on to wait for them.
+  at::Tensor refused = at::zeros({comm.world_size()}, at::kLong);
+  refused[comm.rank()] = v.fits ? 0 : 1;
+  comm.all_reduce_sum(refused);
+  if (refused.sum().item<int64_t>() == 0) return v.line;
+  if (v.fits) {
+    std::string which;
+    for (int r = 0; r < comm.world_size(); ++r)
+      if (refused[r].item<int64_t>() != 0) which += (which.empty() ? "" : ", ") + std::to_string(r);
+    throw PreflightError("this run would not fit in memory, so it did not start: rank(s) " + which +
+                         " would not fit (their messages say why and what would)");
+  }
   throw PreflightError("this run would not fit in memory, so it did not start: " + v.line +
                        " Nothing was allocated (the allocator's peak so far: " + std::to_string(allocated) + " B).\n" +
                        v.advice + "\nOr start anyway with --no_preflight.");

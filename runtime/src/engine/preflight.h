@@ -31,7 +31,19 @@ struct HostMemory {
   int64_t resident = 0;    // their resident memory (RSS) at set-up, summed
   std::vector<memory::MemoryLimit> limits;  // read_budget("/")'s and memory_budget
   c10::Device device = c10::kCPU;
+  // On an accelerator: the free memory of this rank's device at set-up (device_free_memory), which
+  // the device cells of its estimate must fit. None on a CPU.
+  std::optional<memory::MemoryLimit> device_limit;
 };
+
+// The free memory of accelerator `device` as LibTorch's allocator for it reports it (for CUDA,
+// cudaMemGetInfo after the context exists: what the driver, other processes and this process's
+// context and cache leave). None on a CPU, or where the allocator cannot say.
+std::optional<memory::MemoryLimit> device_free_memory(const c10::Device& device);
+
+// What a rank's estimate needs of its accelerator: its device cells (0 on a CPU run, where every
+// cell is host memory).
+int64_t device_need(const memory::Table& estimate, const c10::Device& device);
 
 // What a rank's estimate adds to its host's memory: all of it on a CPU run, its host cells on an
 // accelerator (whose own memory is not checked yet).
@@ -50,23 +62,25 @@ std::optional<Tightest> tightest(const HostMemory& host, int64_t growth);
 // The limits a host's ranks share: read_budget("/")'s, and `memory_budget` when above zero.
 std::vector<memory::MemoryLimit> host_limits(int64_t memory_budget);
 
-// One host's verdict for `growth` (its ranks' summed): when it fits, `line` is the log's line (the
-// need against the limit with the least room, and where it came from); when not, `line` gives the
-// need, that limit and `rank`'s `estimate` by category, and `advice` the changes that would fit
-// (engine/advisor.h, for the config `sources` name).
+// One host's verdict for `growth` (its ranks' summed) and `rank`'s `device` need: when both fit,
+// `line` is the log's line (the need against the limit with the least room, and where it came
+// from); when not, `line` gives the need, that limit and `rank`'s `estimate` by category, and
+// `advice` the changes that would fit (engine/advisor.h, for the config `sources` name).
 struct Verdict {
   bool fits = true;
   std::string line;
   std::string advice;
 };
-Verdict judge(const HostMemory& host, int64_t growth, const memory::Table& estimate, int rank,
+Verdict judge(const HostMemory& host, int64_t growth, int64_t device, const memory::Table& estimate, int rank,
               const ConfigSources& sources);
 
 // Every rank calls it (a collective): each rank's growth plus its RSS now, summed over the ranks of
-// its host, against each limit of read_budget("/") and cfg.memory_budget. Throws PreflightError on
-// every rank of a host over a limit, with the advisor's changes that fit (computed from
-// cfg.sources); else returns one line for the log: the need and the limit with the least room, and
-// where it came from.
+// its host, against each limit of read_budget("/") and cfg.memory_budget, and on an accelerator its
+// device cells against its device's free memory. When any rank's host or device would not fit,
+// every rank throws PreflightError (the refused ones with their estimate and the advisor's changes
+// that fit, computed from cfg.sources; the others naming them), so that no rank waits for another
+// in a later collective; else returns one line for the log: the need and the limit with the least
+// room, and where it came from.
 std::string preflight(const memory::Table& estimate, const TrainConfig& cfg, const c10::Device& device,
                       Communicator& comm);
 

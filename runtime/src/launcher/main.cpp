@@ -221,7 +221,8 @@ int estimate(const Args& args) {
   }
   host.resident = memrt::current_rss_bytes() * args.num_procs;
   host.limits = memrt::host_limits(cfg.memory_budget);
-  const memrt::Verdict v = memrt::judge(host, growth, by_world_size.back().front().table, 0, cfg.sources);
+  const memrt::Verdict v = memrt::judge(host, growth, memrt::device_need(by_world_size.back().front().table, run.device),
+                                        by_world_size.back().front().table, 0, cfg.sources);
   if (v.fits) {
     std::cout << v.line << "\n";
     return 0;
