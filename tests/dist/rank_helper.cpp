@@ -22,6 +22,7 @@
 //                                         every rank waits for a signal
 #include <fcntl.h>
 #include <signal.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <ATen/ATen.h>
@@ -31,6 +32,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <stdexcept>
@@ -344,6 +346,24 @@ int main(int argc, char** argv) {
         for (;;) ::pause();  // until the launcher stops us
       }
       return 0;
+    }
+    if (mode == "refuse") {  // pre-flight's refusal: every rank exits 2, rank 1 first (args[1]: a fifo)
+      const bool first = std::string(std::getenv("RANK")) == "1";
+      if (first) {
+        const std::string pid = std::to_string(::getpid()) + "\n";
+        int fd = ::open(args[1].c_str(), O_WRONLY);
+        if (fd < 0 || ::write(fd, pid.data(), pid.size()) != static_cast<ssize_t>(pid.size())) return 1;
+        ::close(fd);
+        return 2;
+      }
+      // Rank 0 refuses once rank 1 is gone and reaped: a launcher that stopped the others on the
+      // first exit would have sent its SIGTERM by then.
+      std::ifstream in(args[1]);
+      pid_t other = 0;
+      in >> other;
+      while (::kill(other, 0) == 0 || errno != ESRCH) ::sched_yield();
+      std::cout << "rank 0 refused too" << std::endl;
+      return 2;
     }
     if (mode == "signal_parent") {
       std::cout << "waiting" << std::endl;

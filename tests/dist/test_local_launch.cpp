@@ -172,6 +172,18 @@ TEST(DistLocalLaunch, FailingRankStopsTheOthersAndSetsTheExitCode) {
   EXPECT_LT(r.seconds, 10.0);  // the waiting ranks died on SIGTERM, well before the grace ran out
 }
 
+// Exit code 2 is pre-flight's refusal, which every rank reaches together: the others are left
+// to exit on their own (and print their part), not stopped.
+TEST(DistLocalLaunch, ARefusalLetsTheOtherRanksExitOnTheirOwn) {
+  const std::string fifo = ::testing::TempDir() + "memrt_refuse_" + std::to_string(::getpid());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << "cannot create the fifo " << fifo;
+  Outcome r = launch(2, {"refuse", fifo});
+  ::unlink(fifo.c_str());
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.out, "[rank 0] rank 0 refused too")) << r.out << r.err;
+  EXPECT_FALSE(contains(r.err, "stopping the other")) << r.err;
+}
+
 TEST(DistLocalLaunch, RankKilledBySignal) {
   Outcome r = launch(2, {"echo", "kill", "0"});
   EXPECT_EQ(r.code, 128 + 9);

@@ -69,7 +69,12 @@ TEST(Preflight, ARunThatWouldNotFitIsRefusedBeforeItAllocatesAndTheRanksOfAHostA
   EXPECT_NE(one.out.find("allowed by memory_budget"), std::string::npos) << one.out;
   const RunResult two = launch(2, budget);
   EXPECT_EQ(two.exit_code, 2) << two.out;
-  EXPECT_NE(two.out.find("this host's 2 rank(s) need"), std::string::npos) << two.out;
+  EXPECT_NE(two.out.find("[rank 0] error: this run would not fit in memory, so it did not start: this host's 2 rank(s) need"),
+            std::string::npos) << two.out;
+  // Rank 0 speaks for the host; the other points at it, and both exit on their own.
+  EXPECT_NE(two.out.find("[rank 1] error: this run would not fit in memory, so it did not start: this host's ranks "
+                         "need more than it allows (rank 0 says how much, and what would fit)"), std::string::npos) << two.out;
+  EXPECT_EQ(two.out.find("stopping the other"), std::string::npos) << two.out;
 
   // launcher --estimate ends with the same check, and the advice when it fails.
   auto estimate = [&](const std::string& args) {

@@ -300,6 +300,7 @@ int run_rank_processes(const std::vector<RankCommand>& commands, const Superviso
   bool failed = false;
   int interrupted_by = 0;    // a forwarded signal
   std::optional<Clock::time_point> kill_at;      // SIGKILL the survivors then
+  std::optional<Clock::time_point> term_at;      // after a collective exit: SIGTERM the survivors then
   std::optional<Clock::time_point> drain_until;  // all reaped: stop reading then
   const auto drain_time = std::chrono::seconds(2);
 
@@ -336,7 +337,11 @@ int run_rank_processes(const std::vector<RankCommand>& commands, const Superviso
             if (s->fd >= 0 && !s->pump()) s->close();
           }
           std::string what = "rank " + std::to_string(c.rank) + " " + describe_status(st);
-          if (options.stop_on_failure) {
+          const bool collective = options.collective_exit_code != 0 && WIFEXITED(st) &&
+                                  WEXITSTATUS(st) == options.collective_exit_code;
+          if (options.stop_on_failure && collective) {
+            term_at = Clock::now() + options.grace_period;  // the others are on their way out too
+          } else if (options.stop_on_failure) {
             stop_others(what);
           } else {
             say(what);
@@ -371,6 +376,10 @@ int run_rank_processes(const std::vector<RankCommand>& commands, const Superviso
     if (!any_alive && fds.size() == 1) break;  // everything reaped and read
 
     auto now = Clock::now();
+    if (term_at && now >= *term_at) {
+      term_at.reset();
+      stop_others("the ranks did not all exit after a refusal");
+    }
     if (kill_at && now >= *kill_at) {
       kill_all(SIGKILL);
       kill_at = Clock::time_point::max();  // once
@@ -387,6 +396,7 @@ int run_rank_processes(const std::vector<RankCommand>& commands, const Superviso
       wait_ms = wait_ms < 0 ? static_cast<int>(ms) : std::min(wait_ms, static_cast<int>(ms));
     };
     bound(kill_at);
+    bound(term_at);
     bound(drain_until);
     // SIGCHLD wakes the poll through the self-pipe; the bound is a backstop against a lost wakeup.
     if (wait_ms < 0 || wait_ms > 1000) wait_ms = 1000;

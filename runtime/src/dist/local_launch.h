@@ -50,6 +50,10 @@ struct SupervisorOptions {
   // false: a failing rank is reported but the others are left to notice on their own (tests of
   // dead-rank detection use this).
   bool stop_on_failure = true;
+  // A rank exiting with this code ended in a step every rank takes (pre-flight's refusal: exit
+  // code 2, which every rank reaches together): the others get the grace period to exit on their
+  // own — and to print their part — before SIGTERM. 0: none.
+  int collective_exit_code = 2;
   // When set, receives how every rank ended, in rank-command order.
   std::vector<RankExit>* report = nullptr;
 };

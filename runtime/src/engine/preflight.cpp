@@ -120,7 +120,11 @@ std::string preflight(const memory::Table& estimate, const TrainConfig& cfg, con
   host.device_limit = device_free_memory(device);
   // What the allocator holds before the advisor's estimates: nothing of the model, nothing of the store.
   const int64_t allocated = memory::allocator_stats().peak_bytes;
-  const Verdict v = judge(host, growth, device_need(estimate, device), estimate, comm.rank(), cfg.sources);
+  // A host's first rank speaks for it (a rank refused for its own device speaks for itself): the
+  // others' messages point at it rather than repeat it.
+  const int64_t device_bytes = device_need(estimate, device);
+  const bool speaks = comm.rank() == host.ranks.front() || (host.device_limit && device_bytes > host.device_limit->bytes);
+  const Verdict v = judge(host, growth, device_bytes, estimate, comm.rank(), speaks ? cfg.sources : ConfigSources{});
   // Every rank learns which were refused: none goes on to wait for them.
   at::Tensor refused = at::zeros({comm.world_size()}, at::kLong);
   refused[comm.rank()] = v.fits ? 0 : 1;
@@ -132,6 +136,10 @@ std::string preflight(const memory::Table& estimate, const TrainConfig& cfg, con
       if (refused[r].item<int64_t>() != 0) which += (which.empty() ? "" : ", ") + std::to_string(r);
     throw PreflightError("this run would not fit in memory, so it did not start: rank(s) " + which +
                          " would not fit (their messages say why and what would)");
+  }
+  if (!speaks) {
+    throw PreflightError("this run would not fit in memory, so it did not start: this host's ranks need more than it "
+                         "allows (rank " + std::to_string(host.ranks.front()) + " says how much, and what would fit)");
   }
   throw PreflightError("this run would not fit in memory, so it did not start: " + v.line +
                        " Nothing was allocated (the allocator's peak so far: " + std::to_string(allocated) + " B).\n" +
