@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -267,4 +268,45 @@ TEST(Preflight, AnAcceleratorsDeviceCellsMustFitItsFreeMemoryAndTheAdviceToo) {
   std::string refused_changes;
   for (const std::string& r : advice.refused) refused_changes += r + "\n";
   EXPECT_TRUE(offload) << memrt::advice_text(advice, sources) << "\nrefused:\n" << refused_changes;
+}
+
+// The advisor's train.yaml keys are spelled as the user's file spells them (axolotl's
+// micro_batch_size and optimizer), and each is applied under that spelling.
+TEST(Preflight, TheAdviceSpellsKeysAsTheUsersFileDoes) {
+  TempDir dir("advice_spelling");
+  // The keys of the changes that fit `yaml` within 80% of its estimate.
+  auto advised_keys = [&](const std::string& yaml) {
+    memrt::ConfigSources sources;
+    sources.ds_config_path = dir.write("ds.json", "{}");
+    sources.train_yaml_path = dir.write("axolotl.yaml", yaml);
+    const memrt::TrainConfig cfg = memrt::load_train_config(sources);
+    memrt::PluginHost plugins = memrt::PluginHost::load(cfg.plugins);
+    memrt::ConfigDiagnostics diag;
+    plugins.configure(memrt::make_run_info(cfg, 0, 1, 0), diag);
+    memrt::HostMemory host;
+    host.ranks = {0};
+    host.limits = {{memrt::estimate_memory(cfg, memrt::make_run_info(cfg, 0, 1, 0), plugins).table.total() * 8 / 10,
+                    "memory_budget (train.yaml or --memory_budget)"}};
+    const memrt::Advice advice = memrt::advise(sources, host);
+    std::set<std::string> keys;
+    for (const memrt::Suggestion& s : advice.suggestions)
+      for (const memrt::ConfigEdit& e : s.edits) keys.insert(e.key);
+    return std::make_pair(keys, memrt::advice_text(advice, sources));
+  };
+  // Activations first: a smaller micro-batch fits.
+  const auto [batch, batch_text] = advised_keys(R"(model: {arch: llama, n_layer: 4, n_head: 8, n_kv_head: 2, d_model: 256, d_ff: 768, vocab_size: 256, n_ctx: 256}
+sequence_len: 256
+micro_batch_size: 8
+gradient_accumulation_steps: 2
+)");
+  EXPECT_TRUE(batch.count("micro_batch_size")) << batch_text;
+  EXPECT_FALSE(batch.count("per_device_train_batch_size")) << batch_text;
+  // The optimizer's state first: 8-bit AdamW fits.
+  const auto [state, state_text] = advised_keys(R"(model: {arch: llama, n_layer: 4, n_head: 8, n_kv_head: 2, d_model: 512, d_ff: 2048, vocab_size: 256, n_ctx: 32}
+sequence_len: 32
+micro_batch_size: 1
+optimizer: adamw_torch
+)");
+  EXPECT_TRUE(state.count("optimizer")) << state_text;
+  EXPECT_FALSE(state.count("optim")) << state_text;
 }

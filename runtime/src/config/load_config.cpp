@@ -2057,6 +2057,13 @@ void Loader::resolve_eval() {
 
 }  // namespace
 
+std::string yaml_spelling(const ConfigNode& train_yaml, const std::string& key) {
+  if (const std::vector<std::string>* names = spellings_of(key))
+    for (const std::string& name : *names)
+      if (train_yaml.find(name)) return name;
+  return key;
+}
+
 std::optional<int64_t> parse_size(const std::string& text) {
   size_t used = 0;
   double v = 0;

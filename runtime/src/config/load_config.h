@@ -17,6 +17,10 @@ namespace memrt {
 // the key path, what was expected and how to fix it.
 TrainConfig load_train_config(const ConfigSources& sources);
 
+// How `train_yaml` (a loaded TrainConfig::train_yaml) spells the setting `key` names — axolotl's
+// `micro_batch_size` for `per_device_train_batch_size` — or `key` when it holds no spelling of it.
+std::string yaml_spelling(const ConfigNode& train_yaml, const std::string& key);
+
 // A size as users write it: bytes ("6442450944"), or a number with a unit — binary K/Ki/KiB,
 // M/Mi/MiB, G/Gi/GiB, T/Ti/TiB (2^10 steps; bare K, M, G, T too, as memory tools read them) or
 // decimal KB, MB, GB, TB (10^3 steps), case-insensitive, "6.5GiB" allowed; none for anything else

@@ -23,7 +23,10 @@ using File = ConfigEdit::File;
 // library) are not in the estimate.
 constexpr double kMargin = 0.05;
 
-ConfigEdit yaml_edit(std::string key, ConfigNode value) { return {File::kTrainYaml, std::move(key), std::move(value)}; }
+// A train.yaml key as the user's file spells it (axolotl's `micro_batch_size`), else as named.
+ConfigEdit yaml_edit(const TrainConfig& cfg, const std::string& key, ConfigNode value) {
+  return {File::kTrainYaml, yaml_spelling(cfg.train_yaml, key), std::move(value)};
+}
 ConfigEdit ds_edit(std::string key, ConfigNode value) { return {File::kDsConfig, std::move(key), std::move(value)}; }
 ConfigNode integer(int64_t v) { return ConfigNode::number(static_cast<double>(v)); }
 
@@ -34,7 +37,7 @@ void set_setting(std::vector<ConfigEdit>& edits, const TrainConfig& cfg, const s
                  const std::string& yaml_key, const ConfigNode& value) {
   const ConfigNode* n = cfg.ds_config.at_path(ds_key);
   if (n && !n->is_null() && !n->is_auto()) edits.push_back(ds_edit(ds_key, value));
-  edits.push_back(yaml_edit(yaml_key, value));
+  edits.push_back(yaml_edit(cfg, yaml_key, value));
 }
 
 const PluginSpec* plugin(const TrainConfig& cfg, const std::string& name) {
@@ -69,7 +72,7 @@ std::vector<Kind> kinds(const TrainConfig& cfg, const HostMemory& host) {
   std::vector<Kind> out;
   if (!cfg.chunked_cross_entropy) {
     out.push_back({{{"the head's loss a chunk of tokens at a time (the logits never whole)",
-                     {yaml_edit("chunked_cross_entropy", ConfigNode::boolean(true))}}}});
+                     {yaml_edit(cfg, "chunked_cross_entropy", ConfigNode::boolean(true))}}}});
   }
 
   Kind batch;
@@ -101,7 +104,7 @@ std::vector<Kind> kinds(const TrainConfig& cfg, const HostMemory& host) {
     if (k > 1 && cfg.ds_config_path.empty()) continue;
     Variant v;
     v.change = "activation checkpointing of every " + ordinal(k) + "block";
-    v.edits.push_back(yaml_edit("gradient_checkpointing", ConfigNode::boolean(true)));
+    v.edits.push_back(yaml_edit(cfg, "gradient_checkpointing", ConfigNode::boolean(true)));
     if (k > 1 || cfg.ds_config.at_path("activation_checkpointing.every_n_blocks"))
       v.edits.push_back(ds_edit("activation_checkpointing.every_n_blocks", integer(k)));
     checkpointing.variants.push_back(std::move(v));
@@ -142,9 +145,9 @@ std::vector<Kind> kinds(const TrainConfig& cfg, const HostMemory& host) {
     Kind state;
     if (low.empty())
       state.variants.push_back({"8-bit AdamW state (bitsandbytes' adamw_8bit)",
-                                {yaml_edit("optim", ConfigNode::string("adamw_8bit"))}});
+                                {yaml_edit(cfg, "optim", ConfigNode::string("adamw_8bit"))}});
     state.variants.push_back({"4-bit AdamW state (torchao's adamw_torch_4bit)",
-                              {yaml_edit("optim", ConfigNode::string("adamw_torch_4bit"))}});
+                              {yaml_edit(cfg, "optim", ConfigNode::string("adamw_torch_4bit"))}});
     out.push_back(std::move(state));
   }
 
@@ -155,14 +158,14 @@ std::vector<Kind> kinds(const TrainConfig& cfg, const HostMemory& host) {
   const bool adapters = plugin(cfg, "lora") != nullptr;
   std::vector<ConfigEdit> edits;
   if (!adapters) {
-    edits = {yaml_edit("use_peft", ConfigNode::boolean(true)), yaml_edit("lora_r", integer(16)),
-             yaml_edit("lora_alpha", integer(32)), yaml_edit("lora_target_modules", ConfigNode::string("all-linear"))};
+    edits = {yaml_edit(cfg, "use_peft", ConfigNode::boolean(true)), yaml_edit(cfg, "lora_r", integer(16)),
+             yaml_edit(cfg, "lora_alpha", integer(32)), yaml_edit(cfg, "lora_target_modules", ConfigNode::string("all-linear"))};
     lora.variants.push_back({"LoRA adapters r=16 on every linear, the base frozen", edits});
   }
   const ConfigNode* four_bit = quant ? quant->options.find("load_in_4bit") : nullptr;
   if (!(four_bit && four_bit->as_bool())) {
-    edits.push_back(yaml_edit("load_in_4bit", ConfigNode::boolean(true)));
-    edits.push_back(yaml_edit("bnb_4bit_quant_type", ConfigNode::string("nf4")));
+    edits.push_back(yaml_edit(cfg, "load_in_4bit", ConfigNode::boolean(true)));
+    edits.push_back(yaml_edit(cfg, "bnb_4bit_quant_type", ConfigNode::string("nf4")));
     lora.variants.push_back({adapters ? "QLoRA: the adapters' frozen base in NF4"
                                       : "QLoRA: LoRA adapters r=16 on every linear of a frozen NF4 base",
                              edits});
