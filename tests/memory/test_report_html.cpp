@@ -217,7 +217,11 @@ std::string rank_json(int rank, const std::vector<Cell>& measured, int64_t leak_
       "timeline": [
         )" + timeline + R"(
       ],
-      "leaks": )" + leaks + R"(
+      "leaks": )" + leaks + R"(,
+      "resident_growth": )" + (leak_per_step == 0 ? std::string("null")
+                                                   : std::string(R"({"step": 4, "since_step": 2, "resident_bytes": 812000000, )"
+                                                                 R"("expected_bytes": 520000000, "allowed_bytes": 650000000, )"
+                                                                 R"("categories": ["activations"]})")) + R"(
     })";
 }
 
@@ -360,6 +364,11 @@ TEST(ReportHtmlInChromium, TwoRanksBarsTimelineTableAndLeak) {
   EXPECT_EQ(occurrences(dom, "class=\"leak\""), 1u);
   EXPECT_NE(dom.find("Rank 1: 'activations' grows by 4.19 MB per step (steps 2..7"),
             std::string::npos);
+  // Its resident memory past the estimate, likewise.
+  EXPECT_EQ(occurrences(dom, "class=\"resident\""), 1u);
+  EXPECT_NE(dom.find("Rank 1: resident memory reached 812.0 MB by step 4, past the 520.0 MB expected by more than "
+                     "the margin (650.0 MB allowed), since step 2; grown since step 1: 'activations'."),
+            std::string::npos) << dom;
 
   // What a user sees: a full-size screenshot with something drawn on it (a blank page of this
   // size compresses to a few kB).
@@ -402,6 +411,7 @@ TEST(ReportHtmlInChromium, SparseReportStillRenders) {
   EXPECT_EQ(got[1].segments, std::vector<std::string>{"weights/host"});
   EXPECT_NE(dom.find("No optimizer step was recorded."), std::string::npos);
   EXPECT_EQ(dom.find("id=\"leaks\""), std::string::npos) << "no leak, no warning";
+  EXPECT_EQ(dom.find("id=\"resident\""), std::string::npos) << "no resident growth, no warning";
   EXPECT_NE(dom.find("&lt;/script&gt;&lt;!--&lt;script&gt;: no change"), std::string::npos)
       << "the term's name is shown as text";
 }

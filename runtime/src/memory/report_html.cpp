@@ -14,6 +14,7 @@ constexpr const char kPlaceholder[] = "@MEMRT_REPORT_JSON@";
 // holding one <rect class="segment" data-category data-placement> per non-zero cell;
 // <g class="timeline" data-rank> with <path class="series" data-series>; <table class="cmp"
 // data-rank>; <section id="leaks"> with one <li class="leak" data-rank data-category> per leak;
+// <section id="resident"> with one <li class="resident" data-rank> per rank whose RSS passed its estimate;
 // body[data-rendered] is "ok" or "error: <message>".
 constexpr const char kTemplate[] = R"html(<!doctype html>
 <html lang="en">
@@ -233,6 +234,7 @@ it. The data is in the page source (memory_report.json).</div></noscript>
 
     defs(names, colors);
     leaks(ranks);
+    residentGrowth(ranks);
     legend(names, colors, ranks);
     bars(names, colors, ranks);
     timelines(ranks);
@@ -276,6 +278,28 @@ it. The data is in the page source (memory_report.json).</div></noscript>
     box.appendChild(ul);
     box.appendChild(h("p", {}, "Something keeps tensors alive across steps \u2014 e.g. a loss " +
                                 "kept with its graph."));
+    document.getElementById("leaks-slot").appendChild(box);
+  }
+
+  function residentGrowth(ranks) {
+    var found = [];
+    ranks.forEach(function (r, i) {
+      if (r.resident_growth) found.push({rank: rankOf(r, i), g: obj(r.resident_growth)});
+    });
+    if (!found.length) return;
+    var box = h("section", {id: "resident", "class": "warning", role: "alert"});
+    box.appendChild(h("h2", {}, "\u26a0 Resident memory past the estimate"));
+    var ul = h("ul");
+    found.forEach(function (f) {
+      var g = f.g, cats = arr(g.categories).map(function (c) { return "'" + String(c) + "'"; });
+      ul.appendChild(h("li", {"class": "resident", "data-rank": f.rank},
+          "Rank " + f.rank + ": resident memory reached " + mb(num(g.resident_bytes)) + " by step " +
+          num(g.step) + ", past the " + mb(num(g.expected_bytes)) + " expected by more than the margin (" +
+          mb(num(g.allowed_bytes)) + " allowed), since step " + num(g.since_step) + "; " +
+          (cats.length ? "grown since step 1: " + cats.join(", ") + "."
+                       : "no category of memrt's tensors grew: the growth is outside them.")));
+    });
+    box.appendChild(ul);
     document.getElementById("leaks-slot").appendChild(box);
   }
 
