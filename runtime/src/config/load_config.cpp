@@ -367,11 +367,11 @@ void apply_overrides(ConfigNode& ty, const std::vector<std::string>& words) {
   }
 }
 
-// Applies the memory advisor's edits (ConfigEdit) of one file to its tree, after the overrides.
-void apply_edits(ConfigNode& tree, ConfigEdit::File file, const std::string& name, const std::vector<ConfigEdit>& edits) {
-  const bool yaml = file == ConfigEdit::File::kTrainYaml;
+// Applies the memory advisor's edits (ConfigEdit) of one file to its tree, after the overrides;
+// the blocks they make name `origin` in errors (a train.yaml edit is printed as an override).
+void apply_edits(ConfigNode& tree, ConfigEdit::File file, const std::string& origin, const std::vector<ConfigEdit>& edits) {
   for (const ConfigEdit& e : edits)
-    if (e.file == file) set_key(tree, e.key, e.value, yaml ? kCommandLine : name, yaml);
+    if (e.file == file) set_key(tree, e.key, e.value, origin, file == ConfigEdit::File::kTrainYaml);
 }
 
 // ---- the loader -------------------------------------------------------------------------------
@@ -436,7 +436,7 @@ void Loader::read_inputs() {
   }
   yaml_file = src.train_yaml_path.empty() ? std::string("train.yaml") : src.train_yaml_path;
   apply_overrides(ty, src.overrides);
-  apply_edits(ty, ConfigEdit::File::kTrainYaml, yaml_file, src.edits);
+  apply_edits(ty, ConfigEdit::File::kTrainYaml, kCommandLine, src.edits);
   y = read_yaml(ty, diag);
   cfg.train_yaml = ty;
   cfg.train_yaml_path = src.train_yaml_path;

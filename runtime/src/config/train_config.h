@@ -16,8 +16,8 @@ namespace memrt {
 
 // One key set in one of the run's two files, as a user would edit it there (the memory advisor's
 // changes, docs/preflight.md): a dotted key path ("zero_optimization.offload_optimizer.device",
-// "gradient_checkpointing_kwargs.every_n_blocks"); a train.yaml key replaces every spelling of it,
-// as a command-line override does.
+// "activation_checkpointing.every_n_blocks"); a train.yaml key replaces every spelling of it, as a
+// command-line override does.
 struct ConfigEdit {
   enum class File { kDsConfig, kTrainYaml };
   File file = File::kTrainYaml;

@@ -120,7 +120,7 @@ bool parse_args(int argc, char** argv, Args& args) {
       ("master_addr", po::value(&args.master_addr), "rendezvous address (default 127.0.0.1)")
       ("master_port", po::value(&args.master_port), "rendezvous port (default 29500)")
       ("print-config", po::bool_switch(&args.print_config), "print the resolved configuration and exit")
-      ("estimate", po::bool_switch(&args.estimate), "print the memory plan per rank for 1..num_procs ranks, write output_dir/memory_estimate.json, and exit")
+      ("estimate", po::bool_switch(&args.estimate), "print the memory plan per rank for 1..num_procs ranks, write output_dir/memory_estimate.json, check it against this host's limits and --memory_budget (exit code 2, with the changes that fit, when it does not), and exit")
       ("trace-hooks", po::bool_switch(&args.trace_hooks), "print every plugin hook call");
   po::variables_map vm;
   po::store(po::command_line_parser(own).options(desc).run(), vm);
