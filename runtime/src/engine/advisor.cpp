@@ -211,8 +211,7 @@ class Estimator {
       const std::optional<Tightest> t = tightest(host_, growth);
       p.fit = t ? *t : Tightest{{std::numeric_limits<int64_t>::max(), "no host limit"}, growth};
       return p;
-    } catch (const Error& e) {
-      refused = e.what();
+    } catch (const Error&) {
       return std::nullopt;
     }
   }
@@ -226,7 +225,6 @@ class Estimator {
   }
 
   int64_t count = 0;
-  std::string refused;  // why the last config that failed to load failed
 
  private:
   ConfigSources sources_;
@@ -278,7 +276,6 @@ Advice advise(const ConfigSources& sources, const HostMemory& host) {
     for (size_t i = 0; i < all[k].variants.size(); ++i) {
       const Variant& v = all[k].variants[i];
       const std::optional<Point> p = estimate(v.edits);
-      if (!p) advice.refused.push_back(v.change + ": " + estimate.refused);
       if (!estimate.fits(p)) continue;
       suggest({k}, {&v}, *p);
       usable[k] = i;

@@ -24,7 +24,6 @@ struct Suggestion {
 struct Advice {
   std::vector<Suggestion> suggestions;  // single changes that fit, cheapest first, then combinations
   int64_t estimates = 0;                // how many configs were estimated to find them
-  std::vector<std::string> refused;     // "change: why" for each single change the config did not take
 };
 
 // The changes that fit `host`, for the config `sources` describe (a refused run's, or

@@ -292,9 +292,10 @@ void Engine::setup() {
 
   // Before a byte of the store or the model: will it fit? (docs/preflight.md) What this process
   // holds now is the baseline of the resident check at each step's end.
-  memory_.expect_resident(current_rss_bytes(), host_growth(estimate_.table, run_.device));
+  const int64_t resident = current_rss_bytes();
+  memory_.expect_resident(resident, host_growth(estimate_.table, run_.device));
   if (cfg_.preflight) {
-    const std::string fits = preflight(estimate_.table, cfg_, run_.device, *dist_);
+    const std::string fits = preflight(estimate_.table, resident, cfg_, run_.device, *dist_);
     if (main) log_ << fits << "\n";
   }
 

@@ -96,14 +96,14 @@ Verdict judge(const HostMemory& host, int64_t growth, int64_t device, const memo
   return v;
 }
 
-std::string preflight(const memory::Table& estimate, const TrainConfig& cfg, const c10::Device& device,
-                      Communicator& comm) {
+std::string preflight(const memory::Table& estimate, int64_t resident, const TrainConfig& cfg,
+                      const c10::Device& device, Communicator& comm) {
   // Each rank's row: its estimated peak in host memory (what it will still allocate), its resident
   // memory now (LibTorch, the data: what it holds already) and its host; summed, every rank has
   // every row.
   at::Tensor rows = at::zeros({comm.world_size(), 3}, at::kLong);  // (ranks, 3)
   rows[comm.rank()][0] = host_growth(estimate, device);
-  rows[comm.rank()][1] = current_rss_bytes();
+  rows[comm.rank()][1] = resident;
   rows[comm.rank()][2] = host_id();
   comm.all_reduce_sum(rows);
   HostMemory host;

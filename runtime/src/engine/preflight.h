@@ -74,14 +74,15 @@ struct Verdict {
 Verdict judge(const HostMemory& host, int64_t growth, int64_t device, const memory::Table& estimate, int rank,
               const ConfigSources& sources);
 
-// Every rank calls it (a collective): each rank's growth plus its RSS now, summed over the ranks of
-// its host, against each limit of read_budget("/") and cfg.memory_budget, and on an accelerator its
-// device cells against its device's free memory. When any rank's host or device would not fit,
-// every rank throws PreflightError (the refused ones with their estimate and the advisor's changes
-// that fit, computed from cfg.sources; the others naming them), so that no rank waits for another
-// in a later collective; else returns one line for the log: the need and the limit with the least
-// room, and where it came from.
-std::string preflight(const memory::Table& estimate, const TrainConfig& cfg, const c10::Device& device,
-                      Communicator& comm);
+// Every rank calls it (a collective): each rank's growth plus `resident` (its RSS now: LibTorch, the
+// data), summed over the ranks of its host, against each limit of read_budget("/") and
+// cfg.memory_budget, and on an accelerator its device cells against its device's free memory. When
+// any rank's host or device would not fit, every rank throws PreflightError — a refused host's first
+// rank (or a rank refused for its own device) with the estimate and the advisor's changes that fit,
+// computed from cfg.sources; the others pointing at it — so that no rank waits for another in a
+// later collective; else returns one line for the log: the need and the limit with the least room,
+// and where it came from.
+std::string preflight(const memory::Table& estimate, int64_t resident, const TrainConfig& cfg,
+                      const c10::Device& device, Communicator& comm);
 
 }  // namespace memrt

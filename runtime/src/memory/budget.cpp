@@ -66,12 +66,6 @@ std::pair<std::optional<std::string>, std::optional<std::string>> cgroup_paths(c
 
 }  // namespace
 
-std::optional<MemoryLimit> MemoryBudget::smallest() const {
-  if (limits.empty()) return std::nullopt;
-  return *std::min_element(limits.begin(), limits.end(),
-                           [](const MemoryLimit& a, const MemoryLimit& b) { return a.bytes < b.bytes; });
-}
-
 MemoryBudget read_budget(const std::string& root_dir) {
   const fs::path root(root_dir);
   MemoryBudget out;

@@ -18,8 +18,6 @@ struct MemoryLimit {
 
 struct MemoryBudget {
   std::vector<MemoryLimit> limits;  // those that exist, in the order read
-  // The binding one (the smallest), or none.
-  std::optional<MemoryLimit> smallest() const;
 };
 
 // The limits under `root` ("/" on a machine): the cgroup v2 memory.max and memory.high of this
