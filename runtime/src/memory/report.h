@@ -37,7 +37,8 @@ struct ResidentGrowth {
   int64_t step = 0;        // the first step whose RSS high-water mark passed `allowed_bytes`
   int64_t since_step = 0;  // the first step whose high-water mark passed `expected_bytes`
   int64_t resident_bytes = 0, expected_bytes = 0, allowed_bytes = 0;
-  std::vector<memory::Category> categories;  // those whose live bytes grew since step 1 (by > 1 MiB)
+  int64_t from_step = 0;   // the run's first step (1, or the first after a resume)
+  std::vector<memory::Category> categories;  // those whose live bytes grew since from_step (by > 1 MiB)
   std::string message() const;  // the warning, as printed
 };
 
@@ -112,7 +113,8 @@ class MemoryMonitor {
   std::deque<memory::Table> recent_;  // end-of-step live tables, steps >= 2
   std::vector<bool> warned_ = std::vector<bool>(memory::kNumCategories, false);
   int64_t baseline_ = -1, growth_ = 0;  // expect_resident's
-  memory::Table first_live_, last_live_;  // the live table at the end of step 1 and of the last step
+  memory::Table first_live_, last_live_;  // the live table at the end of the run's first step and the last
+  int64_t first_step_ = 0;                // that first step (0: none yet)
   int64_t over_since_ = 0;              // the first step past the expectation (0: none yet)
 };
 

@@ -296,7 +296,7 @@ it. The data is in the page source (memory_report.json).</div></noscript>
           "Rank " + f.rank + ": resident memory reached " + mb(num(g.resident_bytes)) + " by step " +
           num(g.step) + ", past the " + mb(num(g.expected_bytes)) + " expected by more than the margin (" +
           mb(num(g.allowed_bytes)) + " allowed), since step " + num(g.since_step) + "; " +
-          (cats.length ? "grown since step 1: " + cats.join(", ") + "."
+          (cats.length ? "grown since step " + (g.from_step === undefined ? 1 : num(g.from_step)) + ": " + cats.join(", ") + "."
                        : "no category of memrt's tensors grew: the growth is outside them.")));
     });
     box.appendChild(ul);
