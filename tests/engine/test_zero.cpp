@@ -166,6 +166,31 @@ TEST(Zero, StageThreeFollowsStageZero) {
   }
 }
 
+// From a Hugging Face Llama checkpoint (transformers' own, untied head), stage 3 on 2 and 4 ranks
+// reads each partitioned weight for the elements the rank keeps alone (every parameter partitioned
+// here, the norms too; the pages read are HfCheckpoint.HeldSlicesAloneAreReadFromTheFile's) and
+// skips rank 0's broadcast of them: its curve is stage 0's on one rank, within 1e-5 relative over
+// 10 steps, from the first loss on (the weights after set-up). On 2 ranks the partitions meet
+// between two blocks' weights and inside a norm (all ones); on 4, inside each block's gate_proj.
+// GPT-2's Conv1D weights, transposed on disk, are read the same way in
+// StagesFollowPyTorchsAdamWOnTheSameBatches.
+TEST(Zero, StageThreeReadsItsSlicesOfAHuggingFaceCheckpoint) {
+  TempDir dir("zero3_slices");
+  const fs::path model = shared_reference(std::string(MEMRT_SOURCE_DIR) + "/tests/engine/peft_eval.py", {"make", "llama"});
+  const std::string yaml = "model_name_or_path: " + model.string() +
+                           "\nblock_size: 32\nmax_steps: 10\nlogging_steps: 1\nlearning_rate: 3.0e-3\n";
+  std::vector<double> ref;
+  for (Job r : std::vector<Job>{{"fp32", 0, false, 1}, {"fp32", 3, false, 2}, {"fp32", 3, false, 4}}) {
+    r.yaml = yaml;
+    r.tag = "_llama";
+    r.persistence = 0;
+    const std::vector<double> got = losses(train(dir, r));
+    if (ref.empty()) ref = got;
+    ASSERT_EQ(got.size(), 10u) << r.name();
+    EXPECT_LT(worst_relative(got, ref), 1e-5) << r.name();
+  }
+}
+
 // The independent reference: PyTorch itself — transformers' GPT2LMHeadModel from the same
 // initial weights (written by transformers), torch.optim.AdamW with Hugging Face's decay rule,
 // clip_grad_norm_ and torch.distributed (Gloo) averaging 2 ranks' gradients — replaying the

@@ -213,7 +213,9 @@ struct MemoryEstimate {
   // the embedding's only when larger) — and sets activations.backward_peak and
   // backward_grad_elements. A plugin that re-derives the activations (another compute dtype)
   // calls it: which candidate is largest can change with the dtype (the head's fp32 gradients do
-  // not shrink in 16 bits, a block's do).
+  // not shrink in 16 bits, a block's do). Only the host's candidates are chosen among: a plugin
+  // that sets backward_peak from candidates of its own (plugins/checkpoint's per-block
+  // recomputes) leaves grad_elements_* as they were, and a plugin after it must not call this.
   void choose_backward_peak(int64_t grad_bytes);
 };
 

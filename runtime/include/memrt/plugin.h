@@ -162,9 +162,14 @@ struct SegmentContext {
 using SegmentFn = std::function<at::Tensor(const at::Tensor&)>;
 
 // ---- phase contexts -------------------------------------------------------------------------------
+// A block's weights as built, before the store takes them in: random init, or the checkpoint's
+// values. Frozen weights are whole (a base to quantize, or DoRA's norms to read). Under ZeRO-3 from
+// a checkpoint, a trainable weight whose compute copy is partitioned holds only the elements this
+// rank keeps — the rest is zero, never read from the file (docs/zero.md) — so a plugin must not
+// read or change trainable weights here.
 struct BlockReady {
   int64_t index;
-  Block& block;  // may be modified in place (quantize, partition, cast)
+  Block& block;  // may be modified in place (quantize, cast frozen weights)
   const RunInfo& run;
   Communicator& comm;
   // ABI 2.7: the checkpoint the model is loaded from (memrt/model.h), or nullptr (random init).

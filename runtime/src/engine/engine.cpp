@@ -12,6 +12,7 @@
 #include <iomanip>
 #include <iostream>
 #include <limits>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <unordered_map>
@@ -341,15 +342,33 @@ void Engine::setup() {
       BlockReady ctx{index, block, run_, *dist_, checkpoint};
       plugins_.each("on_block_ready", -1, [&](Plugin& p) { p.on_block_ready(ctx); });
     };
+    // From a checkpoint, a trainable weight whose compute copy is partitioned (ZeRO-3) is read for
+    // the elements this rank keeps alone: its slice of the compute (and master) partition. Every
+    // rank decides alike which parameters these are; their ranges differ.
+    if (!build.weights_dir.empty()) {
+      build.held = [&plan](const std::string& name) -> std::optional<ElementRange> {
+        const int64_t slot = plan.find(name);
+        const int g = slot < 0 ? -1 : plan.slots()[static_cast<size_t>(slot)].group;
+        if (g < 0) return std::nullopt;  // frozen: plugins read base weights whole in on_block_ready
+        const StoreGroup& group = plan.groups()[static_cast<size_t>(g)];
+        const BufferLayout& master = group.buffer(StoreBuffer::kMaster);
+        if (group.buffer(StoreBuffer::kCompute).extent != Extent::kPartition ||
+            (master.present && master.extent != Extent::kPartition))
+          return std::nullopt;
+        const ElementRange whole = plan.range(static_cast<int>(slot)), kept = whole & plan.partition(g);
+        if (kept.empty()) return ElementRange{};
+        return ElementRange{kept.begin - whole.begin, kept.end - whole.begin};
+      };
+    }
     // Every rank starts from rank 0's weights (the same seed gives the same init; a loaded
-    // checkpoint is the same file; this makes it so whatever a plugin did); each parameter
-    // trains as planned.
+    // checkpoint is the same file; this makes it so whatever a plugin did), but for the slices
+    // each rank read for itself; each parameter trains as planned.
     std::set<std::string> taken_params, taken_buffers;
-    auto take = [&](const NamedTensors& params, const NamedTensors& buffers) {
+    auto take = [&](const NamedTensors& params, const NamedTensors& buffers, bool built) {
       at::NoGradGuard no_grad;
       for (const auto& [name, t] : params) {
         at::Tensor p = t;
-        dist_->broadcast(p, 0);
+        if (!(built && build.held && build.held(name))) dist_->broadcast(p, 0);
         const int64_t slot = plan.find(name);
         if (slot >= 0) p.set_requires_grad(plan.slots()[static_cast<size_t>(slot)].group >= 0);
         taken_params.insert(name);
@@ -358,7 +377,7 @@ void Engine::setup() {
       store_->adopt(params, buffers);
     };
     build.on_segment_built = [&](int64_t, const NamedTensors& params, const NamedTensors& buffers) {
-      take(params, buffers);
+      take(params, buffers, /*built=*/true);
     };
     model_ = build_model(run_.shape, build);
     // The default generator feeds dropout: seeded like Hugging Face's set_seed (the same seed on
@@ -374,7 +393,7 @@ void Engine::setup() {
     for (const auto& item : model_->named_buffers(/*recurse=*/true))
       if (!taken_buffers.count(item.key())) rest.emplace_back(item.key(), item.value());
     try {
-      take(added, rest);
+      take(added, rest, /*built=*/false);
       store_->finish();
     } catch (const Error& e) {
       throw Error(std::string(e.what()) + ": a plugin's transform_model must create exactly what its "

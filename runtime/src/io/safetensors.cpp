@@ -123,6 +123,10 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   mapping->addr = addr;
   mapping->size = file_size;
   const auto* bytes = static_cast<const uint8_t*>(addr);
+  // Only the header is read here, with no read-around into the tensors behind it (a reader of some
+  // tensors or of slices of them reads just those: the Hugging Face loader); the mapping's advice
+  // is the kernel's default again once it is parsed.
+  madvise(addr, file_size, MADV_RANDOM);
 
   const uint64_t header_len = read_u64_le(bytes);
   if (header_len > kSafetensorsMaxHeaderBytes)
@@ -135,9 +139,11 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   if (header_len < 2 || bytes[8] != '{')
     throw fail("header does not start with '{'; the file is not a safetensors file");
 
+  madvise(addr, 8 + header_len, MADV_WILLNEED);
   rapidjson::Document doc;
   doc.Parse<rapidjson::kParseValidateEncodingFlag | rapidjson::kParseFullPrecisionFlag>(
       reinterpret_cast<const char*>(bytes + 8), header_len);
+  madvise(addr, file_size, MADV_NORMAL);
   if (doc.HasParseError())
     throw fail(std::string("header is not valid UTF-8 JSON: ") +
                rapidjson::GetParseError_En(doc.GetParseError()) + " at header byte " +

@@ -1,6 +1,9 @@
 // Hugging Face checkpoint directories: config.json, model.safetensors and sharded indexes.
 #include "models/hf_checkpoint.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -98,6 +101,35 @@ bool ignorable_buffer(const ModelShape& shape, const std::string& name) {
 }
 
 std::string shape_str(at::IntArrayRef s) { return c10::str(s); }
+
+// madvise over the pages holding `bytes` bytes at `data` (in a file's mapping). Advice: a failure
+// changes nothing but how the kernel reads ahead.
+void advise(const void* data, size_t bytes, int advice) {
+  if (bytes == 0) return;
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(data), first = begin / page * page;
+  ::madvise(reinterpret_cast<void*>(first), begin + bytes - first, advice);
+}
+
+// The loader reads exactly what it copies: each file's tensors are mapped for random access (no
+// page fault reads around itself), and the bytes of a tensor, or of the slice of one, that are
+// about to be copied are asked for ahead (MADV_WILLNEED: one large read, not a fault per page).
+std::unique_ptr<SafetensorsFile> open_weights(const std::string& path) {
+  auto f = std::make_unique<SafetensorsFile>(SafetensorsFile::open(path));
+  if (f->data_bytes() > 0) advise(f->tensor(f->names().front()).data_ptr(), f->data_bytes(), MADV_RANDOM);
+  return f;
+}
+
+// `mapped` (a contiguous view of a mapped file, or any view of one: its whole storage span) is
+// about to be read.
+at::Tensor will_read(const at::Tensor& mapped) {
+  if (mapped.numel() == 0) return mapped;
+  if (mapped.is_contiguous())
+    advise(mapped.data_ptr(), mapped.nbytes(), MADV_WILLNEED);
+  else
+    advise(mapped.storage().data(), mapped.storage().nbytes(), MADV_WILLNEED);
+  return mapped;
+}
 
 }  // namespace
 
@@ -261,7 +293,7 @@ HfWeights HfWeights::open(const std::string& dir) {
   const fs::path single = fs::path(dir) / kSingleFile;
   const fs::path index = fs::path(dir) / kIndexFile;
   if (fs::exists(single)) {
-    w.files_.push_back(std::make_unique<SafetensorsFile>(SafetensorsFile::open(single.string())));
+    w.files_.push_back(open_weights(single.string()));
     for (const auto& name : w.files_[0]->names()) {
       w.by_name_[name] = w.files_[0].get();
       w.file_of_[name] = single.string();
@@ -292,7 +324,7 @@ HfWeights HfWeights::open(const std::string& dir) {
       if (!fs::exists(shard_path))
         throw FileError(shard_path, "shard listed in " + index_path + " (for tensor '" + name +
                                         "') does not exist");
-      w.files_.push_back(std::make_unique<SafetensorsFile>(SafetensorsFile::open(shard_path)));
+      w.files_.push_back(open_weights(shard_path));
       found = shards.emplace(shard, w.files_.back().get()).first;
     }
     if (!found->second->contains(name))
@@ -369,8 +401,8 @@ void HfWeights::check(const ModelShape& shape, const std::vector<ParamSpec>& spe
     if (shape.tie_embeddings && (name == "lm_head.weight")) {
       const std::string emb = shape.arch == "gpt2" ? "transformer.wte.weight" : "model.embed_tokens.weight";
       Located e = locate(emb);
-      at::Tensor head = file->tensor(name);
-      at::Tensor table = e.file->tensor(e.key);
+      at::Tensor head = will_read(file->tensor(name));
+      at::Tensor table = will_read(e.file->tensor(e.key));
       if (head.sizes() != table.sizes() || !at::equal(head.to(at::kFloat), table.to(at::kFloat)))
         throw FileError(file->path(),
                         "tensor 'lm_head.weight' differs from '" + e.key +
@@ -386,17 +418,30 @@ void HfWeights::check(const ModelShape& shape, const std::vector<ParamSpec>& spe
   }
 }
 
-at::Tensor HfWeights::tensor(const ParamSpec& spec) const {
+at::Tensor HfWeights::mapped(const ParamSpec& spec) const {
   Located loc = locate(spec.name);
   at::Tensor t = loc.file->tensor(loc.key);
   return spec.transposed_on_disk ? t.t() : t;
+}
+
+at::Tensor HfWeights::tensor(const ParamSpec& spec) const { return will_read(mapped(spec)); }
+
+at::Tensor HfWeights::read(const ParamSpec& spec, const std::optional<ElementRange>& keep) const {
+  const at::Tensor stored = mapped(spec);
+  const bool in_place = stored.is_contiguous();  // else a transposed view: every page holds some of any row
+  const at::Tensor span = keep && in_place ? stored.view(-1).narrow(0, keep->begin, keep->size()) : stored;
+  will_read(span);
+  if (!keep || in_place) return span;
+  const int64_t row = stored.numel() / stored.size(0);  // the rows holding the slice, copied
+  const int64_t first = keep->begin / row, last = (keep->end + row - 1) / row;
+  return stored.narrow(0, first, last - first).reshape(-1).narrow(0, keep->begin - first * row, keep->size());
 }
 
 bool HfWeights::contains(const std::string& name) const { return by_name_.count(key_of(name)) > 0; }
 
 at::Tensor HfWeights::tensor(const std::string& name) const {
   Located loc = locate(name);
-  return loc.file->tensor(loc.key);
+  return will_read(loc.file->tensor(loc.key));
 }
 
 std::string HfWeights::file_of(const std::string& name) const { return locate(name).file->path(); }

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -57,6 +58,12 @@ class HfWeights final : public CheckpointReader {
   // The tensor for `spec`, in the model's layout (transposed view for Conv1D weights), viewing the
   // mapped file in its dtype on disk; copy_ it into the parameter to convert.
   at::Tensor tensor(const ParamSpec& spec) const;
+  // What build_model copies into a parameter: the tensor for `spec` in the model's layout or, with
+  // `keep`, its elements [keep.begin, keep.end) flat — viewing the mapped file, with the pages they
+  // occupy asked of the kernel ahead of the copy (MADV_WILLNEED) so that no page fault reads around
+  // them: what is read of the file is what is copied. (A GPT-2 Conv1D weight is transposed on disk:
+  // the rows holding a slice are copied, and every page of the tensor read.)
+  at::Tensor read(const ParamSpec& spec, const std::optional<ElementRange>& keep = std::nullopt) const;
   // After copying `spec` out: let the kernel drop its file pages (SafetensorsFile::drop_pages).
   void drop_pages(const ParamSpec& spec) const;
 
@@ -69,6 +76,7 @@ class HfWeights final : public CheckpointReader {
     std::string key;  // the name on disk
   };
   std::string key_of(const std::string& hf_name) const;  // the name on disk (base-model files: no prefix)
+  at::Tensor mapped(const ParamSpec& spec) const;        // tensor(spec) without reading ahead
   Located locate(const std::string& hf_name) const;      // FileError when absent
 
   std::string dir_;

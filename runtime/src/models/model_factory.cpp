@@ -160,8 +160,15 @@ std::shared_ptr<CausalLM> build_model(const ModelShape& shape, const BuildOption
       if (weights && weights->plugin_reads(name)) {
         p.zero_();  // stored in a plugin's format: its on_block_ready reads it
       } else if (weights) {
-        p.copy_(weights->tensor(*it->second));  // converts bf16/fp16 on disk to fp32
-        weights->drop_pages(*it->second);       // the file need not stay resident
+        const std::optional<ElementRange> keep = options.held ? options.held(name) : std::nullopt;
+        const at::Tensor stored = weights->read(*it->second, keep);
+        if (keep) {
+          p.zero_();
+          if (!keep->empty()) p.view(-1).narrow(0, keep->begin, keep->size()).copy_(stored);
+        } else {
+          p.copy_(stored);  // converts bf16/fp16 on disk to fp32
+        }
+        weights->drop_pages(*it->second);  // the file need not stay resident
       } else
         init_parameter(shape, name, p, options.init_std, gen);
     }

@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -19,6 +20,7 @@
 
 #include "memrt/model.h"
 #include "memrt/model_shape.h"
+#include "memrt/param_store.h"
 
 namespace memrt {
 
@@ -42,6 +44,13 @@ struct BuildOptions {
   // the segment's parameters and module buffers by their Hugging Face names — so that the caller
   // takes them into the parameter store before the next segment exists.
   std::function<void(int64_t segment, const NamedTensors& params, const NamedTensors& buffers)> on_segment_built;
+  // With weights_dir: the flat elements [begin, end) of a parameter (by Hugging Face name) this
+  // process keeps, or none when it keeps the whole tensor. A parameter with a range is read from
+  // the checkpoint for those elements alone (only their pages of the file are touched, where the
+  // file's layout is the model's: a GPT-2 Conv1D weight is transposed on disk, so its slice is
+  // gathered from every page) and the rest of it is zero — ZeRO-3's partitioned weights, whose
+  // other elements this rank never keeps. Random init ignores it (the generator draws them all).
+  std::function<std::optional<ElementRange>(const std::string& name)> held;
 };
 
 // Builds the model (fp32, CPU). Order: embeddings, then for each block: allocate, initialise or
