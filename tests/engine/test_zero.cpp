@@ -576,14 +576,14 @@ TEST(Zero, StageThreeHoldsItsPartitionsAndTheBlocksItGathersAsEstimated) {
   Job wide_sync = wide;  // no prefetch: one block gathered at a time
   wide_sync.tag = "_wide_sync";
   wide_sync.prefetch = 0;
-  // Llama's gradients reach its buckets out of their order (SwiGLU's gate and up, attention's q,
-  // k and v), so backward opens bucket buffers beside the staging that the estimate does not model;
-  // with the block before it prefetched, the last block's backward becomes the peak, 2 of them
-  // (40,000 B, +1.3%) above the estimate (docs/zero.md). Without prefetch the peak is the loss's.
+  // Llama, with the block before the last one prefetched: its backward is the peak. Its gradients
+  // reach the buckets in their reduction order (a block's norms are registered in the order forward
+  // uses them), so backward holds one bucket's staging and no bucket buffer besides — when the norms
+  // were registered last, as Hugging Face registers them, the last block's matrices waited for the
+  // input norm's bucket, each in a buffer of its own: 2 of them (40,000 B, +1.3%) at the peak.
   Job llama{"fp32", 3, false, 2};
   llama.tag = "_llama";
   llama.yaml = kLlamaYaml;
-  llama.prefetch = 0;
   // LoRA: the frozen base partitioned as well, each rank keeping half of every matrix.
   Job lora = llama;
   lora.tag = "_lora";

@@ -2,8 +2,8 @@
 //
 //   GPT-2: transformer.{wte, wpe, h.<i>.{ln_1, attn.{c_attn, c_proj}, ln_2, mlp.{c_fc, c_proj}},
 //          ln_f}, lm_head tied to wte (or its own weight when untied)
-//   Llama: model.{embed_tokens, layers.<i>.{self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj,
-//          input_layernorm, post_attention_layernorm}, norm}, lm_head (tied or not)
+//   Llama: model.{embed_tokens, layers.<i>.{input_layernorm, self_attn.{q,k,v,o}_proj,
+//          post_attention_layernorm, mlp.{gate,up,down}_proj}, norm}, lm_head (tied or not)
 #pragma once
 
 #include <memory>

@@ -98,7 +98,10 @@ class Gpt2LM : public DecoderLM {
                   "n_ctx " + std::to_string(shape_.n_ctx) + "); lower block_size");
     const at::Tensor pos = layout_->packed() ? layout_->positions                              // (B, T)
                                              : at::arange(T, tokens.options().dtype(at::kLong));  // (T)
-    return train_dropout(wte_(tokens) + wpe_(pos), shape_.embd_pdrop, is_training());  // (B, T, C)
+    // wte before wpe, as registered (one statement each: the order of an operator's operands is the
+    // compiler's), so backward hands wpe's gradient over first: ZeRO's bucket order (llama.cpp).
+    const at::Tensor token_embedding = wte_(tokens);                                  // (B, T, C)
+    return train_dropout(token_embedding + wpe_(pos), shape_.embd_pdrop, is_training());  // (B, T, C)
   }
 
   at::Tensor final_norm(const at::Tensor& hidden) override { return ln_f_(hidden); }

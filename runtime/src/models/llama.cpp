@@ -18,24 +18,31 @@ class LlamaBlock : public DecoderBlock {
       : DecoderBlock("model.layers." + std::to_string(index)),
         n_head_(s.n_head), n_kv_head_(s.n_kv_head), head_dim_(s.head_dim()),
         attention_dropout_(s.attn_pdrop), rope_(std::move(rope)), layout_(std::move(layout)) {
+    // Registered in the order forward uses them (Hugging Face registers the two norms last), so
+    // that backward hands their gradients over in reverse registration order, the order ZeRO
+    // reduces its buckets in: a bucket holding the input norm, whose gradient comes last, is then
+    // reduced after the block's matrices instead of holding them back (docs/zero.md).
     const int64_t C = s.d_model, kv = s.n_kv_head * s.head_dim();
+    input_layernorm_ = register_module("input_layernorm", RMSNorm(C, s.norm_eps));
     auto attn = register_module("self_attn", std::make_shared<torch::nn::Module>("self_attn"));
     q_proj_ = &add_linear(*attn, "self_attn", "q_proj", C, C, false);   // (C, C)
     k_proj_ = &add_linear(*attn, "self_attn", "k_proj", C, kv, false);  // (kv*hd, C)
     v_proj_ = &add_linear(*attn, "self_attn", "v_proj", C, kv, false);  // (kv*hd, C)
     o_proj_ = &add_linear(*attn, "self_attn", "o_proj", C, C, false);   // (C, C)
+    post_attention_layernorm_ = register_module("post_attention_layernorm", RMSNorm(C, s.norm_eps));
     auto mlp = register_module("mlp", std::make_shared<torch::nn::Module>("mlp"));
     gate_proj_ = &add_linear(*mlp, "mlp", "gate_proj", C, s.d_ff, false);  // (F, C)
     up_proj_ = &add_linear(*mlp, "mlp", "up_proj", C, s.d_ff, false);      // (F, C)
     down_proj_ = &add_linear(*mlp, "mlp", "down_proj", s.d_ff, C, false);  // (C, F)
-    input_layernorm_ = register_module("input_layernorm", RMSNorm(C, s.norm_eps));
-    post_attention_layernorm_ = register_module("post_attention_layernorm", RMSNorm(C, s.norm_eps));
   }
 
   at::Tensor forward(const at::Tensor& x) override {  // (B, T, C) -> (B, T, C)
     at::Tensor h = x + attention(input_layernorm_(x));
     at::Tensor n = post_attention_layernorm_(h);
-    at::Tensor m = down_proj_->forward(at::silu(gate_proj_->forward(n)) * up_proj_->forward(n));
+    // gate before up, as registered (one statement each: the order of a call's arguments is the
+    // compiler's), so backward reaches up's gradient first, then gate's.
+    at::Tensor gate = at::silu(gate_proj_->forward(n));
+    at::Tensor m = down_proj_->forward(gate * up_proj_->forward(n));
     return h + m;  // (B, T, C)
   }
 

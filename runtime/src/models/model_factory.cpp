@@ -117,15 +117,15 @@ std::vector<ParamSpec> parameter_specs(const ModelShape& s) {
     add("model.embed_tokens.weight", {V, C});
     for (int64_t i = 0; i < s.n_layer; ++i) {
       const std::string p = "model.layers." + std::to_string(i) + ".";
+      add(p + "input_layernorm.weight", {C}, i);
       add(p + "self_attn.q_proj.weight", {C, C}, i);
       add(p + "self_attn.k_proj.weight", {KV, C}, i);
       add(p + "self_attn.v_proj.weight", {KV, C}, i);
       add(p + "self_attn.o_proj.weight", {C, C}, i);
+      add(p + "post_attention_layernorm.weight", {C}, i);
       add(p + "mlp.gate_proj.weight", {F, C}, i);
       add(p + "mlp.up_proj.weight", {F, C}, i);
       add(p + "mlp.down_proj.weight", {C, F}, i);
-      add(p + "input_layernorm.weight", {C}, i);
-      add(p + "post_attention_layernorm.weight", {C}, i);
     }
     add("model.norm.weight", {C});
   }
