@@ -592,7 +592,7 @@ TEST(HfCheckpoint, AcceptsBaseModelNamesBuffersAndAnEqualTiedHead) {
 // so that after the build mincore shows what this process read: each held slice's pages, and not
 // one whole page of the rest of those tensors (the kernel reads ahead nothing: the file's header
 // alone at open, then what each copy asks for). A GPT-2 Conv1D weight, transposed on disk, is read
-// whole but keeps the same elements.
+// whole but keeps the same elements; a sharded bf16 checkpoint gives the same elements converted.
 TEST(HfCheckpoint, HeldSlicesAloneAreReadFromTheFile) {
   ModelShape l;
   l.arch = "llama", l.n_layer = 2, l.d_model = 512, l.n_head = 4, l.n_kv_head = 4, l.d_ff = 2048;
@@ -602,18 +602,35 @@ TEST(HfCheckpoint, HeldSlicesAloneAreReadFromTheFile) {
   const std::string root = scratch_dir() + "/held";
   const auto middle_third = [](int64_t n) { return ElementRange{n / 3, 2 * n / 3}; };
   const int64_t big = int64_t{1} << 17;  // elements: the projections, not the norms
-  for (const ModelShape& shape : {l, g}) {
-    SCOPED_TRACE(shape.arch);
-    const std::string dir = root + "/" + shape.arch;
+  struct Case {
+    const char* name;
+    ModelShape shape;
+    at::ScalarType dtype;  // on disk
+    int64_t shard_bytes;   // 0: one file, whose pages are checked
+  };
+  // Also what most Hub checkpoints are: bf16 on disk (each slice converted as it is copied), sharded.
+  for (const Case& c : {Case{"llama", l, at::kFloat, 0}, Case{"gpt2", g, at::kFloat, 0},
+                        Case{"llama_bf16_sharded", l, at::kBFloat16, int64_t{1} << 20}}) {
+    SCOPED_TRACE(c.name);
+    const ModelShape& shape = c.shape;
+    const std::string dir = root + "/" + c.name;
     BuildOptions random;
     random.seed = 3;
-    save_hf_checkpoint(*build_model(shape, random), dir);
+    {
+      auto model = build_model(shape, random);
+      at::NoGradGuard no_grad;
+      for (auto& p : model->named_parameters()) p.value().set_data(p.value().to(c.dtype));
+      save_hf_checkpoint(*model, dir, c.shard_bytes);
+    }
+    ASSERT_EQ(fs::exists(dir + "/model.safetensors.index.json"), c.shard_bytes > 0);
     const auto whole = params_of(*load(dir));
     const std::string file = dir + "/model.safetensors";
-    const int fd = ::open(file.c_str(), O_RDONLY);
-    ASSERT_GE(fd, 0);
-    ASSERT_EQ(::fdatasync(fd), 0);
-    ASSERT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+    const int fd = c.shard_bytes > 0 ? -1 : ::open(file.c_str(), O_RDONLY);
+    if (c.shard_bytes == 0) {
+      ASSERT_GE(fd, 0);
+      ASSERT_EQ(::fdatasync(fd), 0);
+      ASSERT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+    }
 
     std::map<std::string, ElementRange> held;
     for (const ParamSpec& spec : parameter_specs(shape))
@@ -636,8 +653,8 @@ TEST(HfCheckpoint, HeldSlicesAloneAreReadFromTheFile) {
       want.narrow(0, lo, hi - lo).copy_(t.view(-1).narrow(0, lo, hi - lo));
       EXPECT_TRUE(at::equal(sliced.at(name).view(-1), want)) << name;
     }
-    if (shape.arch != "llama") {
-      ::close(fd);
+    if (std::string(c.name) != "llama") {
+      if (fd >= 0) ::close(fd);
       continue;
     }
     // What the build read of the file: its pages in the page cache.
