@@ -111,17 +111,10 @@ void advise(const void* data, size_t bytes, int advice) {
   ::madvise(reinterpret_cast<void*>(first), begin + bytes - first, advice);
 }
 
-// The loader reads exactly what it copies: each file's tensors are mapped for random access (no
-// page fault reads around itself), and the bytes of a tensor, or of the slice of one, that are
-// about to be copied are asked for ahead (MADV_WILLNEED: one large read, not a fault per page).
-std::unique_ptr<SafetensorsFile> open_weights(const std::string& path) {
-  auto f = std::make_unique<SafetensorsFile>(SafetensorsFile::open(path));
-  if (f->data_bytes() > 0) advise(f->tensor(f->names().front()).data_ptr(), f->data_bytes(), MADV_RANDOM);
-  return f;
-}
-
 // `mapped` (a contiguous view of a mapped file, or any view of one: its whole storage span) is
-// about to be read.
+// about to be read: its pages are asked for ahead (MADV_WILLNEED, one large read), so that the
+// copy's page faults find them in the page cache and read nothing around them — the loader reads
+// exactly what it copies (SafetensorsFile::open reads the header alone).
 at::Tensor will_read(const at::Tensor& mapped) {
   if (mapped.numel() == 0) return mapped;
   if (mapped.is_contiguous())
@@ -293,7 +286,7 @@ HfWeights HfWeights::open(const std::string& dir) {
   const fs::path single = fs::path(dir) / kSingleFile;
   const fs::path index = fs::path(dir) / kIndexFile;
   if (fs::exists(single)) {
-    w.files_.push_back(open_weights(single.string()));
+    w.files_.push_back(std::make_unique<SafetensorsFile>(SafetensorsFile::open(single.string())));
     for (const auto& name : w.files_[0]->names()) {
       w.by_name_[name] = w.files_[0].get();
       w.file_of_[name] = single.string();
@@ -324,7 +317,7 @@ HfWeights HfWeights::open(const std::string& dir) {
       if (!fs::exists(shard_path))
         throw FileError(shard_path, "shard listed in " + index_path + " (for tensor '" + name +
                                         "') does not exist");
-      w.files_.push_back(open_weights(shard_path));
+      w.files_.push_back(std::make_unique<SafetensorsFile>(SafetensorsFile::open(shard_path)));
       found = shards.emplace(shard, w.files_.back().get()).first;
     }
     if (!found->second->contains(name))
