@@ -64,7 +64,10 @@ class LoraPlugin final : public memrt::Plugin {
     for (const Target& t : memrt::lora::select_targets(ctx.params, ctx.run.shape, rule_))
       targets_[t.module] = t;
     std::vector<Target> list;
-    for (const auto& [name, t] : targets_) list.push_back(t);
+    for (const auto& [name, t] : targets_) {
+      list.push_back(t);
+      if (options_.dora) ctx.reads_frozen.insert(name + ".weight");  // its norms, in on_block_ready
+    }
     memrt::lora::plan_adapters(ctx.params, list, options_.r, options_.dora);
     for (memrt::ParamInfo& p : ctx.params)
       if (at::isFloatingType(p.dtype) && trained_bias(p.name)) p.trainable = true;

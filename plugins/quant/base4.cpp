@@ -112,7 +112,7 @@ Quantized4 read_bnb4bit(const CheckpointReader& checkpoint, const std::string& n
   return q;
 }
 
-void Base4::plan_params(std::vector<ParamInfo>& params) {
+void Base4::plan_params(std::vector<ParamInfo>& params, std::set<std::string>& reads_frozen) {
   for (ParamInfo& p : params) {
     if (p.dtype == at::kByte && shapes_.count(p.name)) {  // the built model: already quantized
       p.trainable = false;
@@ -132,6 +132,11 @@ void Base4::plan_params(std::vector<ParamInfo>& params) {
   for (ParamInfo& p : params) {
     if (ends_with(p.name, ".bias") && shapes_.count(p.name.substr(0, p.name.size() - 5) + ".weight"))
       p.trainable = false;
+  }
+  // quantize() reads each of them, and the layer's bias, as its block is built.
+  for (const auto& [name, shape] : shapes_) {
+    reads_frozen.insert(name);
+    reads_frozen.insert(name.substr(0, name.rfind('.')) + ".bias");
   }
 }
 

@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -54,8 +55,8 @@ class Base4 {
 
   // Replaces every block projection's weight by its packed codes and freezes its bias (both of the
   // host's calls: on the shapes, where it records each weight's (out, in), and on the built model,
-  // already quantized).
-  void plan_params(std::vector<ParamInfo>& params);
+  // already quantized); names each weight and bias in `reads_frozen`, as quantize reads them.
+  void plan_params(std::vector<ParamInfo>& params, std::set<std::string>& reads_frozen);
   // Installs a Linear4bit for each of block `block`'s planned projections: read as stored where
   // `checkpoint` (may be nullptr) holds it in bitsandbytes' 4-bit format (read_bnb4bit), else
   // quantized from the weight the block was built with.

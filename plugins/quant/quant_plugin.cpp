@@ -53,7 +53,7 @@ class QuantPlugin final : public memrt::Plugin {
   }
 
   void plan_params(memrt::ParamPlanContext& ctx) override {
-    if (base_) base_->plan_params(ctx.params);
+    if (base_) base_->plan_params(ctx.params, ctx.reads_frozen);
   }
 
   void on_block_ready(memrt::BlockReady& ctx) override {

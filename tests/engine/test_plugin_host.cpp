@@ -5,6 +5,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -200,7 +202,7 @@ TEST(PluginAbi, APluginBuiltWithAnOlderMinorIsNeverCalledInALaterPhase) {
   std::vector<ParamInfo> params = {{"w", {4}, at::kFloat, true, true}};
   host.set_trace(true);
   testing::internal::CaptureStderr();
-  host.plan_params(params, run);
+  const std::optional<std::set<std::string>> reads = host.plan_params(params, run);
   memory::MemoryEstimate e;
   e.run = &run;
   host.estimate_memory(e);
@@ -208,14 +210,17 @@ TEST(PluginAbi, APluginBuiltWithAnOlderMinorIsNeverCalledInALaterPhase) {
   EXPECT_EQ(trace, "[hook] fixture_abi21/estimate_memory\n");
   EXPECT_EQ(e.table.at(memory::Category::kOther), 1) << "2.1's phases are still called";
   EXPECT_TRUE(params[0].trainable);
+  EXPECT_FALSE(reads) << "a plugin before 2.20 cannot name the frozen weights its on_block_ready reads";
 }
 
-// A plugin of this minor is called in plan_params, and what it plans is what the host keeps.
+// A plugin of this minor is called in plan_params: what it plans is what the host keeps, and the
+// frozen weights it names are those the host reads whole for it (ParamPlanContext::reads_frozen).
 class Freezer : public Plugin {
  public:
   void plan_params(ParamPlanContext& ctx) override {
     for (ParamInfo& p : ctx.params) p.trainable = p.name != "frozen";
     ctx.params.push_back({"added", {2, 3}, at::kFloat, true, false});
+    ctx.reads_frozen.insert("frozen");
   }
 };
 
@@ -226,8 +231,9 @@ TEST(PluginHost, PlanParamsEditsTheList) {
   RunInfo run;
   std::vector<ParamInfo> params = {{"frozen", {4}, at::kFloat, true, true},
                                    {"kept", {4}, at::kFloat, true, true}};
-  host.plan_params(params, run);
+  const std::optional<std::set<std::string>> reads = host.plan_params(params, run);
   ASSERT_EQ(params.size(), 3u);
+  EXPECT_EQ(reads, (std::set<std::string>{"frozen"}));
   EXPECT_FALSE(params[0].trainable);
   EXPECT_TRUE(params[1].trainable);
   EXPECT_EQ(params[2].name, "added");

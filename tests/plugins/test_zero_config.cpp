@@ -6,6 +6,8 @@
 // in the memory plan the plugin then lays out); and which keys leave a note.
 #include <gtest/gtest.h>
 
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -31,13 +33,13 @@ struct Configured {
   ConfigDiagnostics diag;
 };
 
-// The ds_config `{"train_micro_batch_size_per_gpu": 4, "zero_optimization": <zero>}` as a run
-// of `world_size` ranks would take it.
-Configured configure(const std::string& zero, int world_size = 2) {
+// The ds_config `{"train_micro_batch_size_per_gpu": 4, "zero_optimization": <zero>}` as rank
+// `rank` of a run of `world_size` ranks would take it.
+Configured configure(const std::string& zero, int world_size = 2, const std::string& yaml = kYaml, int rank = 0) {
   Configured c;
-  c.cfg = load_train_config(sources(kTop + zero + "}", kYaml, {}, world_size));
+  c.cfg = load_train_config(sources(kTop + zero + "}", yaml, {}, world_size));
   c.plugins = PluginHost::load(c.cfg.plugins);
-  c.plugins.configure(make_run_info(c.cfg, 0, world_size, 0), c.diag);
+  c.plugins.configure(make_run_info(c.cfg, rank, world_size, rank), c.diag);
   return c;
 }
 
@@ -192,6 +194,38 @@ TEST(ZeroConfig, StageThreeHonoursThePrefetchLimitsAndNotesTheReuseDistance) {
   EXPECT_FALSE(automatic.cfg.save_consolidated_model);
   EXPECT_TRUE(test::has_warning(automatic.cfg, "'zero_optimization.stage3_gather_16bit_weights_on_model_save' is \"auto\": read as false"));
   EXPECT_TRUE(automatic.diag.warnings.empty()) << automatic.diag.warnings.front();
+}
+
+// From a checkpoint, a ZeRO-3 rank reads the elements it keeps (held_elements, on the plan the
+// estimate and the run share): of a frozen weight the store partitions, its share — unless a
+// plugin reads the weight whole as its block is built (named in ParamPlanContext::reads_frozen:
+// DoRA's targets, for their norms; a 4-bit base's projections and biases, never partitioned), or
+// a plugin built before ABI 2.20 is loaded, which cannot say what it reads (then every frozen
+// weight is read whole).
+TEST(ZeroConfig, StageThreeReadsTheFrozenSharesThatNoPluginReadsWhole) {
+  const std::string dora = kYaml + "adapter: lora\nlora_r: 4\nlora_target_modules: [c_attn]\nuse_dora: true\n";
+  const std::string zero = R"({"stage": 3, "stage3_param_persistence_threshold": 0})";
+  for (int rank : {0, 1}) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    Configured c = configure(zero, 2, dora, rank);
+    const EstimateReport e = estimate_memory(c.cfg, make_run_info(c.cfg, rank, 2, rank), c.plugins);
+    ASSERT_TRUE(e.frozen_reads.has_value()) << "every plugin loaded is of this SDK";
+    EXPECT_EQ(*e.frozen_reads, (std::set<std::string>{"transformer.h.0.attn.c_attn.weight",
+                                                      "transformer.h.1.attn.c_attn.weight"}));
+    auto held = [&](const std::string& name) { return held_elements(*e.store, e.frozen_reads, name); };
+    const int64_t half = 64 * 256 / 2;  // mlp.c_fc (64 x 256), frozen, not a target
+    EXPECT_EQ(held("transformer.h.1.mlp.c_fc.weight"), (ElementRange{rank * half, (rank + 1) * half}));
+    EXPECT_EQ(held("transformer.wte.weight"), (ElementRange{rank * 128 * 64, (rank + 1) * 128 * 64}));
+    EXPECT_EQ(held("transformer.h.0.ln_1.bias"), (ElementRange{rank * 32, (rank + 1) * 32}));
+    EXPECT_FALSE(held("transformer.h.0.attn.c_attn.weight")) << "DoRA's norms read it whole";
+    EXPECT_FALSE(held_elements(*e.store, std::nullopt, "transformer.h.1.mlp.c_fc.weight"))
+        << "a plugin that cannot say what it reads";
+    // Above the persistence threshold a frozen weight is whole on every rank.
+    Configured kept = configure(R"({"stage": 3, "stage3_param_persistence_threshold": 100})", 2, dora, rank);
+    const EstimateReport k = estimate_memory(kept.cfg, make_run_info(kept.cfg, rank, 2, rank), kept.plugins);
+    EXPECT_FALSE(held_elements(*k.store, k.frozen_reads, "transformer.h.0.ln_1.bias"));
+    EXPECT_TRUE(held_elements(*k.store, k.frozen_reads, "transformer.h.1.mlp.c_fc.weight"));
+  }
 }
 
 }  // namespace

@@ -163,10 +163,11 @@ using SegmentFn = std::function<at::Tensor(const at::Tensor&)>;
 
 // ---- phase contexts -------------------------------------------------------------------------------
 // A block's weights as built, before the store takes them in: random init, or the checkpoint's
-// values. Frozen weights are whole (a base to quantize, or DoRA's norms to read). Under ZeRO-3 from
-// a checkpoint, a trainable weight whose compute copy is partitioned holds only the elements this
-// rank keeps — the rest is zero, never read from the file (docs/zero.md) — so a plugin must not
-// read or change trainable weights here.
+// values. Under ZeRO-3 from a checkpoint, a weight the store partitions holds only the elements this
+// rank keeps — the rest is zero, never read from the file (docs/zero.md): a trainable one always,
+// a frozen one unless a plugin named it in ParamPlanContext::reads_frozen (ABI 2.20; a plugin built
+// before 2.20 makes every frozen weight whole). So read here only the frozen weights you named (a
+// base to quantize, DoRA's norms), and never read or change trainable weights.
 struct BlockReady {
   int64_t index;
   Block& block;  // may be modified in place (quantize, cast frozen weights)
@@ -186,6 +187,11 @@ struct BlockReady {
 struct ParamPlanContext {
   std::vector<ParamInfo>& params;  // in model order; append what the plugin adds
   const RunInfo& run;
+  // ABI 2.20: add the name of every frozen parameter (in `params` as planned) this plugin's
+  // on_block_ready reads — a weight it quantizes and that layer's bias, a base whose norms it
+  // takes. ZeRO-3 reads a frozen weight it partitions for this rank's share alone unless a plugin
+  // named it here (BlockReady).
+  std::set<std::string>& reads_frozen;
 };
 
 struct ModelContext {
@@ -469,12 +475,14 @@ class Plugin {
 // SegmentContext::store. 2.16: ParamStore(plan, device), adopt, finish. 2.17: partitioned frozen
 // weights (FrozenLayout::extent kPartition, StorePlan::frozen_partition, ParamStore::attach_frozen /
 // release_frozen). 2.18: Communicator::broadcast_async (ZeRO-3's prefetch). 2.19:
-// MemoryEstimate's gradient elements per backward candidate and choose_backward_peak. The host refuses a plugin whose ABI major differs, whose ABI minor is
-// newer than the host's, or whose
+// MemoryEstimate's gradient elements per backward candidate and choose_backward_peak. 2.20:
+// ParamPlanContext::reads_frozen (ZeRO-3 reads the other partitioned frozen weights as slices of a
+// checkpoint). The host
+// refuses a plugin whose ABI major differs, whose ABI minor is newer than the host's, or whose
 // LibTorch version, C++ ABI flag or CUDA flag differ from its own — plugins pass at::Tensor and
 // nn::Module across the boundary, the same contract as PyTorch C++ extensions.
 #define MEMRT_PLUGIN_ABI_MAJOR 2
-#define MEMRT_PLUGIN_ABI_MINOR 19
+#define MEMRT_PLUGIN_ABI_MINOR 20
 #define MEMRT_PLUGIN_ENTRY_SYMBOL "memrt_plugin_entry"
 
 extern "C" {

@@ -206,7 +206,7 @@ EstimateReport estimate_memory(const TrainConfig& cfg, const RunInfo& run, Plugi
   options.store = store_options(cfg.optimizer);
   options.optimizer = cfg.optimizer;
   std::vector<ParamInfo> params = shape_params(run.shape, cfg.optimizer.from_ds_config);
-  plugins.plan_params(params, run);
+  std::optional<std::set<std::string>> frozen_reads = plugins.plan_params(params, run);
   memory::MemoryEstimate plan = host_memory_plan(run, options, params);
   EstimateReport report;
   report.terms.push_back({"memrt", plan.table});
@@ -214,7 +214,29 @@ EstimateReport estimate_memory(const TrainConfig& cfg, const RunInfo& run, Plugi
   report.table = plan.table;
   report.params = std::move(params);
   report.store = plan.store;
+  report.frozen_reads = std::move(frozen_reads);
   return report;
+}
+
+std::optional<ElementRange> held_elements(const StorePlan& plan, const std::optional<std::set<std::string>>& frozen_reads,
+                                          const std::string& name) {
+  const int64_t slot = plan.find(name);
+  if (slot < 0) return std::nullopt;
+  const int g = plan.slots()[static_cast<size_t>(slot)].group;
+  if (g < 0) {  // frozen: unless a plugin reads it whole as its block is built
+    if (plan.frozen_layout(static_cast<int>(slot)).extent != Extent::kPartition || !frozen_reads ||
+        frozen_reads->count(name))
+      return std::nullopt;
+    return plan.frozen_partition(static_cast<int>(slot));
+  }
+  const StoreGroup& group = plan.groups()[static_cast<size_t>(g)];
+  const BufferLayout& master = group.buffer(StoreBuffer::kMaster);
+  if (group.buffer(StoreBuffer::kCompute).extent != Extent::kPartition ||
+      (master.present && master.extent != Extent::kPartition))
+    return std::nullopt;
+  const ElementRange whole = plan.range(static_cast<int>(slot)), kept = whole & plan.partition(g);
+  if (kept.empty()) return ElementRange{};
+  return ElementRange{kept.begin - whole.begin, kept.end - whole.begin};
 }
 
 void Engine::setup() {
@@ -342,22 +364,11 @@ void Engine::setup() {
       BlockReady ctx{index, block, run_, *dist_, checkpoint};
       plugins_.each("on_block_ready", -1, [&](Plugin& p) { p.on_block_ready(ctx); });
     };
-    // From a checkpoint, a trainable weight whose compute copy is partitioned (ZeRO-3) is read for
-    // the elements this rank keeps alone: its slice of the compute (and master) partition. Every
-    // rank decides alike which parameters these are; their ranges differ.
+    // From a checkpoint, a weight the store partitions (ZeRO-3) is read for the elements this
+    // rank keeps alone. Every rank decides alike which parameters these are; their ranges differ.
     if (!build.weights_dir.empty()) {
-      build.held = [&plan](const std::string& name) -> std::optional<ElementRange> {
-        const int64_t slot = plan.find(name);
-        const int g = slot < 0 ? -1 : plan.slots()[static_cast<size_t>(slot)].group;
-        if (g < 0) return std::nullopt;  // frozen: plugins read base weights whole in on_block_ready
-        const StoreGroup& group = plan.groups()[static_cast<size_t>(g)];
-        const BufferLayout& master = group.buffer(StoreBuffer::kMaster);
-        if (group.buffer(StoreBuffer::kCompute).extent != Extent::kPartition ||
-            (master.present && master.extent != Extent::kPartition))
-          return std::nullopt;
-        const ElementRange whole = plan.range(static_cast<int>(slot)), kept = whole & plan.partition(g);
-        if (kept.empty()) return ElementRange{};
-        return ElementRange{kept.begin - whole.begin, kept.end - whole.begin};
+      build.held = [&plan, this](const std::string& name) {
+        return held_elements(plan, estimate_.frozen_reads, name);
       };
     }
     // Every rank starts from rank 0's weights (the same seed gives the same init; a loaded

@@ -7,6 +7,7 @@
 #include <iosfwd>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -77,6 +78,14 @@ RunInfo make_run_info(const TrainConfig& cfg, int rank, int world_size, int loca
 // The memory estimate for `run`'s rank and world size: the host's plan, then every plugin's term
 // (docs/memory.md). The plugins must have been configured.
 EstimateReport estimate_memory(const TrainConfig& cfg, const RunInfo& run, PluginHost& plugins);
+
+// The elements of parameter `name` (flat, [lo, hi)) this rank reads from a Hugging Face
+// checkpoint, or none: all of them. A parameter whose every copy the store partitions (ZeRO-3) is
+// read for this rank's share alone — a trainable one's compute (and master) partition, a frozen
+// one's frozen_partition unless `frozen_reads` names it (or is none: a plugin may read any) —
+// shifted to the parameter's start; empty for a rank past its end (docs/zero.md).
+std::optional<ElementRange> held_elements(const StorePlan& plan, const std::optional<std::set<std::string>>& frozen_reads,
+                                          const std::string& name);
 
 class Engine {
  public:

@@ -6,6 +6,7 @@
 #include <deque>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,8 @@ struct EstimateReport {
   std::vector<memory::EstimateTerm> terms;
   std::vector<ParamInfo> params;  // the parameters as the plugins planned them (plan_params on the shapes)
   std::shared_ptr<const StorePlan> store;  // the parameter store as the plugins laid it out on the shapes
+  // The frozen parameters plugins read as their block is built (PluginHost::plan_params); none: any.
+  std::optional<std::set<std::string>> frozen_reads;
   int64_t peak_bytes() const { return table.total(); }
 };
 

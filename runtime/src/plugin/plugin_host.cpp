@@ -298,9 +298,14 @@ void PluginHost::call(const LoadedPlugin& p, const char* phase, int64_t step,
   }
 }
 
-void PluginHost::plan_params(std::vector<ParamInfo>& params, const RunInfo& run) {
-  ParamPlanContext ctx{params, run};
+std::optional<std::set<std::string>> PluginHost::plan_params(std::vector<ParamInfo>& params, const RunInfo& run) {
+  std::set<std::string> reads_frozen;
+  ParamPlanContext ctx{params, run, reads_frozen};
   each("plan_params", -1, [&](Plugin& q) { q.plan_params(ctx); });
+  constexpr uint32_t kReadsFrozenMinor = 20;  // ParamPlanContext::reads_frozen
+  for (const LoadedPlugin& p : plugins_)
+    if (p.abi_minor < kReadsFrozenMinor) return std::nullopt;
+  return reads_frozen;
 }
 
 void PluginHost::plan_store(StorePlan& plan, const RunInfo& run,

@@ -4,6 +4,8 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -89,8 +91,10 @@ class PluginHost {
   void each(const char* phase, int64_t step, const std::function<void(Plugin&)>& fn);
   void each_reversed(const char* phase, int64_t step, const std::function<void(Plugin&)>& fn);
 
-  // Every plugin's plan_params(), in priority order, on `params` (memrt/plugin.h).
-  void plan_params(std::vector<ParamInfo>& params, const RunInfo& run);
+  // Every plugin's plan_params(), in priority order, on `params` (memrt/plugin.h). Returns the
+  // frozen parameters the plugins' on_block_ready reads (ParamPlanContext::reads_frozen), or none
+  // where a plugin built before ABI 2.20 is loaded: it cannot say, so it may read any of them.
+  std::optional<std::set<std::string>> plan_params(std::vector<ParamInfo>& params, const RunInfo& run);
 
   // Every plugin's plan_store(), in priority order, each named as the author of its settings
   // (two plugins setting one axis differently is an error naming both); after_each(i), if
