@@ -113,18 +113,22 @@ Options read_options(const ConfigNode& section, ConfigDiagnostics& diag, bool de
       read_offload(r, "offload_optimizer", "cpu_offload", false, out.stage, stage, device_is_cpu, diag);
   out.offload_param = read_offload(r, "offload_param", "cpu_offload_param", true, out.stage, stage, device_is_cpu, diag);
 
+  if (const ConfigNode* n = r.child("reduce_scatter"); n && !n->is_null()) {
+    out.reduce_scatter = n->as_bool();
+    if (!out.reduce_scatter && out.stage == 3)
+      diag.note(*n, "has no effect at stage 3: each gradient bucket is always reduced onto the ranks whose "
+                    "partitions hold it, as DeepSpeed's stage 3 reduce-scatters");
+  }
   // DeepSpeed settings whose result memrt gives by construction, whatever their value: stage 2
-  // always reduces each bucket so that a rank keeps only its share (reduce_scatter), in one flat
-  // partition per group
-  // (contiguous_gradients) and all-gathers the updated partitions (allgather_partitions);
-  // unused parameters simply hand over no gradient. The rest are read by stage 3.
+  // keeps one flat gradient partition per group (contiguous_gradients) and all-gathers the
+  // updated partitions (allgather_partitions); unused parameters simply hand over no gradient.
+  // The rest are read by stage 3.
   if (const ConfigNode* n = r.child("overlap_comm"); n && !n->is_null() && n->as_bool() && out.stage >= 1) {
     diag.note(*n, out.stage >= 2 ? "has no effect here: each gradient bucket is reduced on the backward thread "
                                    "as it fills, not overlapped on a second stream"
                                  : "has no effect here: stage 1 all-reduces the gradients after backward");
   }
   accept_bool(r, {"contiguous_gradients"});
-  accept_bool(r, {"reduce_scatter"});
   accept_bool(r, {"allgather_partitions"});
   accept_bool(r, {"round_robin_gradients"});
   accept_bool(r, {"load_from_fp32_weights"});

@@ -542,16 +542,27 @@ class ZeroPlugin final : public memrt::Plugin {
     while (next_flush_ < buckets_.size() && buckets_[next_flush_].pending == 0) flush(next_flush_++);
   }
 
-  // Sum the bucket over the ranks in place (with Gloo, the same traffic as its reduce-scatter,
-  // which all-reduces a copy), then add the mean of this rank's share into its flat gradient
-  // partition (DeepSpeed averages over the data-parallel ranks). Nothing is allocated.
+  // Sum the bucket over the ranks: each part onto the rank whose partition holds it (DeepSpeed's
+  // reduce_scatter: one reduce, two where a partition ends inside the bucket, in rank order on
+  // every rank), or with reduce_scatter false in place on every rank; then add the mean of this
+  // rank's share into its flat gradient partition (DeepSpeed averages over the data-parallel
+  // ranks). Nothing is allocated.
   void flush(size_t b) {
     Bucket& bucket = buckets_[b];
     const memrt::ParamStore::Group& g = store_->groups()[static_cast<size_t>(bucket.group)];
     const memrt::ElementRange partition = store_->plan().partition(bucket.group);
     at::NoGradGuard no_grad;
     open(static_cast<int>(b));
-    comm_->all_reduce_sum(bucket.sum);
+    if (opt_.reduce_scatter || opt_.stage == 3) {
+      for (int r = 0; r < comm_->world_size(); ++r) {
+        const memrt::ElementRange part = bucket.range & store_->plan().partition(bucket.group, r);
+        if (part.empty()) continue;
+        at::Tensor piece = bucket.sum.narrow(0, part.begin - bucket.range.begin, part.size());
+        comm_->reduce_sum(piece, r);
+      }
+    } else {
+      comm_->all_reduce_sum(bucket.sum);
+    }
     const memrt::ElementRange share = bucket.range & partition;
     Staging& st = staging_[static_cast<size_t>(bucket.group)];
     if (!share.empty()) {

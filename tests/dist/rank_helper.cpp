@@ -4,8 +4,9 @@
 // test (closed-form sums, or every rank's inputs regenerated locally), prints "OK <mode> ..." and
 // exits 0; any mismatch prints "FAIL ..." to stderr and exits 1.
 //
-//   dist_rank_helper collectives          all_reduce sum/max, broadcast (and async), all_gather,
-//                                         reduce_scatter, barrier (several dtypes, a strided tensor)
+//   dist_rank_helper collectives          all_reduce sum/max, broadcast (and async), reduce to a
+//                                         root, all_gather, reduce_scatter, barrier (several
+//                                         dtypes, strided tensors)
 //   dist_rank_helper grads B1 B2 ...      all_reduce_gradients with bucket sizes B1, B2 ... bytes,
 //                                         against the plain mean / sum / DeepSpeed scalings
 //   dist_rank_helper dp_equiv             shard-gradient average == full-batch gradient
@@ -112,6 +113,17 @@ void run_collectives(DistContext& d) {
     d.broadcast(b, root);
     expect_equal(b, at::full({4, 4}, static_cast<float>(100 * root + 1), at::kFloat),
                  "broadcast from rank " + std::to_string(root));
+  }
+
+  // reduce_sum to the last rank and to rank 0, the second into a strided view: the root holds the
+  // sum (the others' values are the backend's).
+  for (int root : {w - 1, 0}) {
+    at::Tensor sum = at::arange(12, at::kFloat).view({3, 4}) * static_cast<float>(r + 1);  // (3, 4)
+    at::Tensor target = root == 0 ? sum.t() : sum;                                        // (4, 3) view or (3, 4)
+    d.reduce_sum(target, root);
+    if (r == root)
+      expect_close(sum, at::arange(12, at::kFloat).view({3, 4}) * static_cast<float>(tri),
+                   "reduce_sum to rank " + std::to_string(root));
   }
 
   // broadcast_async: one broadcast from every rank in flight at once, a blocking collective issued

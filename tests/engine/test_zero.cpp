@@ -47,13 +47,14 @@ struct Job {
   // Stages 1-2 (elements). Small by default: many bucket reductions and chunked all-gathers per
   // step, parameters larger than a bucket, and buckets straddling the ranks' partitions.
   int reduce_bucket = 5000, allgather_bucket = 3000;
+  bool reduce_scatter = true;  // false: each bucket all-reduced in place (stage 2)
   // Stage 3: biases and norms (at most 256 elements here) stay whole, the matrices are gathered.
   int persistence = 1000;
   int64_t prefetch = -1;  // stage3_prefetch_bucket_size when >= 0 (else DeepSpeed's default: prefetch)
   std::string name() const {
     return precision + "_stage" + std::to_string(stage) + (offload ? "_offload" : "") + "_" +
            std::to_string(ranks) + "ranks" + (accumulation > 1 ? "_gas" + std::to_string(accumulation) : "") +
-           (accumulate_fp32 ? "_fp32grads" : "") + tag;
+           (accumulate_fp32 ? "_fp32grads" : "") + (reduce_scatter ? "" : "_allreduce") + tag;
   }
 };
 
@@ -68,6 +69,7 @@ std::string ds_config(const Job& r) {
   if (r.stage > 0)
     ds += R"(, "reduce_bucket_size": )" + std::to_string(r.reduce_bucket) + R"(, "allgather_bucket_size": )" +
           std::to_string(r.allgather_bucket);
+  if (!r.reduce_scatter) ds += R"(, "reduce_scatter": false)";
   if (r.stage == 3) ds += R"(, "stage3_param_persistence_threshold": )" + std::to_string(r.persistence);
   if (r.stage == 3 && r.prefetch >= 0) ds += R"(, "stage3_prefetch_bucket_size": )" + std::to_string(r.prefetch);
   if (r.offload) ds += R"(, "offload_optimizer": {"device": "cpu", "pin_memory": true})";
@@ -107,7 +109,9 @@ Job torch_job(const TempDir& dir, const fs::path& model, int stage, int ranks, c
 
 // fp32: every stage, rank count and placement follows the single-rank stage-0 curve and gradient
 // norms within 1e-5 relative over 20 steps (the global batch is the same for every rank count), also when
-// accumulating gradients over micro-steps (stage 2 adds each micro-step's into the partition). On
+// accumulating gradients over micro-steps (stage 2 adds each micro-step's into the partition), and
+// at stage 2 both with each bucket reduced onto its owners (reduce_scatter, the default) and
+// all-reduced in place (reduce_scatter false). On
 // 4 ranks the buckets are 20,000 and 12,000 elements, still straddling the partitions: 4 ranks on 2
 // cores wait for each other at every collective, and the small buckets' are four times as many.
 // 4 ranks run stage 1 in place and stage 2 offloaded (where the state lives is what offload
@@ -118,12 +122,14 @@ TEST(Zero, Fp32StagesRanksAndOffloadFollowStageZero) {
   const std::vector<double> ref = losses(ref_dir), ref_norms = metric(ref_dir, "grad_norm");
   ASSERT_EQ(ref.size(), 20u);
   ASSERT_LT(ref.back(), 0.8 * ref.front()) << "the reference run learns";
+  Job all_reduced{"fp32", 2, false, 2};
+  all_reduced.reduce_scatter = false;
   for (const Job& r : std::vector<Job>{{"fp32", 0, false, 2}, {"fp32", 0, false, 4},
                                        {"fp32", 1, false, 1}, {"fp32", 1, false, 2},
                                        {"fp32", 1, false, 4}, {"fp32", 1, true, 2},
                                        {"fp32", 2, false, 1}, {"fp32", 2, false, 2},
                                        {"fp32", 2, true, 2}, {"fp32", 2, true, 4},
-                                       {"fp32", 2, false, 2, 2}, {"fp32", 1, false, 2, 2}}) {
+                                       {"fp32", 2, false, 2, 2}, {"fp32", 1, false, 2, 2}, all_reduced}) {
     Job job = r;
     if (job.ranks == 4) {
       job.reduce_bucket = 20000;
@@ -181,26 +187,22 @@ TEST(Zero, StageThreeReadsItsSlicesOfAHuggingFaceCheckpoint) {
   const fs::path model = shared_reference(std::string(MEMRT_SOURCE_DIR) + "/tests/engine/peft_eval.py", {"make", "llama"});
   const std::string yaml = "model_name_or_path: " + model.string() +
                            "\nblock_size: 32\nmax_steps: 10\nlogging_steps: 1\nlearning_rate: 3.0e-3\n";
-  std::vector<double> ref;
-  for (Job r : std::vector<Job>{{"fp32", 0, false, 1}, {"fp32", 3, false, 2}, {"fp32", 3, false, 4}}) {
-    r.yaml = yaml;
-    r.tag = "_llama";
-    r.persistence = 0;
-    const std::vector<double> got = losses(train(dir, r));
-    if (ref.empty()) ref = got;
-    ASSERT_EQ(got.size(), 10u) << r.name();
-    EXPECT_LT(worst_relative(got, ref), 1e-5) << r.name();
-  }
-  ref.clear();
-  for (Job r : std::vector<Job>{{"fp32", 0, false, 1}, {"fp32", 3, false, 2}}) {
-    r.yaml = yaml + "adapter: lora\nlora_r: 4\nlora_target_modules: [q_proj, v_proj]\nuse_dora: true\n";
-    r.tag = "_llama_dora";
-    r.persistence = 0;
-    const std::vector<double> got = losses(train(dir, r));
-    if (ref.empty()) ref = got;
-    ASSERT_EQ(got.size(), 10u) << r.name();
-    EXPECT_LT(worst_relative(got, ref), 1e-5) << r.name();
-  }
+  // Every job's curve against the first's (stage 0 on one rank).
+  auto along_the_first = [&](const std::vector<Job>& jobs, const std::string& more_yaml, const std::string& tag) {
+    std::vector<double> ref;
+    for (Job r : jobs) {
+      r.yaml = yaml + more_yaml;
+      r.tag = tag;
+      r.persistence = 0;
+      const std::vector<double> got = losses(train(dir, r));
+      if (ref.empty()) ref = got;
+      ASSERT_EQ(got.size(), 10u) << r.name();
+      EXPECT_LT(worst_relative(got, ref), 1e-5) << r.name();
+    }
+  };
+  along_the_first({{"fp32", 0, false, 1}, {"fp32", 3, false, 2}, {"fp32", 3, false, 4}}, "", "_llama");
+  along_the_first({{"fp32", 0, false, 1}, {"fp32", 3, false, 2}},
+                  "adapter: lora\nlora_r: 4\nlora_target_modules: [q_proj, v_proj]\nuse_dora: true\n", "_llama_dora");
 }
 
 // The independent reference: PyTorch itself — transformers' GPT2LMHeadModel from the same

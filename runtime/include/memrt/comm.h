@@ -46,6 +46,13 @@ class Communicator {
     };
     return std::make_unique<Done>();
   }
+
+  // ---- ABI 2.20 ----
+  // `t` on rank `root` := the element-wise sum over ranks of `t`; on the other ranks its values are
+  // unspecified afterwards (the backend may use it as scratch). Half an all-reduce's traffic where
+  // only one rank needs the sum (ZeRO's gradient buckets: the rank owning that partition). A
+  // backend without it all-reduces (this default).
+  virtual void reduce_sum(at::Tensor& t, int /*root*/) { all_reduce_sum(t); }
 };
 
 }  // namespace memrt

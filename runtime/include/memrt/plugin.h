@@ -477,7 +477,7 @@ class Plugin {
 // release_frozen). 2.18: Communicator::broadcast_async (ZeRO-3's prefetch). 2.19:
 // MemoryEstimate's gradient elements per backward candidate and choose_backward_peak. 2.20:
 // ParamPlanContext::reads_frozen (ZeRO-3 reads the other partitioned frozen weights as slices of a
-// checkpoint). The host
+// checkpoint), Communicator::reduce_sum (ZeRO's gradient buckets onto their owners). The host
 // refuses a plugin whose ABI major differs, whose ABI minor is newer than the host's, or whose
 // LibTorch version, C++ ABI flag or CUDA flag differ from its own — plugins pass at::Tensor and
 // nn::Module across the boundary, the same contract as PyTorch C++ extensions.

@@ -269,14 +269,21 @@ struct DistContext::Impl {
            "output). " + backend_name + " said: " + backend_message(e);
   }
 
-  void all_reduce(at::Tensor& t, c10d::ReduceOp::RedOpType op, const char* name) {
-    std::string what = std::string(name) + " of " + describe(t);
+  // A collective on `t` in place, waited for: `launch(ts)` starts it on ts = {t, or a contiguous
+  // copy of t}; with `result_here`, a copy's result goes back into t.
+  template <class F>
+  void in_place(at::Tensor& t, const std::string& what, bool result_here, F&& launch) {
     at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
     std::vector<at::Tensor> ts{buf};
+    wait(start(what, [&] { return launch(ts); }), what);
+    if (result_here && !buf.is_same(t)) t.copy_(buf);
+  }
+
+  void all_reduce(at::Tensor& t, c10d::ReduceOp::RedOpType op, const char* name) {
     c10d::AllreduceOptions opts;
     opts.reduceOp = c10d::ReduceOp(op);
-    wait(start(what, [&] { return backend->allreduce(ts, opts); }), what);
-    if (!buf.is_same(t)) t.copy_(buf);
+    in_place(t, std::string(name) + " of " + describe(t), true,
+             [&](std::vector<at::Tensor>& ts) { return backend->allreduce(ts, opts); });
   }
 };
 
@@ -451,21 +458,25 @@ std::unique_ptr<Communicator::Pending> DistContext::broadcast_async(at::Tensor& 
       std::chrono::duration_cast<std::chrono::milliseconds>(timeout_));
 }
 
-void DistContext::broadcast(at::Tensor& t, int root) {
-  if (root < 0 || root >= world_size()) {
-    throw DistributedError("rank " + std::to_string(rank()) + ": broadcast from root " +
-                           std::to_string(root) + " is impossible with " +
-                           std::to_string(world_size()) + " rank(s); the root must be in [0, " +
-                           std::to_string(world_size() - 1) + "]");
+namespace {
+
+void check_root(const char* what, int root, int rank, int world_size) {
+  if (root < 0 || root >= world_size) {
+    throw DistributedError("rank " + std::to_string(rank) + ": " + what + " root " + std::to_string(root) +
+                           " is impossible with " + std::to_string(world_size) +
+                           " rank(s); the root must be in [0, " + std::to_string(world_size - 1) + "]");
   }
+}
+
+}  // namespace
+
+void DistContext::broadcast(at::Tensor& t, int root) {
+  check_root("broadcast from", root, rank(), world_size());
   if (!impl_) return;
-  std::string what = "broadcast from rank " + std::to_string(root) + " of " + describe(t);
-  at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
-  std::vector<at::Tensor> ts{buf};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
-  impl_->wait(impl_->start(what, [&] { return impl_->backend->broadcast(ts, opts); }), what);
-  if (!buf.is_same(t)) t.copy_(buf);
+  impl_->in_place(t, "broadcast from rank " + std::to_string(root) + " of " + describe(t), true,
+                  [&](std::vector<at::Tensor>& ts) { return impl_->backend->broadcast(ts, opts); });
 }
 
 namespace {
@@ -523,6 +534,16 @@ void DistContext::reduce_scatter_sum(at::Tensor& out, const at::Tensor& in) {
                 what);
   }
   if (!out.is_contiguous()) out.copy_(dst.view(out.sizes()));
+}
+
+void DistContext::reduce_sum(at::Tensor& t, int root) {
+  check_root("reduce_sum to", root, rank(), world_size());
+  if (!impl_) return;
+  c10d::ReduceOptions opts;
+  opts.reduceOp = c10d::ReduceOp::SUM;
+  opts.rootRank = root;
+  impl_->in_place(t, "reduce_sum to rank " + std::to_string(root) + " of " + describe(t), rank() == root,
+                  [&](std::vector<at::Tensor>& ts) { return impl_->backend->reduce(ts, opts); });
 }
 
 void DistContext::barrier() {

@@ -91,6 +91,9 @@ class DistContext final : public Communicator {
   // The broadcast runs on the backend's worker thread (Gloo's, NCCL's stream); the handle waits
   // as the blocking call does, bounded by the timeout.
   std::unique_ptr<Pending> broadcast_async(at::Tensor& t, int root) override;
+  // The sum over ranks into root's `t` (a contiguous copy is reduced where `t` is not); the other
+  // ranks' `t` is left as the backend leaves it.
+  void reduce_sum(at::Tensor& t, int root) override;
   void barrier() override;
   // out (world_size * n elements) = every rank's `in` (n elements) concatenated in rank order.
   void all_gather(at::Tensor& out, const at::Tensor& in) override;
