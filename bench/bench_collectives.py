@@ -1,8 +1,8 @@
 """Which collective should reduce a ZeRO gradient bucket on a CPU: c10d's Gloo all_reduce (what
-plugins/zero does: the in-place sum, then each rank adds its partition's share), reduce_scatter
-(each rank receives only its share of the sum: half the bytes on the wire of an all-reduce), or a
-reduce to the one rank whose partition holds the bucket (memrt's partitions are ranges of a flat
-buffer, so a segment's bucket mostly belongs to one rank).
+plugins/zero does with reduce_scatter false: the in-place sum, then each rank adds its partition's
+share), reduce_scatter (each rank receives only its share of the sum), or a reduce to the one rank
+whose partition holds the bucket (what plugins/zero does by default: memrt's partitions are ranges
+of a flat buffer, so a segment's bucket mostly belongs to one rank).
 
     <venv python> bench/bench_collectives.py [--ranks 2] [--sizes 16384,262144,1048576,4194304]
 

@@ -113,12 +113,7 @@ Options read_options(const ConfigNode& section, ConfigDiagnostics& diag, bool de
       read_offload(r, "offload_optimizer", "cpu_offload", false, out.stage, stage, device_is_cpu, diag);
   out.offload_param = read_offload(r, "offload_param", "cpu_offload_param", true, out.stage, stage, device_is_cpu, diag);
 
-  if (const ConfigNode* n = r.child("reduce_scatter"); n && !n->is_null()) {
-    out.reduce_scatter = n->as_bool();
-    if (!out.reduce_scatter && out.stage == 3)
-      diag.note(*n, "has no effect at stage 3: each gradient bucket is always reduced onto the ranks whose "
-                    "partitions hold it, as DeepSpeed's stage 3 reduce-scatters");
-  }
+  if (const ConfigNode* n = r.child("reduce_scatter"); n && !n->is_null()) out.reduce_scatter = n->as_bool();
   // DeepSpeed settings whose result memrt gives by construction, whatever their value: stage 2
   // keeps one flat gradient partition per group (contiguous_gradients) and all-gathers the
   // updated partitions (allgather_partitions); unused parameters simply hand over no gradient.

@@ -18,9 +18,9 @@ struct Options {
   bool offload_optimizer = false;                // offload_optimizer.device "cpu" (or cpu_offload)
   int64_t reduce_bucket_size = 500'000'000;      // elements; DeepSpeed's default
   int64_t allgather_bucket_size = 500'000'000;   // likewise
-  // Stage 2: each gradient bucket summed onto the ranks whose partitions hold it (DeepSpeed's
-  // reduce_scatter, its default), or, false, summed in place on every rank. Stage 3 always does
-  // the first, as DeepSpeed's does.
+  // Stages 2 and 3: each gradient bucket summed onto the ranks whose partitions hold it
+  // (DeepSpeed's reduce_scatter, its default), or, false, all-reduced in place on every rank (as
+  // DeepSpeed's stage 2 average_tensor and stage 3 __reduce_and_partition_ipg_grads do).
   bool reduce_scatter = true;
   // Stage 3.
   bool offload_param = false;                    // offload_param.device "cpu" (or cpu_offload_param)

@@ -553,7 +553,7 @@ class ZeroPlugin final : public memrt::Plugin {
     const memrt::ElementRange partition = store_->plan().partition(bucket.group);
     at::NoGradGuard no_grad;
     open(static_cast<int>(b));
-    if (opt_.reduce_scatter || opt_.stage == 3) {
+    if (opt_.reduce_scatter) {
       for (int r = 0; r < comm_->world_size(); ++r) {
         const memrt::ElementRange part = bucket.range & store_->plan().partition(bucket.group, r);
         if (part.empty()) continue;

@@ -145,8 +145,9 @@ TEST(Zero, Fp32StagesRanksAndOffloadFollowStageZero) {
 // for its backward — on 1, 2 and 4 ranks, with parameter and optimizer offload, accumulating over 2
 // micro-steps, with every parameter gathered (no persistent ones), and with activation
 // checkpointing (whose recompute in backward reads the weights gathered for it), each with the
-// next segment prefetched, and once without prefetch — follows the single-rank stage-0 curve and
-// gradient norms within 1e-5 relative over 20 steps.
+// next segment prefetched, once without prefetch, and once with its gradient buckets all-reduced
+// (reduce_scatter false) — follows the single-rank stage-0 curve and gradient norms within 1e-5
+// relative over 20 steps.
 TEST(Zero, StageThreeFollowsStageZero) {
   TempDir dir("zero3_fp32");
   const fs::path ref_dir = train(dir, {"fp32", 0, false, 1});
@@ -164,8 +165,10 @@ TEST(Zero, StageThreeFollowsStageZero) {
   Job sync{"fp32", 3, false, 2};  // every gather waited for where it is needed (the others prefetch)
   sync.prefetch = 0;
   sync.tag = "_no_prefetch";
+  Job all_reduced{"fp32", 3, false, 2};  // reduce_scatter false: each bucket all-reduced in place
+  all_reduced.reduce_scatter = false;
   for (const Job& r : std::vector<Job>{{"fp32", 3, false, 1}, {"fp32", 3, false, 2}, {"fp32", 3, true, 2},
-                                       {"fp32", 3, false, 2, 2}, every, checkpointed, four, sync}) {
+                                       {"fp32", 3, false, 2, 2}, every, checkpointed, four, sync, all_reduced}) {
     const fs::path out = train(dir, r);
     EXPECT_LT(worst_relative(losses(out), ref), 1e-5) << r.name();
     EXPECT_LT(worst_relative(metric(out, "grad_norm"), ref_norms), 1e-5) << r.name();
