@@ -210,7 +210,7 @@ TEST(Launcher, KilledRankMakesTheOtherExitOnItsOwn) {
   EXPECT_NE(r.exit_code, 0) << r.out;
   EXPECT_NE(r.exit_code, 124) << "rank 0 hung:\n" << r.out;
   EXPECT_LT(r.seconds, 60.0);
-  EXPECT_NE(r.out.find("a peer rank probably died"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("a peer rank probably died"), std::string::npos) << "exit " << r.exit_code << "\n" << r.out;
 }
 
 // A plugin's Control::stop_training on one rank stops every rank after the same step, and they

@@ -4,6 +4,7 @@
 #include "dist/process_group.h"
 
 #include <dlfcn.h>
+#include <signal.h>
 
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -356,6 +357,12 @@ std::shared_ptr<DistContext> DistContext::create(const DistEnvironment& env,
   timeout = effective_timeout(timeout);
   std::shared_ptr<DistContext> ctx(new DistContext(env, timeout));
   if (env.world_size <= 1) return ctx;
+  // A peer that dies closes its sockets, and the next write to one raises SIGPIPE, whose default
+  // action ends this process without a word (exit 141) before Gloo can report the broken pipe and
+  // this rank say what happened. Python ignores SIGPIPE at start-up, so PyTorch's ranks get the
+  // error; so do memrt's, unless the program installed a handler of its own.
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) signal(SIGPIPE, SIG_IGN);
 
   auto impl = std::make_unique<Impl>();
   impl->rank = env.rank;
