@@ -3,10 +3,15 @@
 # ---- ccache ---------------------------------------------------------------------------------
 find_program(MEMRT_CCACHE ccache)
 if(MEMRT_CCACHE AND NOT CMAKE_CXX_COMPILER_LAUNCHER)
-  # Precompiled headers need these sloppiness settings or ccache never hits.
+  # Precompiled headers need these sloppiness settings or ccache never hits. Paths under the source
+  # tree are hashed relative to it and the working directory is not hashed, so a clone elsewhere
+  # (CI's fresh clone) reuses what another clone compiled: otherwise every new folder is a cold
+  # build, about 50 minutes on the slowest 2-core machine. (Debug info then names the folder that
+  # compiled the object first.)
   set(CMAKE_CXX_COMPILER_LAUNCHER
       ${CMAKE_COMMAND} -E env
       "CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime"
+      "CCACHE_BASEDIR=${CMAKE_SOURCE_DIR}" CCACHE_NOHASHDIR=1
       ${MEMRT_CCACHE})
   message(STATUS "memrt: compiling through ccache (${MEMRT_CCACHE})")
 endif()
