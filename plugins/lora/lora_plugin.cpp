@@ -10,7 +10,7 @@
 // values; every checkpoint (and output_dir/adapter/, the newest) and `launcher export` write them
 // (export --merge folds them into the weights). LLaMA-Factory's freeze tuning
 // (`finetuning_type: freeze`, freeze.h): in plan_params only the chosen parameters train. What PEFT
-// can express and memrt does not build (rank_pattern, alpha_pattern, regex targets, ...) is refused
+// can express and memrt does not build (rank_pattern, alpha_pattern, exclude_modules, ...) is refused
 // by its key rather than trained as something else.
 #include <memrt/plugin.h>
 
@@ -43,7 +43,7 @@ class LoraPlugin final : public memrt::Plugin {
     if (freeze_mode_) {
       configure_freeze(options, r);
     } else {
-      configure_lora(options, r);
+      configure_lora(options, r, diag);
     }
     r.finish();
   }
@@ -227,7 +227,7 @@ class LoraPlugin final : public memrt::Plugin {
                                "n < 0 for the first -n");
   }
 
-  void configure_lora(const memrt::ConfigNode& options, memrt::ConfigReader& r) {
+  void configure_lora(const memrt::ConfigNode& options, memrt::ConfigReader& r, memrt::ConfigDiagnostics& diag) {
     rule_.file = options.file();
     const memrt::ConfigNode* rank = r.child("lora_r");
     const memrt::ConfigNode* alpha = r.child("lora_alpha");
@@ -249,6 +249,7 @@ class LoraPlugin final : public memrt::Plugin {
       // them, not contradict them.
       adapter_dir_ = dir->as_string();
       const memrt::lora::PeftAdapterConfig peft = memrt::lora::read_peft_config(adapter_dir_);
+      diag.warnings.insert(diag.warnings.end(), peft.warnings.begin(), peft.warnings.end());
       const auto agree = [&](const memrt::ConfigNode* n, bool same, const std::string& what) {
         if (n && !n->is_null() && !same)
           throw n->error("is " + n->to_json(0) + " but " + peft.file + " says " + what +
@@ -268,6 +269,7 @@ class LoraPlugin final : public memrt::Plugin {
       options_.dropout = peft.dropout;
       rule_.file = peft.file;
       rule_.modules = peft.target_modules;
+      rule_.regex = peft.target_regex;
       rule_.layers = peft.layers_to_transform;
       bias_ = peft.bias;
       modules_to_save_ = peft.modules_to_save;
@@ -291,8 +293,10 @@ class LoraPlugin final : public memrt::Plugin {
       modules_key_file_ = rule_.file;  // the adapter's
     }
     if (targets && !targets->is_null()) {
-      if (targets->is_string() && targets->as_string() == "all-linear") {
-        rule_.all_linear = true;
+      if (targets->is_string()) {
+        // The loader made a name list of every other string: a string here is PEFT's (a regex).
+        rule_.all_linear = targets->as_string() == "all-linear";
+        if (!rule_.all_linear) rule_.regex = targets->as_string();
       } else {
         rule_.modules = targets->as_names();
         if (rule_.modules.empty()) throw targets->error("names no module; list module names or use all-linear");
@@ -318,6 +322,7 @@ class LoraPlugin final : public memrt::Plugin {
     std::set<std::string> modules;  // the targets' own names, as PEFT resolves target_modules
     for (const auto& [name, t] : targets_) modules.insert(name.substr(name.rfind('.') + 1));
     c.target_modules.assign(modules.begin(), modules.end());
+    c.target_regex = rule_.regex;  // a regex stays one: its resolved names could not say which blocks
     std::vector<std::pair<std::string, at::Tensor>> tensors;
     for (const std::string& name : saved.names())
       if (in_adapter_file(name)) tensors.emplace_back(file_key(name), saved.read(name));

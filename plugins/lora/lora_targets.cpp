@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <map>
+#include <regex>
 #include <set>
 
 namespace memrt::lora {
@@ -32,6 +33,37 @@ bool matches(const std::string& module, const std::vector<std::string>& targets)
                      [&](const std::string& t) { return module == t || ends_with(module, "." + t); });
 }
 
+std::regex compile_target_regex(const TargetRule& rule) {
+  try {
+    return std::regex(rule.regex, std::regex::ECMAScript);
+  } catch (const std::regex_error& e) {
+    throw ConfigError(rule.file, "lora_target_modules",
+                      "is the regular expression \"" + rule.regex + "\", which does not compile (" + e.what() +
+                          "); memrt reads ECMAScript syntax, which Python's re shares but for its own extensions "
+                          "((?P<name>...), inline flags): rewrite it without them, or list the module names");
+  }
+}
+
+// A regex target must match only block projections: every other module the parameters name (the
+// model and its blocks, attention and MLP containers, norms, embeddings, lm_head) is refused, as
+// PEFT refuses modules it cannot adapt and memrt adapts none outside the blocks' projections.
+void refuse_other_modules(const std::vector<ParamInfo>& params, const std::regex& re, const TargetRule& rule,
+                          const std::set<std::string>& projections) {
+  std::set<std::string> modules;
+  for (const ParamInfo& p : params) {
+    if (is_adapter(p.name)) continue;
+    for (size_t dot = p.name.find('.'); dot != std::string::npos; dot = p.name.find('.', dot + 1))
+      modules.insert(p.name.substr(0, dot));
+  }
+  for (const std::string& m : modules) {
+    if (projections.count(m) || !std::regex_match(m, re)) continue;
+    throw ConfigError(rule.file, "lora_target_modules",
+                      "is the regular expression \"" + rule.regex + "\", which matches '" + m +
+                          "': not a projection of a block (LoRA adapts those linear layers only; PEFT refuses "
+                          "other module types); narrow the expression");
+  }
+}
+
 }  // namespace
 
 std::string lora_a_name(const std::string& module) { return module + ".lora_A.weight"; }
@@ -51,6 +83,12 @@ std::vector<Target> select_targets(const std::vector<ParamInfo>& params, const M
   if (wanted.empty() && !rule.all_linear) {
     wanted = arch == "llama" ? std::vector<std::string>{"q_proj", "v_proj"} : std::vector<std::string>{"c_attn"};
   }
+  if (!rule.regex.empty() && !rule.layers.empty())
+    throw ConfigError(rule.file, "layers_to_transform",
+                      "is set with lora_target_modules a regular expression, which PEFT's LoraConfig refuses: "
+                      "name the blocks in the expression instead (e.g. \\.(0|1)\\.)");
+  const bool by_regex = !rule.regex.empty() && !rule.all_linear;
+  const std::regex re = by_regex ? compile_target_regex(rule) : std::regex();
   for (int64_t layer : rule.layers)
     if (layer < 0 || layer >= shape.n_layer)
       throw ConfigError(rule.file, "layers_to_transform", "names block " + std::to_string(layer) + "; the model's blocks are 0.." +
@@ -59,14 +97,15 @@ std::vector<Target> select_targets(const std::vector<ParamInfo>& params, const M
     return rule.layers.empty() || std::find(rule.layers.begin(), rule.layers.end(), layer) != rule.layers.end();
   };
   std::vector<Target> out;
-  std::set<std::string> available;
+  std::set<std::string> available, projections;
   for (const ParamInfo& p : params) {
     if (!ends_with(p.name, ".weight") || p.shape.size() != 2 || is_adapter(p.name)) continue;
     const std::string module = p.name.substr(0, p.name.size() - 7);
     const auto [short_name, layer] = block_module(module);
     if (short_name.empty()) continue;  // not inside a block: embeddings, lm_head
     available.insert(short_name.substr(short_name.rfind('.') + 1));
-    if (!rule.all_linear && !matches(module, wanted)) continue;
+    projections.insert(module);
+    if (by_regex ? !std::regex_match(module, re) : !rule.all_linear && !matches(module, wanted)) continue;
     if (!transformed(layer)) continue;
     if (at::isFloatingType(p.dtype)) {
       out.push_back({module, p.shape[1], p.shape[0]});
@@ -79,15 +118,19 @@ std::vector<Target> select_targets(const std::vector<ParamInfo>& params, const M
       throw Error("LoRA: target '" + module + "' is not a projection of the " + arch + " model");
     out.push_back({module, it->second[1], it->second[0]});
   }
+  if (by_regex) refuse_other_modules(params, re, rule, projections);
   if (out.empty()) {
     std::string names, asked;
     for (const std::string& n : available) names += (names.empty() ? "" : ", ") + n;
     for (const std::string& n : wanted) asked += (asked.empty() ? "" : ", ") + n;
+    const std::string what = by_regex ? "is the regular expression \"" + rule.regex + "\", which"
+                             : rule.modules.empty() ? "is not set, and PEFT's default for " + arch + " (" + asked + ")"
+                                                    : "names " + asked + ", which";
     throw ConfigError(rule.file, "lora_target_modules",
-                      (rule.modules.empty() ? "is not set, and PEFT's default for " + arch + " (" + asked + ")"
-                                            : "names " + asked + ", which") +
-                          " matches no projection of the model's blocks; choose from: " + names +
-                          " (or all-linear)");
+                      what + " matches no projection of the model's blocks; choose from: " + names +
+                          (by_regex && !projections.empty()
+                               ? " (the expression must match a whole name, e.g. " + *projections.begin() + ")"
+                               : " (or all-linear)"));
   }
   return out;
 }

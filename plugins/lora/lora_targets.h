@@ -5,6 +5,9 @@
 // Targets as PEFT matches `target_modules` (tuners_utils.check_target_module_exists) against a
 // module's full dotted name ("model.layers.0.self_attn.q_proj"):
 //   a list      the name equals an entry or ends with "." + entry ("q_proj", "self_attn.q_proj")
+//   a string    a regular expression the whole name must match (re.fullmatch), e.g.
+//               "model\.layers\.[0-3]\.self_attn\.(q|v)_proj" (ECMAScript syntax: Python's own
+//               extensions such as (?P<name>...) are an error naming the key)
 //   all-linear  every projection of the blocks (never lm_head)
 //   none given  PEFT's default for the architecture: GPT-2 ["c_attn"], Llama ["q_proj", "v_proj"]
 // and, with layers_to_transform, only in the blocks of those indices (PEFT's layer index: the
@@ -26,6 +29,7 @@ namespace memrt::lora {
 struct TargetRule {
   std::string file;                  // the config file, for errors
   std::vector<std::string> modules;  // lora_target_modules; empty: the architecture's default
+  std::string regex;                 // lora_target_modules as a string (not all-linear); else empty
   bool all_linear = false;
   std::vector<int64_t> layers;       // layers_to_transform; empty: every block
 };
@@ -38,7 +42,10 @@ struct Target {
 // The targets among `params` (model order) of the model `shape` describes: a target's (in, out) is
 // its weight's shape, or for a weight another plugin planned in another form (4-bit codes) the
 // model's own (model_parameter_shapes). Throws memrt::ConfigError naming lora_target_modules when
-// nothing matches, or layers_to_transform when it names a block the model does not have.
+// nothing matches, or a regex matches a module that is not a block projection (a norm, a block, an
+// embedding, lm_head: PEFT refuses the first ones and memrt adapts none of them), or
+// layers_to_transform when it names a block the model does not have or comes with a regex (PEFT's
+// LoraConfig refuses that pair).
 std::vector<Target> select_targets(const std::vector<ParamInfo>& params, const ModelShape& shape,
                                    const TargetRule& rule);
 

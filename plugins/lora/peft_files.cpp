@@ -17,6 +17,33 @@ bool unset(const ConfigNode* n) {
   return false;
 }
 
+// init_lora_weights as a string (true / false / absent: PEFT's default and its debugging random
+// init, nothing to check). How the adapters were initialised does not change what the file's
+// tensors mean, except where the initialisation changed the base too (PiSSA, OLoRA, CorDA, LoftQ,
+// LoRA-GA subtract their first BA from W: the adapter is right on the residual base PEFT saved) or
+// made a variant of LoRA (MiCA freezes B), which memrt does not build.
+void read_init(const ConfigNode& n, PeftAdapterConfig& c) {
+  const std::string init = n.as_string();
+  const bool residual_base = init == "pissa" || init.rfind("pissa_niter_", 0) == 0 || init == "olora" ||
+                             init == "corda" || init == "loftq" || init == "lora_ga";
+  if (residual_base) {
+    ConfigDiagnostics d;
+    d.note(n, "is \"" + init + "\": that initialisation subtracts the first B·A from the base weights, so this "
+              "adapter means what it says on the residual model PEFT saved with it, not on the original; point "
+              "model_name_or_path at that residual model, or convert the adapter to a plain LoRA one with "
+              "PeftModel.save_pretrained(..., path_initial_model_for_weight_conversion=...)");
+    c.warnings = d.warnings;
+  } else if (init != "gaussian" && init != "eva" && init != "orthogonal") {
+    throw ConfigError(c.file, "init_lora_weights",
+                      "is \"" + init + "\", " +
+                          (init == "mica" ? std::string("a LoRA variant (MiCA: B frozen, A trained) that memrt does not build")
+                                          : std::string("which memrt does not know")) +
+                          "; memrt loads adapters initialised with true, false, \"gaussian\", \"eva\", "
+                          "\"orthogonal\" or (on their residual base) \"pissa\", \"olora\", \"corda\", "
+                          "\"loftq\", \"lora_ga\"");
+  }
+}
+
 }  // namespace
 
 std::vector<int64_t> read_layers(const ConfigNode& n) {
@@ -50,10 +77,11 @@ PeftAdapterConfig read_peft_config(const std::string& dir) {
   if (const ConfigNode* n = field("fan_in_fan_out"); !unset(n)) c.fan_in_fan_out = n->as_bool();
   const ConfigNode* targets = field("target_modules");
   if (unset(targets)) refuse("target_modules", "is not set: the adapter names no module");
-  if (targets->is_string())
-    refuse("target_modules", "is a regular expression (\"" + targets->as_string() + "\"); memrt loads adapters "
-                             "whose target_modules is a list of module names");
-  c.target_modules = targets->as_names();
+  if (targets->is_string()) {
+    c.target_regex = targets->as_string();  // PEFT: a string is a regex ("all-linear" was resolved when saved)
+  } else {
+    c.target_modules = targets->as_names();
+  }
   if (const ConfigNode* n = field("bias"); !unset(n)) {
     c.bias = n->as_string();
     if (c.bias != "none" && c.bias != "all" && c.bias != "lora_only")
@@ -69,6 +97,7 @@ PeftAdapterConfig read_peft_config(const std::string& dir) {
                                  "and \"layers\" (Llama)");
   }
   if (const ConfigNode* n = field("modules_to_save"); !unset(n)) c.modules_to_save = n->as_names();
+  if (const ConfigNode* n = field("init_lora_weights"); n && n->is_string()) read_init(*n, c);
   for (const char* key : {"rank_pattern", "alpha_pattern",
                           "target_parameters", "exclude_modules", "megatron_config", "loftq_config"}) {
     const ConfigNode* n = field(key);
@@ -86,6 +115,7 @@ std::string peft_config_json(const PeftAdapterConfig& c) {
   ConfigNode root = ConfigNode::object();
   ConfigNode targets = ConfigNode::array();
   for (const std::string& t : c.target_modules) targets.push_back(ConfigNode::string(t));
+  if (!c.target_regex.empty()) targets = ConfigNode::string(c.target_regex);
   root.set("alpha_pattern", ConfigNode::object());
   root.set("base_model_name_or_path", c.base_model_name_or_path.empty() ? ConfigNode::null()
                                                                          : ConfigNode::string(c.base_model_name_or_path));

@@ -21,7 +21,7 @@ inline constexpr char kPeftWeightsFile[] = "adapter_model.safetensors";
 
 // What a PEFT LoRA adapter_config.json sets, of what memrt builds. A field set to something memrt
 // does not build (a layers_pattern other than the models' own "h" / "layers", rank_pattern,
-// alpha_pattern, a regex target_modules, another peft_type, ...) is a
+// alpha_pattern, another peft_type, an init_lora_weights that is a LoRA variant, ...) is a
 // memrt::ConfigError naming the file and the field.
 struct PeftAdapterConfig {
   std::string file;  // <dir>/adapter_config.json
@@ -32,10 +32,12 @@ struct PeftAdapterConfig {
   bool dora = false;
   bool fan_in_fan_out = false;
   std::vector<std::string> target_modules;
+  std::string target_regex;                  // target_modules written as a string: a full-match regex
   std::vector<int64_t> layers_to_transform;  // empty: every block
   std::string bias = "none";                 // "none" | "all" | "lora_only"
   std::vector<std::string> modules_to_save;  // trained in full, saved whole
   std::string base_model_name_or_path;       // written (null when empty); not read
+  std::vector<std::string> warnings;         // what reading found worth a line (ConfigDiagnostics' form)
 };
 
 // layers_to_transform as PEFT's LoraConfig takes it: an index or a list of indices (null: none).

@@ -465,6 +465,12 @@ TEST(Plugins, LoraKeysAndAliases) {
   const TrainConfig d = load("", "use_peft: false\nlora_r: 4\n");
   EXPECT_EQ(plugin(d, "lora"), nullptr);
   EXPECT_TRUE(has_warning(d, "turns LoRA off"));
+  // A string with a regular expression's characters is PEFT's full-match regex (axolotl passes
+  // its string through), kept whole; a plain string is a comma-separated list.
+  const TrainConfig e = load("", "adapter: lora\nlora_target_modules: 'model\\.layers\\.[01]\\.self_attn\\.(q|v)_proj'\n");
+  EXPECT_EQ(plugin(e, "lora")->options.find("lora_target_modules")->as_string(), R"(model\.layers\.[01]\.self_attn\.(q|v)_proj)");
+  const TrainConfig f = load("", "adapter: lora\nlora_target_modules: self_attn.q_proj,v_proj\n");
+  EXPECT_EQ(plugin(f, "lora")->options.at_path("lora_target_modules[0]")->as_string(), "self_attn.q_proj");
 }
 
 // LLaMA-Factory's freeze tuning goes to plugins/lora, which owns finetuning_type and freeze_*.
@@ -572,6 +578,12 @@ TEST(Overrides, AnOverrideReplacesEverySpellingOfItsKey) {
                              {"--model_name_or_path", (dir / "on_command_line").string()});
   EXPECT_EQ(d.model.name_or_path, (dir / "on_command_line").string());
   EXPECT_EQ(d.train_yaml.find("model"), nullptr);
+  // The LoRA targets in another tool's form: LLaMA-Factory's lora_target and axolotl's
+  // lora_target_linear are replaced by a target list on the command line, and the reverse.
+  const TrainConfig e = load("", "finetuning_type: lora\nlora_target: all\n", {"--lora_target_modules=q_proj,v_proj"});
+  EXPECT_EQ(plugin(e, "lora")->options.at_path("lora_target_modules[1]")->as_string(), "v_proj");
+  const TrainConfig f = load("", "adapter: lora\nlora_target_modules: [q_proj]\n", {"--lora_target_linear=true"});
+  EXPECT_EQ(plugin(f, "lora")->options.find("lora_target_modules")->as_string(), "all-linear");
 }
 
 TEST(TrainYaml, DeepspeedKeyNamingTheSameFileIsAccepted) {

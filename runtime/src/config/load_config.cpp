@@ -309,16 +309,25 @@ const std::vector<std::string>* spellings_of(const std::string& name) {
   return nullptr;
 }
 
+// Canonical keys that choose one thing in different forms: setting one replaces the others (a
+// checkpoint directory replaces the yaml's model block and the reverse; a target list replaces
+// LLaMA-Factory's lora_target and axolotl's lora_target_linear).
+const std::vector<std::vector<std::string>> kSameChoice = {
+    {"model_name_or_path", "model"},
+    {"lora_target_modules", "lora_target", "lora_target_linear"},
+};
+
 // The top-level train.yaml keys a command-line `key` replaces: every spelling of it (`base_model`
-// for `model_name_or_path`), and for the model the other way to describe it (a checkpoint
-// directory replaces the yaml's model block, a model block replaces a directory).
+// for `model_name_or_path`) and of the keys that make the same choice in another form (kSameChoice).
 std::vector<std::string> replaced_keys(const std::string& key) {
   const std::vector<std::string>* names = spellings_of(key);
   if (!names) return {};
   std::vector<std::string> replaced = *names;
-  const std::vector<std::string>& dirs = *spellings_of("model_name_or_path");
-  if (names == &dirs) replaced.push_back("model");
-  if (key == "model") replaced.insert(replaced.end(), dirs.begin(), dirs.end());
+  for (const std::vector<std::string>& group : kSameChoice) {
+    if (std::find(group.begin(), group.end(), names->front()) == group.end()) continue;
+    for (const std::string& other : group)
+      if (other != names->front()) replaced.insert(replaced.end(), spellings_of(other)->begin(), spellings_of(other)->end());
+  }
   return replaced;
 }
 
@@ -1431,7 +1440,8 @@ void Loader::resolve_lora_and_quant() {
   take("layers_to_transform", Ty::Any);  // an index or a list (PEFT's LoraConfig)
   take("lora_modules_to_save", Ty::Any);  // a list, or LLaMA-Factory's comma-separated string
   // Target modules: a list, "all" (LLaMA-Factory) / lora_target_linear: true (axolotl) -> "all-linear"
-  // (PEFT's spelling), or a comma-separated string.
+  // (PEFT's spelling), a comma-separated string of names, or a string with a regular expression's
+  // characters (axolotl passes a string to PEFT, which takes it as a full-match regex) kept a string.
   const ConfigNode* tm = yv("lora_target_modules");
   const ConfigNode* tt = yv("lora_target");
   const ConfigNode* tl = yv("lora_target_linear");
@@ -1449,6 +1459,8 @@ void Loader::resolve_lora_and_quant() {
       const std::string s = given->as_string();
       if (s == "all" || s == "all-linear") {
         value = ConfigNode::string("all-linear", given->file(), given->path());
+      } else if (s.find_first_of("*+?()[]{}|^$\\") != std::string::npos) {
+        value = *given;  // module names never hold these characters
       } else {
         value = ConfigNode::array(given->file(), given->path());
         for (const std::string& name : given->as_names())
