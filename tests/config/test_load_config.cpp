@@ -607,6 +607,12 @@ TEST(TrainYaml, ModelFromLocalCheckpointDirectory) {
   EXPECT_EQ(plugin(c, "zero")->options.at_path("zero_optimization.reduce_bucket_size")->as_int(), 512 * 512);
 }
 
+TEST(TrainYaml, DatasetTextFieldNamesTheJsonlField) {
+  EXPECT_EQ(load("", "").data.text_field, "text");
+  EXPECT_EQ(load("", "dataset_text_field: content\n").data.text_field, "content");
+  expect_config_error([] { load("", "dataset_text_field: ''\n"); }, {"dataset_text_field", "empty"});
+}
+
 TEST(TrainYaml, HuggingFaceDefaults) {
   const TrainConfig c = load("", "");
   EXPECT_EQ(c.micro_batch_size, 8);

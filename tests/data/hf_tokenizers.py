@@ -159,6 +159,22 @@ def byte_offsets(text, offsets):
     return [[at[b], at[e]] for b, e in offsets]
 
 
+def transformers_flags(tok, out, texts):
+    """OUT_DIR/llama2_flags: the llama2 kind beside a tokenizer_config.json asking for BOS and EOS
+    (add_bos_token, add_eos_token), and expected.json's "ids_special" as transformers' AutoTokenizer
+    encodes the texts from that directory (its tokenizers backend, with add_special_tokens)."""
+    from transformers import AutoTokenizer
+    d = os.path.join(out, "llama2_flags")
+    os.makedirs(d, exist_ok=True)
+    tok.save(os.path.join(d, "tokenizer.json"))
+    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
+                   "add_bos_token": True, "add_eos_token": True}, f)
+    hf = AutoTokenizer.from_pretrained(d)
+    with open(os.path.join(d, "expected.json"), "w", encoding="utf-8") as f:
+        json.dump({"texts": texts, "ids_special": [hf(t)["input_ids"] for t in texts]}, f, ensure_ascii=False)
+
+
 def main():
     out = sys.argv[1]
     os.makedirs(out, exist_ok=True)
@@ -204,6 +220,8 @@ def main():
         expected["txt_ids"] = [i for l in txt_lines for i in tok.encode(l, add_special_tokens=True).ids]
         with open(os.path.join(d, "expected.json"), "w", encoding="utf-8") as f:
             json.dump(expected, f, ensure_ascii=False)
+        if kind == "llama2":
+            transformers_flags(tok, out, texts)
 
 
 if __name__ == "__main__":

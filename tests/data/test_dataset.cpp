@@ -154,6 +154,15 @@ TEST(TokenDataset, JsonlTextFieldsJoinedByNewline) {
   EXPECT_EQ(got, "first doc\ncaf\xc3\xa9\nline\n\nlast\n");
   EXPECT_EQ(d->vocab_size(), 256);
   EXPECT_NE(d->description().find("4 documents"), std::string::npos);
+  // TRL's dataset_text_field: another field holds the documents; a line without it names the field.
+  write_text(dir.file("c.jsonl"), "{\"content\": \"one\", \"text\": \"not this\"}\n{\"content\": \"two\"}\n");
+  cfg.train_file = dir.file("c.jsonl");
+  cfg.text_field = "content";
+  toks = all_tokens(*TokenDataset::open(cfg));
+  EXPECT_EQ(std::string(toks.begin(), toks.end()), "one\ntwo\n");
+  cfg.train_file = dir.file("d.jsonl");
+  expect_error<FileError>([&] { TokenDataset::open(cfg); },
+                          {"d.jsonl", "line 1", "no \"content\" field", "dataset_text_field is \"content\""});
 }
 
 // ---- errors --------------------------------------------------------------------------------------

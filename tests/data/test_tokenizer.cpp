@@ -102,6 +102,13 @@ TEST(Tokenizer, EncodesAndDecodesAsHuggingFaceTokenizers) {
       EXPECT_EQ(tok.decode(tok.encode("你好 👨‍👩‍👧‍👦  tabs\t\tend\n", false)), "你好 👨‍👩‍👧‍👦  tabs\t\tend\n");
     }
   }
+  // A tokenizer_config.json's add_bos_token / add_eos_token beside a tokenizer.json: transformers
+  // (5.x, the test venv's) leaves the tokenizer.json's post-processor as it is, and so does memrt.
+  const Tokenizer flagged = Tokenizer::from_file(dir.file("llama2_flags/tokenizer.json"));
+  const rapidjson::Document want = read_json(dir.file("llama2_flags/expected.json"));
+  for (rapidjson::SizeType i = 0; i < want["texts"].Size(); ++i)
+    EXPECT_EQ(flagged.encode(str(want["texts"][i]), /*add_special_tokens=*/true), ids_of(want["ids_special"][i]))
+        << "text " << i << ": " << str(want["texts"][i]);
 }
 
 // A text or JSONL train_file with the model's tokenizer: each line (with its newline) or each "text"
@@ -131,6 +138,28 @@ TEST(Tokenizer, TextAndJsonlFilesAreTokenizedAsRunClmTokenizesThem) {
         EXPECT_NE(d->description().find(from + cfg.cache_dir), std::string::npos) << d->description();
       }
     }
+  }
+  // TRL's dataset_text_field: the same documents under another field tokenize the same, in a cache
+  // entry of their own.
+  {
+    std::ifstream in(dir.file("data.jsonl"));
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    for (size_t at = text.find("\"text\":"); at != std::string::npos; at = text.find("\"text\":", at))
+      text.replace(at, 7, "\"body\":");
+    std::ofstream(dir.file("body.jsonl")) << text;
+    DataConfig cfg;
+    cfg.train_file = dir.file("body.jsonl");
+    cfg.text_field = "body";
+    cfg.tokenizer = dir.file("gpt2/tokenizer.json");
+    cfg.cache_dir = dir.file("cache");
+    const std::vector<int32_t> expected = ids_of(read_json(dir.file("gpt2/expected.json"))["jsonl_ids"]);
+    const std::shared_ptr<TokenDataset> d = TokenDataset::open(cfg);
+    EXPECT_NE(d->description().find("; cached in "), std::string::npos) << d->description();
+    std::vector<int64_t> got(static_cast<size_t>(d->num_tokens()));
+    d->copy_tokens(0, d->num_tokens(), got.data());
+    EXPECT_EQ(std::vector<int32_t>(got.begin(), got.end()), expected);
+    cfg.text_field = "text";  // not the entry of "body": read again, and the file has no "text"
+    expect_error<FileError>([&] { TokenDataset::open(cfg); }, {"body.jsonl", "line 1", "no \"text\" field"});
   }
   // Another tokenizer, or the file changed, is another cache entry: tokenized again.
   DataConfig cfg;

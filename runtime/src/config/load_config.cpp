@@ -110,6 +110,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>> kYamlKeys = 
     {"model_name_or_path", {"model_name_or_path", "base_model"}},
     {"model", {"model"}},
     {"train_file", {"train_file"}},
+    {"dataset_text_field", {"dataset_text_field"}},
     {"datasets", {"datasets"}},
     {"test_datasets", {"test_datasets"}},
     {"train_on_inputs", {"train_on_inputs", "train_on_prompt"}},
@@ -257,9 +258,9 @@ const std::vector<std::pair<const char*, const char*>> kYamlIgnored = {
 
 // Keys of other tools whose meaning memrt cannot honour: ignoring them would change the training.
 const std::vector<std::pair<const char*, const char*>> kYamlRejected = {
-    {"dataset_name", "memrt reads a local train_file (text, .bin tokens or JSONL with a \"text\" field); set train_file"},
-    {"dataset_mixer", "memrt reads a local train_file (text, .bin tokens or JSONL with a \"text\" field); set train_file"},
-    {"dataset_mixture", "memrt reads a local train_file (text, .bin tokens or JSONL with a \"text\" field); set train_file"},
+    {"dataset_name", "memrt downloads nothing and reads local files: fetch the dataset (huggingface-cli download --repo-type dataset NAME --local-dir DIR) and set train_file to its file (text, .bin tokens, or JSONL of text, prompt/completion or messages records)"},
+    {"dataset_mixer", "memrt reads local files: list them in axolotl's datasets: [{path, type}] or set train_file"},
+    {"dataset_mixture", "memrt reads local files: list them in axolotl's datasets: [{path, type}] or set train_file"},
     {"dataset_splits", "memrt reads a local train_file; set train_file"},
     {"tool_format", "LLaMA-Factory's tool formats are not built; records with tools are refused"},
     {"interleave_probs", "LLaMA-Factory's datasets are concatenated (mix_strategy: concat)"},
@@ -1636,6 +1637,10 @@ void Loader::resolve_model_and_data() {
       throw f->error("is \"" + cfg.data.train_file + "\", which does not exist (relative paths are relative to the "
                      "current directory); leave train_file out to use the built-in corpus");
     }
+  }
+  if (const ConfigNode* f = yv("dataset_text_field")) {
+    cfg.data.text_field = f->as_string();
+    if (cfg.data.text_field.empty()) throw f->error("is empty; name the JSONL field that holds each document's text");
   }
   resolve_records();
   resolve_eval();

@@ -172,6 +172,8 @@ struct HeldOut {
 
 struct DataConfig {
   std::string train_file;  // empty: the built-in corpus
+  // A JSONL file's text documents are each line's value of this field (TRL's dataset_text_field).
+  std::string text_field = "text";
   // Non-empty: the run trains on these records, one sample each, instead of train_file.
   std::vector<DatasetSource> datasets;
   // Records: the loss counts the prompt's tokens too (axolotl's train_on_inputs; TRL's

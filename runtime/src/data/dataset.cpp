@@ -61,11 +61,11 @@ void split_lines(std::string_view text, std::vector<std::string_view>& out) {
   }
 }
 
-// fn(text, n, line number) for the "text" field of each line of a JSONL file (blank lines skipped),
-// valid during the call only; a line that is not an object with a string "text" is a FileError
+// fn(text, n, line number) for the `field` of each line of a JSONL file (blank lines skipped),
+// valid during the call only; a line that is not an object with a string `field` is a FileError
 // naming it.
 template <typename Fn>
-void for_each_jsonl_text(const std::string& path, const MappedFile& file, Fn fn) {
+void for_each_jsonl_text(const std::string& path, const MappedFile& file, const std::string& field, Fn fn) {
   const char* p = reinterpret_cast<const char*>(file.data());
   const char* end = p + file.size();
   int64_t line_no = 0;
@@ -79,19 +79,22 @@ void for_each_jsonl_text(const std::string& path, const MappedFile& file, Fn fn)
       rapidjson::Document doc;
       doc.Parse(first, static_cast<size_t>(eol - first));
       std::string where = "line " + std::to_string(line_no) + ": ";
+      const std::string quoted = "\"" + field + "\"";
       if (doc.HasParseError())
         throw FileError(path, where + "invalid JSON (" +
                                   rapidjson::GetParseError_En(doc.GetParseError()) + " at column " +
                                   std::to_string(doc.GetErrorOffset() + 1 + (first - p)) +
-                                  "); expected one object per line such as {\"text\": \"...\"}");
+                                  "); expected one object per line such as {" + quoted + ": \"...\"}");
       if (!doc.IsObject())
-        throw FileError(path, where + "expected a JSON object with a \"text\" field, one per line");
-      auto it = doc.FindMember("text");
+        throw FileError(path, where + "expected a JSON object with a " + quoted + " field, one per line");
+      auto it = doc.FindMember(rapidjson::StringRef(field.data(), field.size()));
       if (it == doc.MemberEnd())
-        throw FileError(path, where + "the object has no \"text\" field; every line needs "
-                                      "{\"text\": \"...\"} (other fields are ignored)");
+        throw FileError(path, where + "the object has no " + quoted + " field; every line needs {" + quoted +
+                                      ": \"...\"} (other fields are ignored" +
+                                      (field == "text" ? std::string("; dataset_text_field names another field)")
+                                                       : std::string(": dataset_text_field is " + quoted + ")")));
       if (!it->value.IsString())
-        throw FileError(path, where + "\"text\" must be a string");
+        throw FileError(path, where + quoted + " must be a string");
       fn(it->value.GetString(), static_cast<size_t>(it->value.GetStringLength()), line_no);
     }
     p = eol + 1;
@@ -305,9 +308,9 @@ std::shared_ptr<TokenDataset> TokenDataset::open(const DataConfig& cfg) {
       throw FileError(path, "a .json file holds records (prompt/completion, messages, or alpaca through datasets:); "
                             "text goes in a .txt file or a JSONL file with a \"text\" field per line");
   }
-  if (!cfg.tokenizer.empty()) return open_tokenized(path, cfg.tokenizer, cfg.cache_dir);
+  if (!cfg.tokenizer.empty()) return open_tokenized(path, cfg.tokenizer, cfg.cache_dir, cfg.text_field);
   if (path.empty()) return builtin_corpus();
-  if (ends_with(path, ".jsonl")) return open_jsonl(path);
+  if (ends_with(path, ".jsonl")) return open_jsonl(path, cfg.text_field);
   return open_text(path);
 }
 
@@ -385,17 +388,17 @@ std::shared_ptr<TokenDataset> TokenDataset::open_bin(const std::string& path) {
   return d;
 }
 
-std::shared_ptr<TokenDataset> TokenDataset::open_jsonl(const std::string& path) {
+std::shared_ptr<TokenDataset> TokenDataset::open_jsonl(const std::string& path, const std::string& text_field) {
   MappedFile file(path);
   std::shared_ptr<TokenDataset> d(new TokenDataset());
   int64_t documents = 0;
-  for_each_jsonl_text(path, file, [&](const char* text, size_t n, int64_t) {
+  for_each_jsonl_text(path, file, text_field, [&](const char* text, size_t n, int64_t) {
     d->owned_.append(text, n);
     d->owned_.push_back('\n');  // documents are separated by a newline
     ++documents;
   });
   if (d->owned_.size() < 2)
-    throw FileError(path, "holds no text: expected lines such as {\"text\": \"...\"}");
+    throw FileError(path, "holds no text: expected lines such as {\"" + text_field + "\": \"...\"}");
   d->tokens_ = reinterpret_cast<const uint8_t*>(d->owned_.data());
   d->num_tokens_ = static_cast<int64_t>(d->owned_.size());
   d->description_ = path + " (JSONL, " + std::to_string(documents) + " documents, " +
@@ -404,12 +407,15 @@ std::shared_ptr<TokenDataset> TokenDataset::open_jsonl(const std::string& path) 
 }
 
 std::shared_ptr<TokenDataset> TokenDataset::open_tokenized(const std::string& path, const std::string& tokenizer_json,
-                                                           const std::string& cache_dir) {
+                                                           const std::string& cache_dir, const std::string& text_field) {
   const std::string what = path.empty() ? std::string("built-in corpus") : path;
   const std::string dir = cache_dir.empty() ? default_cache_dir() : cache_dir;
   std::string entry;  // the cache entry, without its extension; "" for none
   try {
-    if (!dir.empty()) entry = (fs::path(dir) / cache_key({path}, tokenizer_json, "")).string();
+    // Another JSONL field is other documents (the default "text" keys as it always has).
+    const bool other_field = ends_with(path, ".jsonl") && text_field != "text";
+    if (!dir.empty())
+      entry = (fs::path(dir) / cache_key({path}, tokenizer_json, other_field ? "text_field " + text_field : "")).string();
   } catch (const std::exception&) {
     // An unreadable data or tokenizer file: reading it below says what is wrong.
   }
@@ -437,7 +443,7 @@ std::shared_ptr<TokenDataset> TokenDataset::open_tokenized(const std::string& pa
     if (ends_with(path, ".jsonl")) {
       kind = "JSONL";
       std::vector<std::pair<size_t, size_t>> spans;
-      for_each_jsonl_text(path, *file, [&](const char* text, size_t n, int64_t line) {
+      for_each_jsonl_text(path, *file, text_field, [&](const char* text, size_t n, int64_t line) {
         spans.emplace_back(arena.size(), n);
         arena.append(text, n);
         line_of.push_back(line);
@@ -452,7 +458,7 @@ std::shared_ptr<TokenDataset> TokenDataset::open_tokenized(const std::string& pa
     if (const std::optional<size_t> bad = first_invalid_utf8(docs[i]))
       throw FileError(path, "line " + std::to_string(line_of.empty() ? static_cast<int64_t>(i) + 1 : line_of[i]) +
                                 ": the text is not valid UTF-8 (byte " + std::to_string(*bad) + " of " +
-                                (line_of.empty() ? "the line" : "its \"text\"") +
+                                (line_of.empty() ? std::string("the line") : "its \"" + text_field + "\"") +
                                 "); the tokenizer takes UTF-8 text: convert the file (e.g. iconv -t UTF-8)");
   }
   // Documents encode independently, on the run's threads, and are concatenated in order.

@@ -40,14 +40,16 @@ class TokenDataset {
   static std::shared_ptr<TokenDataset> builtin_corpus();
   static std::shared_ptr<TokenDataset> open_text(const std::string& path);
   static std::shared_ptr<TokenDataset> open_bin(const std::string& path);
-  static std::shared_ptr<TokenDataset> open_jsonl(const std::string& path);
-  // The documents of a text file (each line with its newline), a JSONL file (each "text") or the
+  // A JSONL file's documents are each line's `text_field` (TRL's dataset_text_field, "text").
+  static std::shared_ptr<TokenDataset> open_jsonl(const std::string& path, const std::string& text_field = "text");
+  // The documents of a text file (each line with its newline), a JSONL file (each `text_field`) or the
   // built-in corpus (path ""), each encoded with add_special_tokens as Hugging Face's run_clm does,
   // concatenated (uint32 tokens; vocab_size() the tokenizer's). Cached in `cache_dir` ("" the
   // default, docs/tokenizers.md "The tokenized cache"): a later open of the same file with the same
   // tokenizer maps the cached tokens; a cache that cannot be written is said in description().
   static std::shared_ptr<TokenDataset> open_tokenized(const std::string& path, const std::string& tokenizer_json,
-                                                      const std::string& cache_dir = "");
+                                                      const std::string& cache_dir = "",
+                                                      const std::string& text_field = "text");
   // The records of cfg.datasets (data/records.h), a sample each, in order, samples longer than
   // block_size dropped or cut as the source's type says, conversations rendered with the chat
   // template of the tokenizer's directory; cached as open_tokenized caches.
