@@ -269,7 +269,8 @@ class LoraPlugin final : public memrt::Plugin {
       options_.dropout = peft.dropout;
       rule_.file = peft.file;
       rule_.modules = peft.target_modules;
-      rule_.regex = peft.target_regex;
+      rule_.all_linear = peft.target_regex == "all-linear";  // a LoraConfig saved before PEFT resolved it
+      if (!rule_.all_linear) rule_.regex = peft.target_regex;
       rule_.layers = peft.layers_to_transform;
       bias_ = peft.bias;
       modules_to_save_ = peft.modules_to_save;
