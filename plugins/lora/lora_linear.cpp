@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <tuple>
 
 #include <torch/nn/init.h>
 
@@ -78,9 +79,41 @@ at::Tensor LoraLinearImpl::weight_norm(at::ScalarType dtype) const {
 
 void LoraLinearImpl::reset_parameters() {
   at::NoGradGuard no_grad;
-  torch::nn::init::kaiming_uniform_(lora_A->weight, std::sqrt(5.0));
-  lora_B->weight.zero_();
-  if (options_.dora) lora_magnitude_vector.copy_(base_norm_.defined() ? base_norm_ : weight_norm(at::kFloat));
+  const at::Tensor& a = lora_A->weight;  // (r, in)
+  const at::Tensor& b = lora_B->weight;  // (out, r)
+  const int64_t r = options_.r;
+  switch (options_.init) {
+    case LoraInit::kDefault:
+      torch::nn::init::kaiming_uniform_(a, std::sqrt(5.0));
+      b.zero_();
+      break;
+    case LoraInit::kGaussian:
+      a.normal_(0.0, 1.0 / static_cast<double>(r));
+      b.zero_();
+      break;
+    case LoraInit::kOrthogonal: {
+      // Rows of one orthogonal matrix, odd ones for A and even ones for B: their products vanish,
+      // so B A = 0 while neither is zero (PEFT's orthogonal_init, its draws in its order).
+      if (r % 2 != 0)
+        throw Error("LoRA: init_lora_weights \"orthogonal\" needs an even rank, got r = " + std::to_string(r));
+      const at::Tensor q = std::get<0>(at::linalg_qr(at::randn({r, r})));
+      const at::Tensor q_odd = q.slice(0, 0, r, 2);
+      const at::Tensor q_even = q.slice(0, 1, r, 2);
+      const at::Tensor new_a = at::randn({in_features_, r / 2}).mm(q_odd).t() / 10.0;
+      const at::Tensor new_b = at::randn({r / 2, b.size(0)}).t().mm(q_even) / 10.0;
+      a.copy_(new_a);
+      b.copy_(new_b);
+      break;
+    }
+    case LoraInit::kLinear:
+      break;  // nn.Linear's own kaiming-uniform init of both, drawn when they were made
+  }
+  if (options_.dora) {
+    if (options_.init == LoraInit::kLinear)
+      throw Error("LoRA: DoRA with init_lora_weights false is not built (its magnitudes would need the whole "
+                  "W + scaling * B A at init); use true, \"gaussian\" or \"orthogonal\"");
+    lora_magnitude_vector.copy_(base_norm_.defined() ? base_norm_ : weight_norm(at::kFloat));
+  }
   base_norm_ = at::Tensor();
 }
 

@@ -32,12 +32,22 @@
 
 namespace memrt::lora {
 
+// PEFT's init_lora_weights, of the values that set the adapters alone (docs/lora.md,
+// "Initialisation"); the others read the base weights or data (PiSSA, EVA, ...) and are not built.
+enum class LoraInit {
+  kDefault,     // true: A kaiming-uniform with a = sqrt(5), B zeros
+  kGaussian,    // "gaussian": A normal(0, 1/r), B zeros
+  kOrthogonal,  // "orthogonal": A and B from the odd and even rows of one random orthogonal r x r, B A = 0
+  kLinear,      // false: both left at nn.Linear's init (B non-zero: the layer no longer starts as its base)
+};
+
 struct LoraOptions {
   int64_t r = 8;          // PEFT's defaults
   double alpha = 8.0;
   double dropout = 0.0;   // on A's input only
   bool rslora = false;
   bool dora = false;      // DoRA: "lora_magnitude_vector" (out)
+  LoraInit init = LoraInit::kDefault;
 };
 
 // alpha / r, or alpha / sqrt(r) with rsLoRA.
@@ -53,9 +63,11 @@ class LoraLinearImpl : public torch::nn::Module {
 
   at::Tensor forward(const at::Tensor& x);
 
-  // PEFT's init_lora_weights=True: A kaiming-uniform with a = sqrt(5) (uniform in ±1/sqrt(in)) from
-  // the default generator, B zeros — the adapter starts as the identity on the base's output; with
-  // DoRA, m = ||W + scaling · B A||_row (= ||W||_row).
+  // PEFT's init_lora_weights (options().init), from the default generator in PEFT's order of draws:
+  // true, A kaiming-uniform with a = sqrt(5) (uniform in ±1/sqrt(in)) and B zeros, so that the
+  // adapter starts as the identity on the base's output; "gaussian", A normal(0, 1/r); "orthogonal",
+  // B A = 0 from two orthogonal halves; false, A and B as nn.Linear made them. With DoRA,
+  // m = ||W + scaling · B A||_row (= ||W||_row: B A is zero, up to rounding for "orthogonal").
   void reset_parameters();
 
   // DoRA's norm ||W + scaling · B A||_row (out) in `dtype`, without gradient, made a tile of rows at

@@ -238,6 +238,7 @@ class LoraPlugin final : public memrt::Plugin {
     const memrt::ConfigNode* layers = r.child("layers_to_transform");
     const memrt::ConfigNode* saved = r.child("lora_modules_to_save");
     const memrt::ConfigNode* dora = r.child("use_dora");
+    const memrt::ConfigNode* init = r.child("init_lora_weights");
     if (const memrt::ConfigNode* ratio = r.child("loraplus_lr_ratio"); ratio && !ratio->is_null()) {
       loraplus_ratio_ = ratio->as_double();
       if (!(loraplus_ratio_ > 0.0))
@@ -276,6 +277,12 @@ class LoraPlugin final : public memrt::Plugin {
       modules_to_save_ = peft.modules_to_save;
       agree(saved, saved && !saved->is_null() && saved->as_names() == peft.modules_to_save, "modules_to_save");
       fan_in_fan_out_ = peft.fan_in_fan_out;
+      init_node_ = peft.init_lora_weights;  // how PEFT first set them, written back as it was
+      if (init && !init->is_null())
+        diag.note(*init, "is ignored: the adapters start from the tensors of " + adapter_dir_);
+    } else if (init && !init->is_null()) {
+      options_.init = memrt::lora::read_lora_init(*init);
+      init_node_ = memrt::lora::lora_init_node(options_.init);
     }
     if (rank && !rank->is_null()) options_.r = rank->as_int();
     if (options_.r <= 0) throw memrt::ConfigError(rule_.file, "lora_r", "is " + std::to_string(options_.r) + "; the rank must be positive");
@@ -286,6 +293,12 @@ class LoraPlugin final : public memrt::Plugin {
                                                                    "; a dropout probability must be in [0, 1)");
     if (rslora && !rslora->is_null()) options_.rslora = rslora->as_bool();
     if (dora && !dora->is_null()) options_.dora = dora->as_bool();
+    if (options_.init == memrt::lora::LoraInit::kOrthogonal && options_.r % 2 != 0)
+      throw init->error("is \"orthogonal\", which needs an even rank (its A and B are the two halves of an r x r "
+                        "orthogonal matrix); r is " + std::to_string(options_.r));
+    if (options_.init == memrt::lora::LoraInit::kLinear && options_.dora)
+      throw init->error("is false with use_dora: DoRA's magnitudes from a non-zero B A at init are not built; "
+                        "use true, \"gaussian\" or \"orthogonal\"");
     if (layers && !layers->is_null()) rule_.layers = memrt::lora::read_layers(*layers);
     if (saved && !saved->is_null()) {
       modules_to_save_ = saved->as_names();
@@ -320,6 +333,7 @@ class LoraPlugin final : public memrt::Plugin {
     c.layers_to_transform = rule_.layers;
     c.bias = bias_;
     c.modules_to_save = modules_to_save_;
+    c.init_lora_weights = init_node_;
     std::set<std::string> modules;  // the targets' own names, as PEFT resolves target_modules
     for (const auto& [name, t] : targets_) modules.insert(name.substr(name.rfind('.') + 1));
     c.target_modules.assign(modules.begin(), modules.end());
@@ -390,6 +404,7 @@ class LoraPlugin final : public memrt::Plugin {
   std::string modules_key_file_;              // the file that named them, for errors
   bool fan_in_fan_out_ = false;
   double loraplus_ratio_ = 1.0;  // LoRA+: B's learning rate over A's
+  memrt::ConfigNode init_node_ = memrt::ConfigNode::boolean(true);  // init_lora_weights, as adapter_config.json says it
   std::map<std::string, Target> targets_;  // by module name
   std::map<std::string, at::Tensor> base_norms_;  // DoRA: each target's ||W||_row, from on_block_ready to transform_model
 };

@@ -46,6 +46,33 @@ void read_init(const ConfigNode& n, PeftAdapterConfig& c) {
 
 }  // namespace
 
+LoraInit read_lora_init(const ConfigNode& n) {
+  if (n.is_bool()) return n.as_bool() ? LoraInit::kDefault : LoraInit::kLinear;
+  const std::string init = n.as_string();
+  if (init == "gaussian") return LoraInit::kGaussian;
+  if (init == "orthogonal") return LoraInit::kOrthogonal;
+  const bool from_base = init == "pissa" || init.rfind("pissa_niter_", 0) == 0 || init == "olora" || init == "corda" ||
+                         init == "loftq" || init == "lora_ga";
+  if (from_base || init == "eva")
+    throw n.error("is \"" + init + "\", an initialisation from " + (from_base ? "the base weights" : "data") +
+                  " that memrt does not build; initialise the adapter with PEFT (get_peft_model, then save_pretrained" +
+                  (from_base ? ", with the residual model it leaves" : "") + ") and train from it with lora_model_dir / "
+                  "adapter_name_or_path" + (from_base ? " and model_name_or_path the residual model" : "") +
+                  "; or use true, false, \"gaussian\" or \"orthogonal\"");
+  throw n.error("is \"" + init + "\"; memrt initialises LoRA adapters as PEFT's true (the default), false, "
+                "\"gaussian\" or \"orthogonal\"");
+}
+
+ConfigNode lora_init_node(LoraInit init) {
+  switch (init) {
+    case LoraInit::kDefault: return ConfigNode::boolean(true);
+    case LoraInit::kGaussian: return ConfigNode::string("gaussian");
+    case LoraInit::kOrthogonal: return ConfigNode::string("orthogonal");
+    case LoraInit::kLinear: return ConfigNode::boolean(false);
+  }
+  return ConfigNode::boolean(true);
+}
+
 std::vector<int64_t> read_layers(const ConfigNode& n) {
   std::vector<int64_t> out;
   if (n.is_null()) return out;
@@ -97,7 +124,10 @@ PeftAdapterConfig read_peft_config(const std::string& dir) {
                                  "and \"layers\" (Llama)");
   }
   if (const ConfigNode* n = field("modules_to_save"); !unset(n)) c.modules_to_save = n->as_names();
-  if (const ConfigNode* n = field("init_lora_weights"); n && n->is_string()) read_init(*n, c);
+  if (const ConfigNode* n = field("init_lora_weights"); n && !n->is_null()) {
+    if (n->is_string()) read_init(*n, c);
+    c.init_lora_weights = *n;
+  }
   for (const char* key : {"rank_pattern", "alpha_pattern",
                           "target_parameters", "exclude_modules", "megatron_config", "loftq_config"}) {
     const ConfigNode* n = field(key);
@@ -122,7 +152,7 @@ std::string peft_config_json(const PeftAdapterConfig& c) {
   root.set("bias", ConfigNode::string(c.bias));
   root.set("fan_in_fan_out", ConfigNode::boolean(c.fan_in_fan_out));
   root.set("inference_mode", ConfigNode::boolean(true));
-  root.set("init_lora_weights", ConfigNode::boolean(true));
+  root.set("init_lora_weights", c.init_lora_weights);
   root.set("layers_pattern", ConfigNode::null());
   if (c.layers_to_transform.empty()) {
     root.set("layers_to_transform", ConfigNode::null());

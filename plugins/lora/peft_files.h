@@ -14,6 +14,8 @@
 #include <memrt/config_node.h>
 #include <memrt/safetensors.h>
 
+#include "lora_linear.h"
+
 namespace memrt::lora {
 
 inline constexpr char kPeftConfigFile[] = "adapter_config.json";
@@ -37,8 +39,16 @@ struct PeftAdapterConfig {
   std::string bias = "none";                 // "none" | "all" | "lora_only"
   std::vector<std::string> modules_to_save;  // trained in full, saved whole
   std::string base_model_name_or_path;       // written (null when empty); not read
+  ConfigNode init_lora_weights = ConfigNode::boolean(true);  // as read, and written back
   std::vector<std::string> warnings;         // what reading found worth a line (ConfigDiagnostics' form)
 };
+
+// init_lora_weights of a LoRA to train, as PEFT's LoraConfig takes it (a boolean or a string); a
+// value memrt does not build — one made from the base weights or from data — is a ConfigError
+// naming `n`, saying how to start from such an adapter instead.
+LoraInit read_lora_init(const ConfigNode& n);
+// The init_lora_weights PEFT writes for `init`.
+ConfigNode lora_init_node(LoraInit init);
 
 // layers_to_transform as PEFT's LoraConfig takes it: an index or a list of indices (null: none).
 std::vector<int64_t> read_layers(const ConfigNode& n);

@@ -118,6 +118,35 @@ TEST(Lora, TargetsThatMatchNothingAreAnErrorNamingTheModules) {
   EXPECT_NE(r.out.find("down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj"), std::string::npos) << r.out;
 }
 
+// init_lora_weights as axolotl writes it (peft_init_lora_weights): "gaussian" draws A from
+// normal(0, 1/r), std 1/4 at r 4 where the default's kaiming-uniform over 64 inputs has std
+// 1/sqrt(3 * 64) = 0.072, and the adapter file says "gaussian"; an init from the base weights and
+// LLaMA-Factory's pissa_init are errors naming the key and how to start from PEFT's adapter.
+TEST(Lora, InitLoraWeightsAsAxolotlWritesIt) {
+  TempDir dir("lora_init");
+  const std::string yaml = std::string(kLlama) + "adapter: lora\nlora_r: 4\nlora_target_modules: [q_proj]\n";
+  const RunResult r = launch(dir, "gaussian", yaml + "peft_init_lora_weights: gaussian\n", "--max_steps=1");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const fs::path adapter = dir.path() / "gaussian" / "adapter";
+  const auto file = memrt::SafetensorsFile::open((adapter / "adapter_model.safetensors").string());
+  const at::Tensor a = file.tensor("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight");
+  ASSERT_EQ(a.sizes(), (std::vector<int64_t>{4, 64}));
+  EXPECT_GT(a.std().item<double>(), 0.2) << "A from normal(0, 1/r), one step of lr 1e-2 later";
+  EXPECT_LT(a.std().item<double>(), 0.3);
+  const rapidjson::Document config = read_json(adapter / "adapter_config.json");
+  ASSERT_TRUE(config["init_lora_weights"].IsString());
+  EXPECT_STREQ(config["init_lora_weights"].GetString(), "gaussian");
+
+  const RunResult pissa = launch(dir, "pissa", yaml + "peft_init_lora_weights: pissa\n");
+  EXPECT_EQ(pissa.exit_code, 1) << pissa.out;
+  EXPECT_NE(pissa.out.find("peft_init_lora_weights"), std::string::npos) << pissa.out;
+  EXPECT_NE(pissa.out.find("adapter_name_or_path"), std::string::npos) << pissa.out;
+  const RunResult factory = launch(dir, "pissa_init", yaml + "pissa_init: true\n");
+  EXPECT_EQ(factory.exit_code, 1) << factory.out;
+  EXPECT_NE(factory.out.find("pissa_init"), std::string::npos) << factory.out;
+  EXPECT_NE(factory.out.find("residual model"), std::string::npos) << factory.out;
+}
+
 // A checkpoint holds the adapters, their optimizer state and the dropout generator: resuming
 // continues the run exactly, for each composition the lora plugin makes — rsLoRA in axolotl's keys
 // with dropout on A's input and bf16 compute; DoRA; QLoRA (NF4 base, double quantization) with

@@ -116,6 +116,60 @@ TEST(LoraLinear, KeepsTheBaseNamesAndStartsAsTheBase) {
   EXPECT_DOUBLE_EQ(lora_scaling(LoraOptions{16, 32, 0.0, true}), 8.0);
 }
 
+// Each init_lora_weights memrt builds draws what PEFT's does, bit for bit, from the default generator
+// seeded just before the adapter is made (lora_init_reference.py): true, false, "gaussian" and
+// "orthogonal" (an odd r / 2 too); B A is zero where PEFT's is.
+TEST(LoraLinear, EachInitDrawsWhatPeftsDraws) {
+  struct Init {
+    const char* value;
+    LoraInit init;
+    int64_t r, out, in;
+  };
+  const std::vector<Init> inits = {{"true", LoraInit::kDefault, 4, 48, 64},
+                                   {"false", LoraInit::kLinear, 4, 16, 12},
+                                   {"gaussian", LoraInit::kGaussian, 8, 40, 24},
+                                   {"orthogonal", LoraInit::kOrthogonal, 6, 32, 20}};
+  TempDir dir;
+  at::manual_seed(5);
+  std::vector<std::pair<std::string, at::Tensor>> inputs;
+  for (size_t i = 0; i < inits.size(); ++i) {
+    const Init& c = inits[i];
+    inputs.emplace_back(std::string("init.") + c.value + "." + std::to_string(c.r) + "." + std::to_string(40 + i) + ".W",
+                        at::randn({c.out, c.in}));
+  }
+  const std::map<std::string, at::Tensor> want = test::run_reference("lora_init_reference.py", inputs, dir);
+  for (size_t i = 0; i < inits.size(); ++i) {
+    const Init& c = inits[i];
+    const std::string name = inputs[i].first.substr(0, inputs[i].first.size() - 2);
+    SCOPED_TRACE(name);
+    torch::nn::Linear base(torch::nn::LinearOptions(c.in, c.out).bias(false));
+    {
+      at::NoGradGuard no_grad;
+      base->weight.copy_(inputs[i].second);
+    }
+    at::manual_seed(static_cast<uint64_t>(40 + i));
+    LoraOptions options{c.r, 2.0 * static_cast<double>(c.r), 0.0, false};
+    options.init = c.init;
+    LoraLinear layer(torch::nn::AnyModule(base), c.in, c.out, options);
+    EXPECT_TRUE(layer->lora_A->weight.equal(want.at(name + ".A"))) << "A";
+    EXPECT_TRUE(layer->lora_B->weight.equal(want.at(name + ".B"))) << "B";
+    const double ba = layer->lora_B->weight.mm(layer->lora_A->weight).abs().max().item<double>();
+    if (c.init == LoraInit::kLinear) {
+      EXPECT_GT(ba, 0.0) << "false leaves B at nn.Linear's init";
+    } else {
+      EXPECT_LT(ba, 1e-6) << "the adapter starts (up to rounding) as its base";
+    }
+  }
+  try {
+    LoraOptions odd{5, 10, 0.0, false};
+    odd.init = LoraInit::kOrthogonal;
+    LoraLinear layer(torch::nn::AnyModule(torch::nn::Linear(8, 8)), 8, 8, odd);
+    ADD_FAILURE() << "an orthogonal init of odd rank";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("even rank"), std::string::npos) << e.what();
+  }
+}
+
 // A base that stores W in a format of its own: int8 codes times 0.5 (exact in fp32), its forward
 // multiplying by the decoded W, and W's rows through memrt::DenseWeight — as plugins/quant's 4-bit
 // base does.

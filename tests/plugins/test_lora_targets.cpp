@@ -172,6 +172,8 @@ TEST(PeftFiles, TargetModulesAndInitAsPeftWritesThem) {
     const PeftAdapterConfig c = read_peft_config(write_adapter_config(
         dir, "plain_" + std::to_string(k++), std::string(R"(["q_proj"], "init_lora_weights": )") + init));
     EXPECT_TRUE(c.warnings.empty()) << init;
+    EXPECT_NE(peft_config_json(c).find(std::string(R"("init_lora_weights": )") + init), std::string::npos)
+        << "written back as read: " << peft_config_json(c);
   }
   // Those that subtract B·A from the base load with a line saying which base they need.
   for (const char* init : {"pissa", "pissa_niter_16", "olora", "corda", "lora_ga"}) {
@@ -192,6 +194,34 @@ TEST(PeftFiles, TargetModulesAndInitAsPeftWritesThem) {
       const std::string m = e.what();
       EXPECT_NE(m.find("adapter_config.json"), std::string::npos) << m;
       EXPECT_NE(m.find("init_lora_weights"), std::string::npos) << m;
+    }
+  }
+}
+
+// init_lora_weights of a LoRA to train (train.yaml's init_lora_weights / axolotl's
+// peft_init_lora_weights): the values memrt draws, written as PEFT writes them; one that needs the
+// base weights or data is an error naming the key and saying how to start from PEFT's adapter.
+TEST(PeftFiles, InitLoraWeightsToTrainAreTheRandomOnes) {
+  const auto node = [](const std::string& json) {
+    return parse_yaml_value(json, "train.yaml", "peft_init_lora_weights");
+  };
+  EXPECT_EQ(read_lora_init(node("true")), LoraInit::kDefault);
+  EXPECT_EQ(read_lora_init(node("false")), LoraInit::kLinear);
+  EXPECT_EQ(read_lora_init(node(R"("gaussian")")), LoraInit::kGaussian);
+  EXPECT_EQ(read_lora_init(node(R"("orthogonal")")), LoraInit::kOrthogonal);
+  for (LoraInit init : {LoraInit::kDefault, LoraInit::kLinear, LoraInit::kGaussian, LoraInit::kOrthogonal})
+    EXPECT_EQ(read_lora_init(lora_init_node(init)), init);
+  EXPECT_EQ(lora_init_node(LoraInit::kGaussian).to_json(0), R"("gaussian")");
+  EXPECT_EQ(lora_init_node(LoraInit::kDefault).to_json(0), "true");
+  for (const char* init : {"pissa", "pissa_niter_4", "olora", "corda", "loftq", "lora_ga", "eva", "kaiming"}) {
+    try {
+      read_lora_init(node(std::string("\"") + init + "\""));
+      FAIL() << init << " was accepted";
+    } catch (const ConfigError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("peft_init_lora_weights"), std::string::npos) << m;
+      EXPECT_NE(m.find("\"orthogonal\""), std::string::npos) << "names what memrt builds: " << m;
+      if (std::string(init) != "kaiming") EXPECT_NE(m.find("adapter_name_or_path"), std::string::npos) << m;
     }
   }
 }

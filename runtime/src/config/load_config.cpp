@@ -180,6 +180,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>> kYamlKeys = 
     {"lora_model_dir", {"lora_model_dir", "adapter_name_or_path"}},
     {"use_rslora", {"use_rslora", "peft_use_rslora"}},
     {"use_dora", {"use_dora", "peft_use_dora"}},
+    {"init_lora_weights", {"init_lora_weights", "peft_init_lora_weights"}},
     {"loraplus_lr_ratio", {"loraplus_lr_ratio"}},
     {"layers_to_transform", {"layers_to_transform", "peft_layers_to_transform"}},
     {"lora_modules_to_save", {"lora_modules_to_save", "additional_target"}},
@@ -267,6 +268,7 @@ const std::vector<std::pair<const char*, const char*>> kYamlRejected = {
     {"unfrozen_parameters", "memrt trains every parameter, the layers finetuning_type: freeze chooses (freeze_trainable_layers, freeze_trainable_modules, freeze_extra_modules), or LoRA adapters"},
     {"beta", "DPO is not supported: memrt trains causal language modelling"},
     {"max_prompt_length", "DPO is not supported: memrt trains causal language modelling"},
+    {"pissa_init", "PiSSA's initialisation is not built: initialise the adapter with PEFT (init_lora_weights=\"pissa\"), save it with the residual model it leaves, and train from them (model_name_or_path: the residual model, adapter_name_or_path: the adapter)"},
     {"gptq_groupsize", "GPTQ is not supported; 4-bit weights come from load_in_4bit (NF4/FP4)"},
 };
 
@@ -1399,7 +1401,7 @@ void Loader::resolve_lora_and_quant() {
     }
     for (const char* k : {"lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_target",
                           "lora_target_linear", "lora_model_dir", "use_rslora", "loraplus_lr_ratio",
-                          "layers_to_transform", "lora_modules_to_save", "use_dora"}) {
+                          "layers_to_transform", "lora_modules_to_save", "use_dora", "init_lora_weights"}) {
       if (const ConfigNode* n = yv(k))
         diag.warnings.push_back(where(*n) + " is ignored: " + where(*type) + " trains no adapters");
     }
@@ -1437,6 +1439,7 @@ void Loader::resolve_lora_and_quant() {
   take("lora_model_dir", Ty::Str);
   take("use_rslora", Ty::Bool);
   take("use_dora", Ty::Bool);
+  take("init_lora_weights", Ty::Any);  // PEFT's: a boolean or a string
   take("loraplus_lr_ratio", Ty::Num);
   take("layers_to_transform", Ty::Any);  // an index or a list (PEFT's LoraConfig)
   take("lora_modules_to_save", Ty::Any);  // a list, or LLaMA-Factory's comma-separated string
