@@ -532,6 +532,7 @@ TEST(Records, BadRecordsNameTheFileAndLine) {
       {"pc3.jsonl", "{\"prompt\": \"a\", \"completion\": \"b\"}\n{\"prompt\": \"caf\xE9\", \"completion\": \"b\"}\n", {"pc3.jsonl", "line 2", "not valid UTF-8"}},
       {"pc4.jsonl", "{\"prompt\": \"a\", \"completion\": \"b\"}\n{\"prompt\": \"a\", \"completion\": \"b\"\n", {"pc4.jsonl", "line 2", "invalid JSON"}},
       {"pc5.jsonl", "{\"prompt\": [{\"role\": \"user\", \"content\": \"hi\"}], \"completion\": \"b\"}\n", {"pc5.jsonl", "line 1", "conversational"}},
+      {"chat0.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n{\"messages\": []}\n", {"chat0.jsonl", "line 2", "non-empty \"messages\""}},
   };
   for (const Case& c : cases) {
     std::ofstream(f.dir.file(c.name), std::ios::binary) << c.text;
@@ -556,6 +557,8 @@ TEST(Records, BadRecordsNameTheFileAndLine) {
        {"chat4.jsonl", "line 1", "content part's \"train\" must be true or false"}},
       {"chat5.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": [{\"text\": 7}]}]}\n",
        {"chat5.jsonl", "line 1", "content part's \"text\" must be a string"}},
+      {"chat7.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n{\"messages\": []}\n",
+       {"chat7.jsonl", "line 2", "\"messages\" must be a non-empty list"}},
   };
   for (const Case& c : chats) {
     std::ofstream(f.dir.file(c.name), std::ios::binary) << c.text;
@@ -601,6 +604,14 @@ TEST(Records, BadRecordsNameTheFileAndLine) {
     std::ofstream(f.dir.file(c.name), std::ios::binary) << c.text;
     cfg.datasets = {{f.dir.file(c.name), "llamafactory", {}, d}};
     expect_error<FileError>([&] { TokenDataset::open(cfg); }, c.says);
+  }
+  {  // a template: LLaMA-Factory has no such name for, or memrt does not ship
+    std::ofstream(f.dir.file("lf6.jsonl"), std::ios::binary)
+        << "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"x\"}]}\n";
+    cfg.llamafactory.template_name = "llama9";
+    cfg.datasets = {{f.dir.file("lf6.jsonl"), "llamafactory", {}, openai}};
+    expect_error<FileError>([&] { TokenDataset::open(cfg); },
+                            {"template: \"llama9\"", "not a LLaMA-Factory template memrt ships", "llama3", "leave template out"});
   }
   cfg.llamafactory = {};
   cfg.datasets = {{f.dir.file("chat_template.jsonl"), "chat_template", {}}};
