@@ -22,11 +22,15 @@ bool unset(const ConfigNode* n) {
 // tensors mean, except where the initialisation changed the base too (PiSSA, OLoRA, CorDA, LoftQ,
 // LoRA-GA subtract their first BA from W: the adapter is right on the residual base PEFT saved) or
 // made a variant of LoRA (MiCA freezes B), which memrt does not build.
+// PEFT's inits that subtract their first B·A from the base weights.
+bool from_base_weights(const std::string& init) {
+  return init == "pissa" || init.rfind("pissa_niter_", 0) == 0 || init == "olora" || init == "corda" ||
+         init == "loftq" || init == "lora_ga";
+}
+
 void read_init(const ConfigNode& n, PeftAdapterConfig& c) {
   const std::string init = n.as_string();
-  const bool residual_base = init == "pissa" || init.rfind("pissa_niter_", 0) == 0 || init == "olora" ||
-                             init == "corda" || init == "loftq" || init == "lora_ga";
-  if (residual_base) {
+  if (from_base_weights(init)) {
     ConfigDiagnostics d;
     d.note(n, "is \"" + init + "\": that initialisation subtracts the first B·A from the base weights, so this "
               "adapter means what it says on the residual model PEFT saved with it, not on the original; point "
@@ -51,8 +55,7 @@ LoraInit read_lora_init(const ConfigNode& n) {
   const std::string init = n.as_string();
   if (init == "gaussian") return LoraInit::kGaussian;
   if (init == "orthogonal") return LoraInit::kOrthogonal;
-  const bool from_base = init == "pissa" || init.rfind("pissa_niter_", 0) == 0 || init == "olora" || init == "corda" ||
-                         init == "loftq" || init == "lora_ga";
+  const bool from_base = from_base_weights(init);
   if (from_base || init == "eva")
     throw n.error("is \"" + init + "\", an initialisation from " + (from_base ? "the base weights" : "data") +
                   " that memrt does not build; initialise the adapter with PEFT (get_peft_model, then save_pretrained" +
