@@ -7,7 +7,10 @@ run in bench_deepspeed.py's DeepSpeed venv (created, and its CPU Adam compiled, 
 With `--lowbit`, also plugins/quant's low-bit steps (bitsandbytes' AdamW8bit and torchao's AdamW8bit
 and AdamW4bit kernels) beside the libraries' own CPU optimizers from the test venv
 (bitsandbytes.optim.AdamW8bit, torchao.optim.AdamW8bit / AdamW4bit, the last two compiled by
-torch.compile in their untimed first steps).
+torch.compile in their untimed first steps). With `--lowbit` every size is rounded up to a multiple
+of 256: torchao quantizes only a tensor of whole blocks and steps any other in fp32 (so a size like
+10,000,000 would time its fp32 AdamW under the 8-bit name); the child checks each library's state
+is the low-bit one it times.
 
 Each implementation runs in its own process (build/bin/bench_optimizer_step, or this file as a
 child for torch.optim), alternated `--repeats` times; params/s is parameters stepped per second
@@ -54,6 +57,7 @@ def torch_child(impl, n, seconds):
                                 foreach=impl == "torch_adamw_foreach")
     opt.step()
     opt.step()
+    check_lowbit_state(impl, opt.state[p])
     steps, t0 = 0, time.perf_counter()
     while True:
         opt.step()
@@ -63,6 +67,21 @@ def torch_child(impl, n, seconds):
             break
     print(json.dumps({"impl": impl, "params": n, "threads": torch.get_num_threads(),
                       "params_per_s": steps * n / elapsed}))
+
+
+def check_lowbit_state(impl, state):
+    """Raises unless a low-bit library holds the moments in its low-bit format (not fp32)."""
+    if impl == "bnb_adamw8bit":
+        kinds = {str(state["state1"].dtype), str(state["state2"].dtype)}
+        want = {"torch.uint8"}
+    elif impl.startswith("torchao_"):
+        kinds = {type(state["exp_avg"]).__name__, type(state["exp_avg_sq"]).__name__}
+        want = {"OptimState8bit" if impl == "torchao_adamw8bit" else "OptimState4bit"}
+    else:
+        return
+    if kinds != want:
+        raise SystemExit(f"{impl}: the library keeps this tensor's state as {sorted(kinds)}, not {sorted(want)} "
+                         "(torchao quantizes only tensors of whole blocks: use a size that is a multiple of 256)")
 
 
 def measure(a, impl, n, env, ds_py):
@@ -93,6 +112,9 @@ def main():
     a = ap.parse_args()
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
     sizes = [int(s) for s in a.sizes.split(",")]
+    if a.lowbit and any(n % 256 for n in sizes):
+        sizes = [n + (-n) % 256 for n in sizes]
+        print(f"sizes rounded up to multiples of 256 for the low-bit steps: {sizes}")
     impls = NATIVE + TORCH + ((DEEPSPEED,) if a.deepspeed else ()) + (LOWBIT_NATIVE + LOWBIT_TORCH if a.lowbit else ())
     ds_py = None
     if a.deepspeed:

@@ -1,27 +1,21 @@
 #include "ao_codes.h"
 
-#include <array>
-#include <cmath>
-#include <cstring>
-#include <limits>
 #include <string>
 
 #include <memrt/error.h>
 
+#include "bucket_codes.h"
 #include "quant_math.h"
 
 #include "x86_simd.h"
 
 namespace memrt::quant {
 
-// The map, and for 256 entries the table (ao_codes.h): first[bucket] for the 65536 top-16-bit
-// patterns (3 bytes of padding: a 32-bit gather at the last one), threshold[code] (NaN for 255:
-// no code above).
+// The map, and for 256 entries its table (bucket_codes.h).
 struct AoQuantizer::Prepared {
   std::vector<float> map;
   int size = 0;
-  std::vector<uint8_t> first;  // empty: no table
-  std::array<float, 256> threshold{};
+  BucketCodes table;  // empty: no table
 };
 
 namespace {
@@ -31,57 +25,6 @@ using Prepared = AoQuantizer::Prepared;
 void search_portable(const float* __restrict x, int64_t len, float scale, const Prepared& p, uint8_t* __restrict codes) {
   const float* map = p.map.data();
   for (int64_t i = 0; i < len; ++i) codes[i] = ao_code(map, p.size, x[i] / scale);
-}
-
-// ---- the table of a 256-entry map ----------------------------------------------------------------
-// Floats as integers in value order (-0 just below +0), so that bisection walks values.
-int64_t order_key(float f) {
-  const uint32_t b = abs_bits(f) | (std::signbit(f) ? 0x80000000u : 0u);
-  return (b & 0x80000000u) ? -static_cast<int64_t>(b & 0x7fffffffu) - 1 : static_cast<int64_t>(b);
-}
-float from_order_key(int64_t k) {
-  return k < 0 ? from_bits(static_cast<uint32_t>(-(k + 1)) | 0x80000000u) : from_bits(static_cast<uint32_t>(k));
-}
-
-void build_table(Prepared& p) {
-  const float* map = p.map.data();
-  const auto code = [&](float y) { return ao_code(map, 256, y); };
-  // threshold[c]: the smallest y in [-1, 1] with code(y) > c, by bisection (code is non-decreasing).
-  const int64_t lo_key = order_key(-1.f), hi_key = order_key(1.f);
-  for (int c = 0; c < 256; ++c) {
-    if (c == 255 || code(1.f) <= c) {
-      p.threshold[static_cast<size_t>(c)] = std::numeric_limits<float>::quiet_NaN();
-      continue;
-    }
-    int64_t lo = lo_key, hi = hi_key;  // code(from(hi)) > c
-    if (code(-1.f) > c) {
-      hi = lo_key;
-    } else {
-      while (hi - lo > 1) {
-        const int64_t mid = lo + (hi - lo) / 2;
-        (code(from_order_key(mid)) > c ? hi : lo) = mid;
-      }
-    }
-    p.threshold[static_cast<size_t>(c)] = from_order_key(hi);
-  }
-  // first[b]: the code of bucket b's smallest value. Only buckets inside [-1, 1] are read; each
-  // must span at most two codes, code(v) = first + (v >= threshold[first]) for all of its values.
-  std::vector<uint8_t> first(65536 + 3, 0);
-  for (uint32_t b = 0; b < 65536; ++b) {
-    const bool negative = (b & 0x8000u) != 0;
-    const float low = from_bits(negative ? (b << 16) | 0xffffu : b << 16);
-    const float high = from_bits(negative ? b << 16 : (b << 16) | 0xffffu);
-    if (!(std::fabs(low) <= 1.f) && !(std::fabs(high) <= 1.f)) continue;  // never read
-    const int c = code(std::fabs(low) <= 1.f ? low : -1.f);
-    first[b] = static_cast<uint8_t>(c);
-    for (float v : {low, high, std::nextafter(low, 2.f), std::nextafter(high, -2.f)}) {
-      if (!(std::fabs(v) <= 1.f)) continue;
-      const float t = p.threshold[static_cast<size_t>(c)];
-      if (code(v) != c + (v >= t ? 1 : 0)) return;  // no table: the search serves this map
-    }
-    if (code(std::fabs(high) <= 1.f ? high : 1.f) > c + 1) return;
-  }
-  p.first = std::move(first);
 }
 
 #if MEMRT_QUANT_X86
@@ -130,23 +73,14 @@ void search_avx512(const float* x, int64_t len, float scale, const Prepared& p, 
   search_portable(x + i, len - i, scale, p, codes + i);
 }
 
+// y = x / scale clamped to [-1, 1] (max first: a NaN becomes -1, whose code the search gives a NaN
+// too), then the table's code.
 void table_avx512(const float* x, int64_t len, float scale, const Prepared& p, uint8_t* codes) {
-  const __m512 s = _mm512_set1_ps(scale), one = _mm512_set1_ps(1.f);
-  const __m512i byte = _mm512_set1_epi32(0xff), add_one = _mm512_set1_epi32(1);
+  const __m512 s = _mm512_set1_ps(scale), lo = _mm512_set1_ps(-1.f), hi = _mm512_set1_ps(1.f);
   int64_t i = 0;
   for (; i + 16 <= len; i += 16) {
-    const __m512 y = _mm512_div_ps(_mm512_loadu_ps(x + i), s);
-    __m512i c;
-    const __mmask16 inside = _mm512_cmp_ps_mask(_mm512_abs_ps(y), one, _CMP_LE_OQ);
-    if (inside == 0xffff) {
-      const __m512i bucket = _mm512_srli_epi32(_mm512_castps_si512(y), 16);
-      c = _mm512_and_si512(_mm512_i32gather_epi32(bucket, p.first.data(), 1), byte);
-      const __mmask16 up = _mm512_cmp_ps_mask(y, _mm512_i32gather_ps(c, p.threshold.data(), 4), _CMP_GE_OQ);
-      c = _mm512_mask_add_epi32(c, up, c, add_one);
-    } else {
-      c = search512<256>(y, _mm512_setzero_ps(), p.map.data());
-    }
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), _mm512_cvtepi32_epi8(c));
+    const __m512 y = _mm512_min_ps(_mm512_max_ps(_mm512_div_ps(_mm512_loadu_ps(x + i), s), lo), hi);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), _mm512_cvtepi32_epi8(bucket_codes16(y, p.table)));
   }
   search_portable(x + i, len - i, scale, p, codes + i);
 }
@@ -197,23 +131,11 @@ void search_avx2(const float* x, int64_t len, float scale, const Prepared& p, ui
 }
 
 void table_avx2(const float* x, int64_t len, float scale, const Prepared& p, uint8_t* codes) {
-  const __m256 s = _mm256_set1_ps(scale), one = _mm256_set1_ps(1.f);
-  const __m256 no_sign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  const __m256i byte = _mm256_set1_epi32(0xff), add_one = _mm256_set1_epi32(1);
+  const __m256 s = _mm256_set1_ps(scale), lo = _mm256_set1_ps(-1.f), hi = _mm256_set1_ps(1.f);
   int64_t i = 0;
   for (; i + 8 <= len; i += 8) {
-    const __m256 y = _mm256_div_ps(_mm256_loadu_ps(x + i), s);
-    __m256i c;
-    const __m256 inside = _mm256_cmp_ps(_mm256_and_ps(y, no_sign), one, _CMP_LE_OQ);
-    if (_mm256_movemask_ps(inside) == 0xff) {
-      const __m256i bucket = _mm256_srli_epi32(_mm256_castps_si256(y), 16);
-      c = _mm256_and_si256(_mm256_i32gather_epi32(reinterpret_cast<const int*>(p.first.data()), bucket, 1), byte);
-      const __m256 up = _mm256_cmp_ps(y, _mm256_i32gather_ps(p.threshold.data(), c, 4), _CMP_GE_OQ);
-      c = _mm256_add_epi32(c, _mm256_and_si256(_mm256_castps_si256(up), add_one));
-    } else {
-      c = search256<256>(y, _mm256_setzero_ps(), _mm256_setzero_ps(), p.map.data());
-    }
-    store_low_bytes8(c, codes + i);
+    const __m256 y = _mm256_min_ps(_mm256_max_ps(_mm256_div_ps(_mm256_loadu_ps(x + i), s), lo), hi);
+    store_low_bytes8(bucket_codes8(y, p.table), codes + i);
   }
   search_portable(x + i, len - i, scale, p, codes + i);
 }
@@ -238,9 +160,9 @@ AoQuantizer::AoQuantizer(const float* map, int size, ops::CpuKernels kernels) : 
                       (kernels == ops::CpuKernels::kBest && ops::cpu_supports(ops::CpuKernels::kAvx512));
   const bool avx2 = !avx512 && (kernels == ops::CpuKernels::kAvx2 ||
                                 (kernels == ops::CpuKernels::kBest && ops::cpu_supports(ops::CpuKernels::kAvx2)));
-  if (size == 256 && (avx512 || avx2)) build_table(p);
-  if (avx512) loop_ = size == 16 ? &search_avx512<16> : p.first.empty() ? &search_avx512<256> : &table_avx512;
-  if (avx2) loop_ = size == 16 ? &search_avx2<16> : p.first.empty() ? &search_avx2<256> : &table_avx2;
+  if (size == 256 && (avx512 || avx2)) p.table.build([&p](float y) { return ao_code(p.map.data(), 256, y); });
+  if (avx512) loop_ = size == 16 ? &search_avx512<16> : p.table.empty() ? &search_avx512<256> : &table_avx512;
+  if (avx2) loop_ = size == 16 ? &search_avx2<16> : p.table.empty() ? &search_avx2<256> : &table_avx2;
 #endif
 }
 
@@ -250,6 +172,6 @@ void AoQuantizer::codes(const float* x, int64_t len, float scale, uint8_t* codes
   loop_(x, len, scale, *prepared_, codes);
 }
 
-bool AoQuantizer::uses_table() const { return !prepared_->first.empty(); }
+bool AoQuantizer::uses_table() const { return !prepared_->table.empty(); }
 
 }  // namespace memrt::quant

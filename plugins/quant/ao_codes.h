@@ -4,15 +4,12 @@
 // emulated gathers; hand-written:
 //   16-entry maps (4 bits)   the map in registers: AVX-512 one permute per lookup, AVX2 two and a
 //                            blend; the search's 4 steps and the rounding as the scalar rule does them
-//   256-entry maps (8 bits)  the code is a non-decreasing function of y = x / scale, so it is read
-//                            from a table by y's top 16 bits (sign, exponent, 7 mantissa bits):
-//                            first[bucket] = the code of the bucket's smallest value, and one
-//                            compare with threshold[code] (the smallest value of the next code)
-//                            finishes it — two gathers instead of ten. Built once per map, and
-//                            only if every bucket of [-1, 1] spans at most two codes (checked; the
-//                            search with hardware gathers otherwise). Lanes outside [-1, 1] or NaN,
-//                            which the optimizer never produces (scale is the block's absmax), take
-//                            the search.
+//   256-entry maps (8 bits)  the code is a non-decreasing function of y = x / scale clamped to
+//                            [-1, 1] (the search gives a value outside, or a NaN, the code of -1
+//                            or 1), so it is one lookup in a BucketCodes table (bucket_codes.h) by
+//                            y's top 16 bits and one compare with the low ones — one gather into
+//                            24 KiB instead of the search's ten. Built once per map; the search
+//                            with hardware gathers where a bucket would span three codes.
 // Compares are ordered (a NaN never moves up, as in the scalar rule). Every kernel gives the
 // portable loop's codes (tests/plugins/test_quant_formats.cpp holds each to it).
 #pragma once

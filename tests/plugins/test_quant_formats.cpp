@@ -22,6 +22,7 @@
 #include "quant/ao_adam.h"
 #include "quant/ao_codes.h"
 #include "quant/blockwise.h"
+#include "quant/bucket_codes.h"
 #include "quant/table_codes.h"
 
 namespace memrt::quant {
@@ -267,10 +268,10 @@ TEST(QuantFormats, EightBitQuantizerKernelsGiveThePortableCodes) {
 
 // torchao's quantizer loops (ao_codes.h) give the portable loop's codes on each of its four maps:
 // values on, and one ulp either side of, every map value and every midpoint, random values at
-// several scales, infinities and NaN (which leave the 8-bit table for the search), at lengths
-// around the kernels' widths (16 and 8), divided by 1 and by a scale that is no power of two; and
-// every one of the 2^24 fp32 values in [-1, 1] with the low 8 bits of their pattern zero, through
-// the 8-bit maps' tables.
+// several scales, infinities and NaN (clamped before the 8-bit table), at lengths around the
+// kernels' widths (16 and 8), divided by 1 and by a scale that is no power of two; and every one
+// of the 2^24 fp32 values in [-1, 1] with the low 8 bits of their pattern zero, and both sides of
+// every split the 8-bit maps' tables hold (bucket_codes.h), through those tables.
 TEST(QuantFormats, TorchaoQuantizerKernelsGiveThePortableCodes) {
   at::manual_seed(13);
   int tried = 0;
@@ -321,6 +322,30 @@ TEST(QuantFormats, TorchaoQuantizerKernelsGiveThePortableCodes) {
             std::memcpy(&v, &bits32, sizeof v);
             if (std::fabs(v) <= 1.f) sweep.push_back(v);
           }
+          // The table's own edges (bucket_codes.h): each split's key and the one below it, the
+          // first tabulated bucket and the last shared one, both signs.
+          BucketCodes table;
+          ASSERT_TRUE(table.build([mv](float y) { return ao_code(mv, 256, y); }));
+          const auto value = [](bool negative, uint32_t m, uint32_t key) {
+            const uint32_t bits32 = (negative ? 0x80000000u : 0u) | m << 16 | (negative ? key ^ 0xffffu : key);
+            float v = 0.f;
+            std::memcpy(&v, &bits32, sizeof v);
+            return v;
+          };
+          int64_t splits = 0;
+          for (bool negative : {false, true}) {
+            for (uint32_t m = table.base; m < 0x3f80u; ++m) {
+              const uint32_t e = table.entries[(negative ? table.half : 0) + 1 + m - table.base];
+              if ((e & 0xffu) == ((e >> 8) & 0xffu)) continue;
+              ++splits;
+              for (uint32_t key : {(e >> 16) - 1, e >> 16}) sweep.push_back(value(negative, m, key));
+            }
+            for (uint32_t key : {0u, 0xffffu}) {
+              sweep.push_back(value(negative, table.base, key));
+              if (table.base > 0) sweep.push_back(value(negative, table.base - 1, key));
+            }
+          }
+          EXPECT_GT(splits, 200) << "a table of the map's 255 rounding boundaries, nearly all inside buckets";
           const int64_t n = static_cast<int64_t>(sweep.size());
           std::vector<uint8_t> want(sweep.size()), got(sweep.size());
           portable.codes(sweep.data(), n, 1.f, want.data());
