@@ -73,8 +73,8 @@ void search_avx512(const float* x, int64_t len, float scale, const Prepared& p, 
   search_portable(x + i, len - i, scale, p, codes + i);
 }
 
-// y = x / scale clamped to [-1, 1] (max first: a NaN becomes -1, whose code the search gives a NaN
-// too), then the table's code.
+// y = x / scale clamped to [-1, 1] (max first, so a NaN becomes -1: the search gives both code 0),
+// then the table's code.
 void table_avx512(const float* x, int64_t len, float scale, const Prepared& p, uint8_t* codes) {
   const __m512 s = _mm512_set1_ps(scale), lo = _mm512_set1_ps(-1.f), hi = _mm512_set1_ps(1.f);
   int64_t i = 0;

@@ -1,21 +1,21 @@
-// plugins/quant/bucket_codes.h — an 8-bit map's quantizer as one table lookup per value.
+// plugins/quant/bucket_codes.h — torchao's 8-bit quantizer as one table lookup per value.
 //
-// Both 8-bit quantizers (bitsandbytes' grid table, torchao's binary search) are non-decreasing
-// functions code(y) of the normalised value y, clamped to [-1, 1] first (each rule gives a value
-// outside, or a NaN, the code of -1 or 1: the caller clamps with max/min, as the vector loops do).
+// torchao's rounding to an ascending 256-entry map (quant_math.h: ao_code) is a non-decreasing
+// function code(y) of the normalised value y, clamped to [-1, 1] first (the rule gives a value
+// outside the code of -1 or 1, and a NaN the code of -1: the vector loops clamp with max/min).
 // Tabulated by y's top 16 bits (sign, exponent, 7 mantissa bits) — a bucket — each entry holds the
 // two codes the bucket can have and the point between them:
 //
 //   entry = lo | hi << 8 | split << 16     key = y's low 16 bits, flipped for a negative y (so
 //   code(y) = key >= split ? hi : lo             that it grows with the value)
 //
-// (lo = hi, split 0, where the bucket has one code; hi may be several codes above lo, as where
-// bitsandbytes' grid steps over map values finer than its spacing.) Buckets of magnitude below
-// `base` all have one code per sign (|y| under the map's smallest rounding boundary) and share one
-// entry, index 0 of their sign's half; bucket base + i is entry i + 1; the negative half follows
-// the positive. For the dynamic maps that is 24 KiB or less, so the one gather a value costs stays
-// in L1 (a table by all 65536 buckets would be 64 KiB or more). A map where a bucket holds three
-// codes or more has no table (build() returns false).
+// (lo = hi, split 0, where the bucket has one code.) Buckets of magnitude below `base` all have
+// one code per sign (|y| under the map's smallest rounding boundary) and share one entry, index 0
+// of their sign's half; bucket base + i is entry i + 1; the negative half follows the positive.
+// For torchao's maps that is 22,392 and 23,200 bytes, so the one gather a value costs stays in L1
+// (a table by all 65536 buckets would be 64 KiB or more). A map where a bucket holds three codes
+// or more has no table (build() returns false). bitsandbytes' quantizer keeps its grid table
+// (table_codes.h): built from its rule, this table measured no faster than that one's gather.
 #pragma once
 
 #include <cstdint>
@@ -36,22 +36,10 @@ struct BucketCodes {
   // False, the table left empty, where a bucket holds three codes or more.
   bool build(const std::function<uint8_t(float)>& code);
   bool empty() const { return entries.empty(); }
-
-  // The code of a y already clamped to [-1, 1] (the vector loops' rule, one lane).
-  uint8_t code(float y) const {
-    const uint32_t bits = abs_bits(y) | (std::signbit(y) ? 0x80000000u : 0u);
-    const bool negative = (bits >> 31) != 0;
-    const uint32_t magnitude = (bits >> 16) & 0x7fffu;
-    uint32_t index = magnitude + 1 > base ? magnitude + 1 - base : 0;
-    index += negative ? half : 0;
-    const uint32_t e = entries[index];
-    const uint32_t key = (bits & 0xffffu) ^ (negative ? 0xffffu : 0u);
-    return static_cast<uint8_t>(key >= (e >> 16) ? (e >> 8) & 0xffu : e & 0xffu);
-  }
 };
 
 #if MEMRT_QUANT_X86
-// BucketCodes::code() on 16 and on 8 lanes of a y already clamped to [-1, 1].
+// The codes of 16 and of 8 lanes of a y already clamped to [-1, 1].
 __attribute__((target("avx512f"))) inline __m512i bucket_codes16(__m512 y, const BucketCodes& t) {
   const __m512i bits = _mm512_castps_si512(y), low = _mm512_set1_epi32(0xffff);
   const __mmask16 negative = _mm512_cmplt_epi32_mask(bits, _mm512_setzero_si512());
