@@ -434,7 +434,9 @@ TEST(LinearCrossEntropy, MatchesTheUnfusedLossAndGradients) {
 
 // No logits held whole: in forward and backward together the allocator's peak above the inputs is
 // the two gradients and one chunk's logits (and its fp32 copy in 16 bits), not rows x vocab — with
-// room for the BLAS's own scratch (oneDNN's bf16 GEMM takes ~0.3 MB from the allocator).
+// room for the BLAS's own scratch, which depends on the CPU: oneDNN's bf16 GEMM takes ~0.3 MB from
+// the allocator without AMX, 1.5 MB with it (measured on a Sapphire Rapids with AMX-BF16), against
+// the 50 MB a second chunk would add.
 TEST(LinearCrossEntropy, HoldsOneChunkOfLogitsAndTheGradients) {
   memory::install_tracking_allocator();
   at::manual_seed(3);
@@ -451,7 +453,7 @@ TEST(LinearCrossEntropy, HoldsOneChunkOfLogitsAndTheGradients) {
     const int64_t grads = (N * C + V * C) * b;
     const int64_t peak = memory::allocator_stats().peak_bytes - before;
     EXPECT_GE(peak, chunk + grads);
-    EXPECT_LT(peak, chunk + grads + (1 << 20)) << "small tensors only beyond a chunk and the gradients";
+    EXPECT_LT(peak, chunk + grads + (4 << 20)) << "small tensors only beyond a chunk and the gradients";
     EXPECT_LT(peak, N * V * 4 / 4) << "a quarter of the whole logits";
   }
 }
