@@ -22,9 +22,36 @@ double lora_scaling(const LoraOptions& o) {
   return o.rslora ? o.alpha / std::sqrt(static_cast<double>(o.r)) : o.alpha / static_cast<double>(o.r);
 }
 
+at::Tensor init_from_weight(const at::Tensor& w, const LoraOptions& options, FromBase& from) {
+  at::NoGradGuard no_grad;
+  const at::Tensor w32 = w.to(at::kFloat);
+  const int64_t r = options.r, rank = std::min(w32.size(0), w32.size(1));
+  if (r > rank)
+    throw Error("LoRA: init_lora_weights \"" + std::string(options.init == LoraInit::kPissa ? "pissa" : "olora") +
+                "\" takes r = " + std::to_string(r) + " components of a " + std::to_string(w32.size(0)) + " x " +
+                std::to_string(w32.size(1)) + " weight, which has " + std::to_string(rank) + "; use a smaller lora_r");
+  const double scaling = lora_scaling(options);
+  if (options.init == LoraInit::kPissa) {
+    // W = V diag(S) Uh; each adapter takes the square root of the scaled-down singular values.
+    const auto [v, s, uh] = at::linalg_svd(w32, /*full_matrices=*/false);
+    const at::Tensor root = (s.narrow(0, 0, r) / scaling).sqrt();
+    // Products by a diagonal, element by element: PEFT's diag(...) @ sums one such product and zeros.
+    from.a = (root.unsqueeze(1) * uh.narrow(0, 0, r)).contiguous();  // diag(sqrt(S_r)) Uh_r: (r, in)
+    from.b = (v.narrow(1, 0, r) * root.unsqueeze(0)).contiguous();   // V_r diag(sqrt(S_r)): (out, r)
+  } else if (options.init == LoraInit::kOlora) {
+    const auto [q, rr] = at::linalg_qr(w32);  // reduced
+    // Copies of their own, not views keeping all of Q and R alive.
+    from.a = rr.narrow(0, 0, r).clone(at::MemoryFormat::Contiguous);
+    from.b = q.narrow(1, 0, r).clone(at::MemoryFormat::Contiguous);
+  } else {
+    throw Error("LoRA: init_from_weight is for PiSSA and OLoRA");
+  }
+  return w32 - at::mm(from.b * scaling, from.a);  // PEFT's (scaling * B) @ A, in its order
+}
+
 LoraLinearImpl::LoraLinearImpl(torch::nn::AnyModule base, int64_t in_features, int64_t out_features,
-                               LoraOptions options, at::Tensor base_norm)
-    : base_(std::move(base)), options_(options), base_norm_(std::move(base_norm)), scaling_(lora_scaling(options)),
+                               LoraOptions options, FromBase from_base)
+    : base_(std::move(base)), options_(options), from_base_(std::move(from_base)), scaling_(lora_scaling(options)),
       in_features_(in_features) {
   if (options_.r <= 0) throw Error("LoRA: rank r must be positive, got " + std::to_string(options_.r));
   if (options_.dropout < 0.0 || options_.dropout >= 1.0)
@@ -107,14 +134,22 @@ void LoraLinearImpl::reset_parameters() {
     }
     case LoraInit::kLinear:
       break;  // nn.Linear's own kaiming-uniform init of both, drawn when they were made
+    case LoraInit::kPissa:
+    case LoraInit::kOlora:
+      if (!from_base_.a.defined() || !from_base_.b.defined())
+        throw Error("LoRA: PiSSA's and OLoRA's adapters start from the base weight, taken while it is whole "
+                    "(init_from_weight, in the lora plugin's on_block_ready); none was given");
+      a.copy_(from_base_.a);
+      b.copy_(from_base_.b);
+      break;
   }
   if (options_.dora) {
-    if (options_.init == LoraInit::kLinear)
-      throw Error("LoRA: DoRA with init_lora_weights false is not built (its magnitudes would need the whole "
-                  "W + scaling * B A at init); use true, \"gaussian\" or \"orthogonal\"");
-    lora_magnitude_vector.copy_(base_norm_.defined() ? base_norm_ : weight_norm(at::kFloat));
+    if (options_.init == LoraInit::kLinear || init_from_base(options_.init))
+      throw Error("LoRA: DoRA with init_lora_weights false, \"pissa\" or \"olora\" is not built (its magnitudes "
+                  "would need the whole W + scaling * B A at init); use true, \"gaussian\" or \"orthogonal\"");
+    lora_magnitude_vector.copy_(from_base_.norm.defined() ? from_base_.norm : weight_norm(at::kFloat));
   }
-  base_norm_ = at::Tensor();
+  from_base_ = FromBase{};
 }
 
 at::Tensor LoraLinearImpl::forward(const at::Tensor& x) {

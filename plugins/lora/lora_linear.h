@@ -32,14 +32,20 @@
 
 namespace memrt::lora {
 
-// PEFT's init_lora_weights, of the values that set the adapters alone (docs/lora.md,
-// "Initialisation"); the others read the base weights or data (PiSSA, EVA, ...) and are not built.
+// PEFT's init_lora_weights, of the values memrt builds (docs/lora.md, "Initialisation"): those that
+// set the adapters alone, and two that take them from the base weight and leave the base its
+// residual; the others (CorDA, LoftQ, EVA, ...) read data or quantize and are not built.
 enum class LoraInit {
   kDefault,     // true: A kaiming-uniform with a = sqrt(5), B zeros
   kGaussian,    // "gaussian": A normal(0, 1/r), B zeros
   kOrthogonal,  // "orthogonal": A and B from the odd and even rows of one random orthogonal r x r, B A = 0
   kLinear,      // false: both left at nn.Linear's init (B non-zero: the layer no longer starts as its base)
+  kPissa,       // "pissa": A, B from W's r principal singular triplets; the base keeps W - scaling · B A
+  kOlora,       // "olora": A, B from the QR decomposition of W; the base keeps W - scaling · B A
 };
+
+// Whether `init` takes the adapters from the base weight (and changes the base).
+inline bool init_from_base(LoraInit init) { return init == LoraInit::kPissa || init == LoraInit::kOlora; }
 
 struct LoraOptions {
   int64_t r = 8;          // PEFT's defaults
@@ -53,21 +59,34 @@ struct LoraOptions {
 // alpha / r, or alpha / sqrt(r) with rsLoRA.
 double lora_scaling(const LoraOptions& options);
 
+// What the lora plugin takes from a base weight while it is whole, in on_block_ready (under ZeRO-3
+// the weight is a placeholder by the time it is wrapped); undefined members are not needed.
+struct FromBase {
+  at::Tensor norm;  // DoRA: the base's row norms ||W||_row, fp32
+  at::Tensor a, b;  // PiSSA / OLoRA: the initial A0 (r, in) and B0 (out, r), fp32
+};
+
+// PiSSA's and OLoRA's start (PEFT's pissa_init and olora_init) from a base weight `w` (out, in) of
+// any floating dtype, computed in fp32: A0 and B0 in `from` (a, b), and the residual
+// W - scaling · B0 A0 in fp32, returned. options.init says which; a rank above min(out, in) is an
+// error.
+at::Tensor init_from_weight(const at::Tensor& w, const LoraOptions& options, FromBase& from);
+
 class LoraLinearImpl : public torch::nn::Module {
  public:
-  // `base_norm` (DoRA): the base's row norms ||W||_row in fp32, taken where its weight was whole
-  // (LoRA's on_block_ready: under ZeRO-3 the weight is a placeholder by the time it is wrapped);
-  // undefined: computed from the base here.
+  // `from_base`: what was taken from the base while its weight was whole — DoRA's norms (undefined:
+  // computed from the base here) and PiSSA's / OLoRA's A0 and B0 (required by those inits).
   LoraLinearImpl(torch::nn::AnyModule base, int64_t in_features, int64_t out_features, LoraOptions options,
-                 at::Tensor base_norm = at::Tensor());
+                 FromBase from_base = {});
 
   at::Tensor forward(const at::Tensor& x);
 
   // PEFT's init_lora_weights (options().init), from the default generator in PEFT's order of draws:
   // true, A kaiming-uniform with a = sqrt(5) (uniform in ±1/sqrt(in)) and B zeros, so that the
   // adapter starts as the identity on the base's output; "gaussian", A normal(0, 1/r); "orthogonal",
-  // B A = 0 from two orthogonal halves; false, A and B as nn.Linear made them. With DoRA,
-  // m = ||W + scaling · B A||_row (= ||W||_row: B A is zero, up to rounding for "orthogonal").
+  // B A = 0 from two orthogonal halves; false, A and B as nn.Linear made them; "pissa" and "olora",
+  // the A0 and B0 given (init_from_weight). With DoRA, m = ||W + scaling · B A||_row (= ||W||_row:
+  // B A is zero, up to rounding for "orthogonal").
   void reset_parameters();
 
   // DoRA's norm ||W + scaling · B A||_row (out) in `dtype`, without gradient, made a tile of rows at
@@ -90,7 +109,7 @@ class LoraLinearImpl : public torch::nn::Module {
   at::Tensor base_bias() const;              // the base's bias, or undefined
   torch::nn::AnyModule base_;
   LoraOptions options_;
-  at::Tensor base_norm_;  // DoRA's initial magnitudes, when given; dropped once used
+  FromBase from_base_;  // dropped once used
   double scaling_;
   int64_t in_features_;
 };

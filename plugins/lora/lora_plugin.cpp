@@ -16,6 +16,8 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -63,10 +65,12 @@ class LoraPlugin final : public memrt::Plugin {
     targets_.clear();
     for (const Target& t : memrt::lora::select_targets(ctx.params, ctx.run.shape, rule_))
       targets_[t.module] = t;
+    if (memrt::lora::init_from_base(options_.init)) check_init_from_base(ctx);
     std::vector<Target> list;
     for (const auto& [name, t] : targets_) {
       list.push_back(t);
-      if (options_.dora) ctx.reads_frozen.insert(name + ".weight");  // its norms, in on_block_ready
+      // DoRA's norms and PiSSA's / OLoRA's decomposition, in on_block_ready.
+      if (options_.dora || memrt::lora::init_from_base(options_.init)) ctx.reads_frozen.insert(name + ".weight");
     }
     memrt::lora::plan_adapters(ctx.params, list, options_.r, options_.dora);
     for (memrt::ParamInfo& p : ctx.params)
@@ -85,8 +89,14 @@ class LoraPlugin final : public memrt::Plugin {
   // norm n (for s = m / n's gradient), s and s - 1. Not counted (DoRA's estimate is not to the
   // byte, docs/lora.md): backward's (tokens, out) temporaries, and the norm's tiles of
   // W + scaling · B A (8 MB at most, transient).
+  // PiSSA and OLoRA keep their initial A0 and B0 (fp32) all the run, as adapters: PEFT's conversion
+  // of every adapter saved needs them.
   void estimate_memory(memrt::memory::MemoryEstimate& e) const override {
-    if (freeze_mode_ || (options_.dropout == 0.0 && !options_.dora)) return;
+    if (freeze_mode_) return;
+    if (memrt::lora::init_from_base(options_.init))
+      for (const auto& [name, t] : targets_)
+        e.table.at(memrt::memory::Category::kAdapters) += options_.r * (t.in + t.out) * int64_t{4};
+    if (options_.dropout == 0.0 && !options_.dora) return;
     const int64_t tokens = e.run->micro_batch_size * e.run->block_size;
     const int64_t width = static_cast<int64_t>(c10::elementSize(e.compute_dtype));
     for (const auto& [name, t] : targets_) {
@@ -98,20 +108,33 @@ class LoraPlugin final : public memrt::Plugin {
     e.refresh_activations();
   }
 
-  // DoRA's magnitudes start as the base's row norms (PEFT: ||W + B A||_row with B zero). They are
-  // taken here, as each block is built, in the dtype the base is kept in: by transform_model a
-  // base that ZeRO-3 partitions rests as a placeholder. A base another plugin replaced (4-bit) has
-  // no floating weight here; its LoRA layer reads it through memrt::DenseWeight.
+  // What the adapters take from the base weights, here as each block is built, while every target's
+  // weight is whole (by transform_model a base that ZeRO-3 partitions rests as a placeholder) and
+  // as the checkpoint holds it (before a 16-bit base is cast). DoRA: its magnitudes start as the
+  // base's row norms (PEFT: ||W + B A||_row with B zero), in the dtype the base is kept in; a base
+  // another plugin replaced (4-bit) has no floating weight here, and its LoRA layer reads it through
+  // memrt::DenseWeight. PiSSA / OLoRA: A0 and B0 from W's decomposition, and W replaced by its
+  // residual W - scaling · B0 A0 (docs/lora.md, "From the base weights").
   void on_block_ready(memrt::BlockReady& ctx) override {
-    if (freeze_mode_ || !options_.dora) return;
+    if (freeze_mode_ || !(options_.dora || memrt::lora::init_from_base(options_.init))) return;
+    if (memrt::lora::init_from_base(options_.init) && !ctx.checkpoint)
+      throw memrt::ConfigError(init_file_, "init_lora_weights", "is " + init_node_.to_json(0) +
+                               ", which starts the adapters from a pretrained base's weights, and no "
+                               "model_name_or_path gives one (a random base has no components worth starting from); "
+                               "set model_name_or_path, or use true");
     at::NoGradGuard no_grad;
     for (const std::string& name : ctx.block.linear_names()) {
       const std::string module = ctx.block.hf_prefix() + "." + name;
       if (!targets_.count(module)) continue;
       const auto own = ctx.block.linear(name).ptr()->named_parameters(/*recurse=*/false);
       const at::Tensor* w = own.find("weight");
-      if (w && at::isFloatingType(w->scalar_type()))
-        base_norms_[module] = at::linalg_vector_norm(w->to(at::kFloat), 2, {1}, false, std::nullopt);
+      if (!w || !at::isFloatingType(w->scalar_type())) continue;
+      memrt::lora::FromBase& from = from_base_[module];
+      if (options_.dora) from.norm = at::linalg_vector_norm(w->to(at::kFloat), 2, {1}, false, std::nullopt);
+      if (memrt::lora::init_from_base(options_.init)) {
+        w->copy_(memrt::lora::init_from_weight(*w, options_, from));
+        memrt::memory::claim_all({from.a, from.b}, memrt::memory::Category::kAdapters);
+      }
     }
   }
 
@@ -123,14 +146,15 @@ class LoraPlugin final : public memrt::Plugin {
         const std::string module = block.hf_prefix() + "." + name;
         auto it = targets_.find(module);
         if (it == targets_.end()) continue;
-        auto norm = base_norms_.find(module);
-        // A from the run's seeded default generator (PEFT's init), B zero.
+        auto from = from_base_.find(module);
+        // A from the run's seeded default generator (PEFT's init), B zero; or what on_block_ready took.
         block.replace_linear(name, torch::nn::AnyModule(memrt::lora::LoraLinear(
                                        block.linear(name), it->second.in, it->second.out, options_,
-                                       norm == base_norms_.end() ? at::Tensor() : norm->second)));
+                                       from == from_base_.end() ? memrt::lora::FromBase{} : from->second)));
       }
     }
-    base_norms_.clear();
+    // DoRA's norms are used; PiSSA's and OLoRA's A0 and B0 stay for every adapter saved.
+    for (auto& [module, from] : from_base_) from.norm = at::Tensor();
     if (!adapter_dir_.empty()) load_adapter(ctx.model);
   }
 
@@ -151,17 +175,27 @@ class LoraPlugin final : public memrt::Plugin {
   // it in PEFT's files — PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(out), out).
   // With --merge, PEFT's merge_and_unload instead: W += (B A) · scaling in fp32, transposed into
   // GPT-2's Conv1D layout, and no adapter files.
+  // PiSSA / OLoRA: export reads the original base (it stays in model_name_or_path), from which A0
+  // and B0 are taken again as the run took them; the adapter written and merged is PEFT's conversion.
   void export_model(memrt::ExportContext& ctx) override {
     if (freeze_mode_) return;
+    const bool conv1d = ctx.run.shape.arch == "gpt2";  // Hugging Face's layout of every projection
+    if (memrt::lora::init_from_base(options_.init)) {
+      for (const auto& [module, t] : targets_) {
+        auto it = ctx.tensors.find(module + ".weight");
+        if (it == ctx.tensors.end())
+          throw memrt::Error("launcher export: the base weight of '" + module + "' is not written in full "
+                             "precision, so PiSSA's / OLoRA's initial adapter cannot be taken from it again");
+        memrt::lora::init_from_weight(conv1d ? it->second.t() : it->second, options_, from_base_[module]);
+      }
+    }
     if (ctx.merge) {
-      const bool conv1d = ctx.run.shape.arch == "gpt2";  // Hugging Face's layout of every projection
       for (const auto& [module, t] : targets_) {
         auto it = ctx.tensors.find(module + ".weight");
         if (it == ctx.tensors.end())
           throw memrt::Error("launcher export --merge: the base weight of '" + module + "' is not written in "
                              "full precision, so its adapter cannot be merged into it");
-        const at::Tensor a = ctx.saved.read(memrt::lora::lora_a_name(module)).to(at::kFloat);
-        const at::Tensor b = ctx.saved.read(memrt::lora::lora_b_name(module)).to(at::kFloat);
+        const auto [a, b] = adapter_pair(module, ctx.saved);
         const at::Tensor delta = b.mm(a) * memrt::lora::lora_scaling(options_);
         at::Tensor w = (conv1d ? it->second.t() : it->second) + delta;  // (out, in)
         if (options_.dora) {  // PEFT's DoRA merge: each row scaled to its magnitude m
@@ -283,6 +317,7 @@ class LoraPlugin final : public memrt::Plugin {
     } else if (init && !init->is_null()) {
       options_.init = memrt::lora::read_lora_init(*init);
       init_node_ = memrt::lora::lora_init_node(options_.init);
+      init_file_ = init->file();
     }
     if (rank && !rank->is_null()) options_.r = rank->as_int();
     if (options_.r <= 0) throw memrt::ConfigError(rule_.file, "lora_r", "is " + std::to_string(options_.r) + "; the rank must be positive");
@@ -296,9 +331,9 @@ class LoraPlugin final : public memrt::Plugin {
     if (options_.init == memrt::lora::LoraInit::kOrthogonal && options_.r % 2 != 0)
       throw init->error("is \"orthogonal\", which needs an even rank (its A and B are the two halves of an r x r "
                         "orthogonal matrix); r is " + std::to_string(options_.r));
-    if (options_.init == memrt::lora::LoraInit::kLinear && options_.dora)
-      throw init->error("is false with use_dora: DoRA's magnitudes from a non-zero B A at init are not built; "
-                        "use true, \"gaussian\" or \"orthogonal\"");
+    if ((options_.init == memrt::lora::LoraInit::kLinear || memrt::lora::init_from_base(options_.init)) && options_.dora)
+      throw init->error("is " + init->to_json(0) + " with use_dora: DoRA's magnitudes from a non-zero B A at init "
+                        "are not built; use true, \"gaussian\" or \"orthogonal\"");
     if (layers && !layers->is_null()) rule_.layers = memrt::lora::read_layers(*layers);
     if (saved && !saved->is_null()) {
       modules_to_save_ = saved->as_names();
@@ -318,6 +353,42 @@ class LoraPlugin final : public memrt::Plugin {
     }
   }
 
+  // PiSSA and OLoRA start from a pretrained base in full precision (docs/lora.md, "From the base
+  // weights"): each refusal names init_lora_weights.
+  void check_init_from_base(const memrt::ParamPlanContext& ctx) const {
+    const std::string init = options_.init == memrt::lora::LoraInit::kPissa ? "pissa" : "olora";
+    const auto refuse = [&](const std::string& why) {
+      throw memrt::ConfigError(init_file_, "init_lora_weights", "is \"" + init + "\", " + why);
+    };
+    if (init == "olora" && ctx.run.shape.arch == "gpt2")
+      refuse("which PEFT builds for nn.Linear only (its olora_init decomposes GPT-2's Conv1D weight as stored, "
+             "(in, out), and makes adapters of the wrong shape); use \"pissa\", which transposes it");
+    for (const memrt::ParamInfo& p : ctx.params) {
+      const std::string module = p.name.size() > 7 ? p.name.substr(0, p.name.size() - 7) : std::string();
+      auto t = targets_.find(module);
+      if (t == targets_.end() || p.name != module + ".weight") continue;
+      if (!at::isFloatingType(p.dtype))
+        refuse("and " + p.name + " is kept in 4 bits (load_in_4bit): PEFT refuses PiSSA on a quantized base too; "
+               "initialise on the 16-bit model and quantize its residual, or train this base with true");
+      if (options_.r > std::min(t->second.in, t->second.out))
+        refuse("which takes r = " + std::to_string(options_.r) + " components of " + p.name + " (" +
+               std::to_string(t->second.out) + " x " + std::to_string(t->second.in) + "); use a smaller lora_r");
+    }
+  }
+
+  // A target's A (r, in) and B (out, r) as saved, in fp32; PiSSA / OLoRA: PEFT's conversion to a
+  // plain LoRA on the original base, A' = [A; A0] and B' = [B, -B0] (B'A' = BA - B0A0).
+  std::pair<at::Tensor, at::Tensor> adapter_pair(const std::string& module, const memrt::SavedParameters& saved) const {
+    at::Tensor a = saved.read(memrt::lora::lora_a_name(module)).to(at::kFloat);
+    at::Tensor b = saved.read(memrt::lora::lora_b_name(module)).to(at::kFloat);
+    if (memrt::lora::init_from_base(options_.init)) {
+      const memrt::lora::FromBase& from = from_base_.at(module);
+      a = at::cat({a, from.a}, 0);
+      b = at::cat({b, -from.b}, 1);
+    }
+    return {a, b};
+  }
+
   // adapter_config.json and adapter_model.safetensors in `dir` from the saved adapters (their fp32
   // masters where the run kept them); returns the files' names.
   std::vector<const char*> write_peft_files(const std::string& dir, const memrt::SavedParameters& saved,
@@ -326,6 +397,11 @@ class LoraPlugin final : public memrt::Plugin {
     c.base_model_name_or_path = run.model_name_or_path;
     c.r = options_.r;
     c.alpha = options_.alpha;
+    const bool converted = memrt::lora::init_from_base(options_.init);
+    if (converted) {  // PEFT's save_pretrained(..., path_initial_model_for_weight_conversion=...)
+      c.r = 2 * options_.r;
+      c.alpha = options_.rslora ? options_.alpha * std::sqrt(2.0) : 2 * options_.alpha;  // scaling kept
+    }
     c.dropout = options_.dropout;
     c.rslora = options_.rslora;
     c.dora = options_.dora;
@@ -333,14 +409,22 @@ class LoraPlugin final : public memrt::Plugin {
     c.layers_to_transform = rule_.layers;
     c.bias = bias_;
     c.modules_to_save = modules_to_save_;
-    c.init_lora_weights = init_node_;
+    c.init_lora_weights = converted ? memrt::ConfigNode::boolean(true) : init_node_;
     std::set<std::string> modules;  // the targets' own names, as PEFT resolves target_modules
     for (const auto& [name, t] : targets_) modules.insert(name.substr(name.rfind('.') + 1));
     c.target_modules.assign(modules.begin(), modules.end());
     c.target_regex = rule_.regex;  // a regex stays one: its resolved names could not say which blocks
     std::vector<std::pair<std::string, at::Tensor>> tensors;
-    for (const std::string& name : saved.names())
-      if (in_adapter_file(name)) tensors.emplace_back(file_key(name), saved.read(name));
+    for (const std::string& name : saved.names()) {
+      if (!in_adapter_file(name)) continue;
+      at::Tensor t = saved.read(name);
+      if (converted && memrt::lora::is_adapter(name)) {
+        const std::string module = name.substr(0, name.rfind(".lora_"));
+        const auto [a, b] = adapter_pair(module, saved);
+        t = (memrt::lora::is_lora_b(name) ? b : a).to(t.scalar_type());
+      }
+      tensors.emplace_back(file_key(name), t);
+    }
     memrt::write_file_atomic(dir + "/" + memrt::lora::kPeftConfigFile, memrt::lora::peft_config_json(c));
     memrt::write_safetensors(dir + "/" + memrt::lora::kPeftWeightsFile, tensors, {{"format", "pt"}});
     return {memrt::lora::kPeftConfigFile, memrt::lora::kPeftWeightsFile};
@@ -405,8 +489,11 @@ class LoraPlugin final : public memrt::Plugin {
   bool fan_in_fan_out_ = false;
   double loraplus_ratio_ = 1.0;  // LoRA+: B's learning rate over A's
   memrt::ConfigNode init_node_ = memrt::ConfigNode::boolean(true);  // init_lora_weights, as adapter_config.json says it
+  std::string init_file_;  // the file that set init_lora_weights, for errors
   std::map<std::string, Target> targets_;  // by module name
-  std::map<std::string, at::Tensor> base_norms_;  // DoRA: each target's ||W||_row, from on_block_ready to transform_model
+  // By target, what on_block_ready took from its base weight: DoRA's ||W||_row (to transform_model),
+  // PiSSA's / OLoRA's A0 and B0 (all the run: every adapter saved is converted with them).
+  std::map<std::string, memrt::lora::FromBase> from_base_;
 };
 
 }  // namespace

@@ -55,15 +55,20 @@ LoraInit read_lora_init(const ConfigNode& n) {
   const std::string init = n.as_string();
   if (init == "gaussian") return LoraInit::kGaussian;
   if (init == "orthogonal") return LoraInit::kOrthogonal;
+  if (init == "pissa") return LoraInit::kPissa;
+  if (init == "olora") return LoraInit::kOlora;
+  if (init.rfind("pissa_niter_", 0) == 0)
+    throw n.error("is \"" + init + "\", PiSSA from a randomized SVD (PEFT's svd_lowrank, drawing from torch's "
+                  "generator), which memrt does not build; use \"pissa\", PiSSA from the exact decomposition");
   const bool from_base = from_base_weights(init);
   if (from_base || init == "eva")
     throw n.error("is \"" + init + "\", an initialisation from " + (from_base ? "the base weights" : "data") +
                   " that memrt does not build; initialise the adapter with PEFT (get_peft_model, then save_pretrained" +
                   (from_base ? ", with the residual model it leaves" : "") + ") and train from it with lora_model_dir / "
                   "adapter_name_or_path" + (from_base ? " and model_name_or_path the residual model" : "") +
-                  "; or use true, false, \"gaussian\" or \"orthogonal\"");
+                  "; or use true, false, \"gaussian\", \"orthogonal\", \"pissa\" or \"olora\"");
   throw n.error("is \"" + init + "\"; memrt initialises LoRA adapters as PEFT's true (the default), false, "
-                "\"gaussian\" or \"orthogonal\"");
+                "\"gaussian\", \"orthogonal\", \"pissa\" or \"olora\"");
 }
 
 ConfigNode lora_init_node(LoraInit init) {
@@ -72,6 +77,8 @@ ConfigNode lora_init_node(LoraInit init) {
     case LoraInit::kGaussian: return ConfigNode::string("gaussian");
     case LoraInit::kOrthogonal: return ConfigNode::string("orthogonal");
     case LoraInit::kLinear: return ConfigNode::boolean(false);
+    case LoraInit::kPissa: return ConfigNode::string("pissa");
+    case LoraInit::kOlora: return ConfigNode::string("olora");
   }
   return ConfigNode::boolean(true);
 }

@@ -32,6 +32,15 @@ code with memrt.
         against the plain model in MERGED (`launcher export --merge`; with bf16, the reference
         rounded to bf16 against `--merge --dtype bf16`'s): writes {"tensors": count, "worst": the
         largest |MERGED - reference| over the tensor's largest |reference|, "dtypes": MERGED's} to OUT.
+    peft_eval.py merged DIR ADAPTER MERGED OUT
+        DIR's fp32 model with ADAPTER, PEFT's merge_and_unload() (modules_to_save: the trained copy in
+        place of the original), against the plain model in MERGED; writes OUT as merged4 does.
+    peft_eval.py compare_init DIR INIT GOT OUT
+        the adapter PEFT's get_peft_model initialises on DIR's fp32 Llama with init_lora_weights INIT
+        ("pissa", "olora": A0, B0 from the base weights; r 4, alpha 8, every projection) against the
+        second half of the adapter in GOT, a PiSSA / OLoRA adapter converted to a plain LoRA of rank
+        8 (A = [A_trained; A0], B = [B_trained, -B0]): writes {"tensors": count, "worst": the largest
+        |GOT's half - PEFT's| over the largest |PEFT's|, "config": GOT's adapter_config.json} to OUT
     peft_eval.py batch FILE | -
         the commands FILE (or the file named on standard input) lists, in this one process (oracle_cli.py)
 """
@@ -81,7 +90,6 @@ def nf4_config():
 
 def merged4(directory, adapter_dir, merged_dir, out, dtype="fp32"):
     import bitsandbytes as bnb
-    from safetensors.torch import load_file
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, quantization_config=nf4_config(),
                                                  device_map="cpu")
     model = PeftModel.from_pretrained(model, adapter_dir)
@@ -95,6 +103,36 @@ def merged4(directory, adapter_dir, merged_dir, out, dtype="fp32"):
         key = name.replace("base_model.model.", "")
         if "lora_" not in key and ".base_layer." not in key:
             want[key] = p.detach().float()
+    compare_merged(want, merged_dir, out, dtype)
+
+
+def merged(directory, adapter_dir, merged_dir, out):
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32), adapter_dir)
+    want = {k: v.detach() for k, v in model.merge_and_unload().state_dict().items()}
+    compare_merged(want, merged_dir, out, "fp32")
+
+
+def compare_init(directory, init, got_dir, out):
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import load_file
+    config = LoraConfig(r=4, lora_alpha=8, init_lora_weights=init, task_type="CAUSAL_LM",
+                        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32), config)
+    want = get_peft_model_state_dict(peft_model)
+    got = load_file(os.path.join(got_dir, "adapter_model.safetensors"))
+    assert set(got) == set(want), f"keys differ: {sorted(set(got) ^ set(want))}"
+    worst = 0.0
+    for key, w in want.items():
+        half = got[key][4:] if "lora_A" in key else -got[key][:, 4:]
+        assert half.shape == w.shape, f"{key}: {tuple(got[key].shape)} has no second half of {tuple(w.shape)}"
+        worst = max(worst, ((half - w).abs().max() / w.abs().max()).item())
+    with open(out, "w") as f:
+        json.dump({"tensors": len(want), "worst": worst,
+                   "config": json.load(open(os.path.join(got_dir, "adapter_config.json")))}, f)
+
+
+def compare_merged(want, merged_dir, out, dtype):
+    from safetensors.torch import load_file
     got = load_file(os.path.join(merged_dir, "model.safetensors"))
     assert set(got) == set(want), f"keys differ: {sorted(set(got) ^ set(want))}"
     want = {k: v.to({"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]) for k, v in want.items()}
@@ -150,4 +188,4 @@ def loss(directory, text_file, block, out, *rest):
 
 
 if __name__ == "__main__":
-    main({"make": make, "loss": loss, "merged4": merged4}, __doc__, sys.argv[1:])
+    main({"make": make, "loss": loss, "merged": merged, "merged4": merged4, "compare_init": compare_init}, __doc__, sys.argv[1:])

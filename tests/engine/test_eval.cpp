@@ -219,6 +219,94 @@ TEST(Eval, QLoraMergedExportIsTheDequantizedBasePlusTheAdapters) {
   EXPECT_NE(bad.out.find("--dtype int8 is not one of fp32, bf16, fp16"), std::string::npos) << bad.out;
 }
 
+// `launcher export --merge` of a LoRA checkpoint on a Llama's fp32 base is PEFT's merge_and_unload()
+// of the checkpoint's adapter (within 1e-6): every projection adapted with lm_head and
+// embed_tokens trained in full (modules_to_save: the trained copies in place of the originals),
+// and DoRA (each row scaled to its magnitude).
+TEST(Eval, LlamaMergedExportIsPeftsMergeAndUnload) {
+  TempDir dir("eval_merge_llama");
+  eval_text(dir);
+  PythonBatch peft = peft_batch(dir, "peft");  // imports while memrt trains
+  const fs::path model = make_model("llama");
+  std::vector<std::string> compared;
+  for (const std::string name : {"saved", "dora"}) {
+    const fs::path out = dir.path() / name, merged = dir.path() / (name + "_merged");
+    const std::string yaml = dir.write(name + ".yaml", "model_name_or_path: " + model.string() +
+                                                           "\nadapter_name_or_path: " + (model / name).string() +
+                                                           "\nblock_size: 32\nmax_steps: 1\nsave_steps: 1\n"
+                                                           "learning_rate: 1.0e-2\n");
+    const RunResult r = run(kLauncher + " --deepspeed " + dir.write(name + ".json", kDs) + " " + yaml +
+                            " --output_dir=" + out.string());
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    const RunResult e = run(kLauncher + " export " + (out / "global_step1").string() + " " + merged.string() + " --merge");
+    ASSERT_EQ(e.exit_code, 0) << e.out;
+    compared.push_back((dir.path() / (name + "_compared.json")).string());
+    peft.add({"merged", model.string(), (out / "global_step1").string(), merged.string(), compared.back()});
+  }
+  ASSERT_TRUE(peft.run());
+  for (const std::string& file : compared) {
+    SCOPED_TRACE(file);
+    const rapidjson::Document d = read_json(file);
+    EXPECT_EQ(d["tensors"].GetInt(), 21);
+    EXPECT_LT(d["worst"].GetDouble(), 1e-6);
+  }
+}
+
+// PiSSA and OLoRA (init_lora_weights "pissa" / "olora") on a Llama's projections: the adapter a run
+// saves is PEFT's conversion to a plain LoRA on the original model — r 8, alpha 16, init true,
+// its second half A0 and -B0 as PEFT's get_peft_model initialises them (within 1e-5 of their
+// largest value) — which PEFT, on the original model, evaluates to the loss the run's eval_file gave
+// at its end (1e-5); `export --merge` is PEFT's merge_and_unload of it (1e-6). The run's peak,
+// A0 and B0 kept as adapters, is its estimate to the byte.
+TEST(Eval, PissaAndOloraStartAsPeftAndSaveAPlainLora) {
+  TempDir dir("eval_pissa");
+  eval_text(dir);
+  PythonBatch peft = peft_batch(dir, "peft");  // imports while memrt trains
+  const fs::path model = make_model("llama");
+  struct Job {
+    std::string init, losses, compared_init, compared_merge;
+  };
+  std::vector<Job> jobs;
+  for (const std::string init : {"pissa", "olora"}) {
+    const fs::path out = dir.path() / init, merged = dir.path() / (init + "_merged");
+    const RunResult r = run(kLauncher + " --deepspeed " + dir.write(init + ".json", kDs) + " " +
+                            dir.write(init + ".yaml", "model_name_or_path: " + model.string() +
+                                                          "\nuse_peft: true\nlora_r: 4\nlora_alpha: 8\n"
+                                                          "lora_target_modules: all-linear\ninit_lora_weights: " +
+                                                          init + "\nblock_size: 32\nmax_steps: 2\nsave_steps: 2\n"
+                                                          "learning_rate: 1.0e-2\neval_file: " +
+                                                          (dir.path() / "eval.txt").string() + "\n") +
+                            " --output_dir=" + out.string());
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    expect_peak_as_estimated(out);
+    const fs::path step2 = out / "global_step2";
+    const RunResult e = run(kLauncher + " export " + step2.string() + " " + merged.string() + " --merge");
+    ASSERT_EQ(e.exit_code, 0) << e.out;
+    Job job{init, queue_losses(peft, dir, model, {step2.string()}), (dir.path() / (init + "_init.json")).string(),
+            (dir.path() / (init + "_merged.json")).string()};
+    peft.add({"compare_init", model.string(), init, step2.string(), job.compared_init});
+    peft.add({"merged", model.string(), step2.string(), merged.string(), job.compared_merge});
+    jobs.push_back(job);
+  }
+  ASSERT_TRUE(peft.run());
+  for (const Job& job : jobs) {
+    SCOPED_TRACE(job.init);
+    const rapidjson::Document d = read_json(job.compared_init);
+    EXPECT_EQ(d["tensors"].GetInt(), 28);
+    EXPECT_LT(d["worst"].GetDouble(), 1e-5);
+    EXPECT_EQ(d["config"]["r"].GetInt(), 8);
+    EXPECT_EQ(d["config"]["lora_alpha"].GetDouble(), 16.0);
+    EXPECT_TRUE(d["config"]["init_lora_weights"].IsTrue());
+    const std::vector<double> want = read_losses(job.losses);
+    ASSERT_EQ(want.size(), 2u);
+    EXPECT_GT(relative(want[1], want[0]), 1e-3) << "two steps moved the adapters";
+    EXPECT_LT(relative(read_json(dir.path() / job.init / "eval.json")["loss"].GetDouble(), want[1]), 1e-5);
+    const rapidjson::Document m = read_json(job.compared_merge);
+    EXPECT_EQ(m["tensors"].GetInt(), 21);
+    EXPECT_LT(m["worst"].GetDouble(), 1e-6);
+  }
+}
+
 // lora_modules_to_save (HF/TRL, axolotl; LLaMA-Factory's additional_target) trains lm_head and the
 // token embedding in full beside the adapters: the run's peak is its estimate to the byte, and the
 // checkpoint's adapter file — the modules included — loads in PEFT with `launcher eval`'s loss.

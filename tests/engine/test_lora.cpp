@@ -120,8 +120,9 @@ TEST(Lora, TargetsThatMatchNothingAreAnErrorNamingTheModules) {
 
 // init_lora_weights as axolotl writes it (peft_init_lora_weights): "gaussian" draws A from
 // normal(0, 1/r), std 1/4 at r 4 where the default's kaiming-uniform over 64 inputs has std
-// 1/sqrt(3 * 64) = 0.072, and the adapter file says "gaussian"; an init from the base weights and
-// LLaMA-Factory's pissa_init are errors naming the key and how to start from PEFT's adapter.
+// 1/sqrt(3 * 64) = 0.072, and the adapter file says "gaussian"; PiSSA on a random base, PiSSA from
+// a randomized SVD (PEFT's "pissa_niter_N", LLaMA-Factory's pissa_init) and the inits memrt does
+// not build (CorDA) are errors naming the key and what to do instead.
 TEST(Lora, InitLoraWeightsAsAxolotlWritesIt) {
   TempDir dir("lora_init");
   const std::string yaml = std::string(kLlama) + "adapter: lora\nlora_r: 4\nlora_target_modules: [q_proj]\n";
@@ -139,32 +140,54 @@ TEST(Lora, InitLoraWeightsAsAxolotlWritesIt) {
 
   const RunResult pissa = launch(dir, "pissa", yaml + "peft_init_lora_weights: pissa\n");
   EXPECT_EQ(pissa.exit_code, 1) << pissa.out;
-  EXPECT_NE(pissa.out.find("peft_init_lora_weights"), std::string::npos) << pissa.out;
-  EXPECT_NE(pissa.out.find("adapter_name_or_path"), std::string::npos) << pissa.out;
+  EXPECT_NE(pissa.out.find("init_lora_weights"), std::string::npos) << pissa.out;
+  EXPECT_NE(pissa.out.find("set model_name_or_path"), std::string::npos) << pissa.out;
+  const RunResult niter = launch(dir, "niter", yaml + "peft_init_lora_weights: pissa_niter_4\n");
+  EXPECT_EQ(niter.exit_code, 1) << niter.out;
+  EXPECT_NE(niter.out.find("peft_init_lora_weights"), std::string::npos) << niter.out;
+  EXPECT_NE(niter.out.find("use \"pissa\""), std::string::npos) << niter.out;
+  const RunResult corda = launch(dir, "corda", yaml + "peft_init_lora_weights: corda\n");
+  EXPECT_EQ(corda.exit_code, 1) << corda.out;
+  EXPECT_NE(corda.out.find("adapter_name_or_path"), std::string::npos) << corda.out;
   const RunResult factory = launch(dir, "pissa_init", yaml + "pissa_init: true\n");
   EXPECT_EQ(factory.exit_code, 1) << factory.out;
   EXPECT_NE(factory.out.find("pissa_init"), std::string::npos) << factory.out;
-  EXPECT_NE(factory.out.find("residual model"), std::string::npos) << factory.out;
+  EXPECT_NE(factory.out.find("write init_lora_weights: pissa"), std::string::npos) << factory.out;
 }
 
 // A checkpoint holds the adapters, their optimizer state and the dropout generator: resuming
 // continues the run exactly, for each composition the lora plugin makes — rsLoRA in axolotl's keys
 // with dropout on A's input and bf16 compute; DoRA; QLoRA (NF4 base, double quantization) with
-// activation checkpointing and 8-bit AdamW.
+// activation checkpointing and 8-bit AdamW; LoRA with dropout under ZeRO-2 on 2 ranks (each rank's
+// partition of the adapters' state, each rank's dropout generator).
 TEST(Lora, EachCompositionResumesExactly) {
-  const std::pair<const char*, std::string> compositions[] = {
+  struct Composition {
+    const char* name;
+    std::string yaml;
+    int ranks;
+  };
+  const Composition compositions[] = {
       {"lora_bf16", std::string(kGpt2) + "adapter: lora\nlora_r: 4\nlora_alpha: 16\nlora_dropout: 0.1\n"
-                                         "peft_use_rslora: true\nlora_target_linear: true\nbf16: true\n"},
-      {"dora", std::string(kLlama) + "use_peft: true\nlora_r: 4\nlora_target_modules: all-linear\nuse_dora: true\n"},
+                                         "peft_use_rslora: true\nlora_target_linear: true\nbf16: true\n", 1},
+      {"dora", std::string(kLlama) + "use_peft: true\nlora_r: 4\nlora_target_modules: all-linear\nuse_dora: true\n", 1},
       {"qlora", std::string(kLlama) + "adapter: qlora\nload_in_4bit: true\nbnb_4bit_use_double_quant: true\n"
                                       "lora_r: 4\nlora_target_linear: true\ngradient_checkpointing: true\n"
-                                      "optim: adamw_8bit\n"},
+                                      "optim: adamw_8bit\n", 1},
+      {"lora_zero2", std::string(kLlama) + "use_peft: true\nlora_r: 4\nlora_target_modules: all-linear\n"
+                                           "lora_dropout: 0.1\n", 2},
   };
-  for (const auto& [name, yaml] : compositions) {
+  for (const auto& [name, yaml, ranks] : compositions) {
     SCOPED_TRACE(name);
     TempDir dir(std::string("lora_resume_") + name);
     const std::string steps = "--max_steps=8 --save_steps=4";
-    const RunResult straight = launch(dir, "straight", yaml, steps);
+    auto start = [&, &yaml = yaml, ranks = ranks](const std::string& run_name, const std::string& args) {
+      if (ranks == 1) return launch(dir, run_name, yaml, args);
+      const std::string ds = R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2}})";
+      return run(kLauncher + " --num_procs " + std::to_string(ranks) + " --master_port " + std::to_string(free_port()) +
+                 " --deepspeed " + dir.write(run_name + ".json", ds) + " " + dir.write(run_name + ".yaml", yaml) +
+                 " --output_dir=" + (dir.path() / run_name).string() + " " + args);
+    };
+    const RunResult straight = start("straight", steps);
     ASSERT_EQ(straight.exit_code, 0) << straight.out;
     const std::vector<double> want = losses(dir.path() / "straight");
     ASSERT_EQ(want.size(), 8u);
@@ -173,7 +196,7 @@ TEST(Lora, EachCompositionResumesExactly) {
     fs::create_directories(resumed);
     fs::copy(dir.path() / "straight" / "global_step4", resumed / "global_step4", fs::copy_options::recursive);
     std::ofstream(resumed / "latest") << "global_step4\n";
-    const RunResult r = launch(dir, "resumed", yaml, steps + " --resume");
+    const RunResult r = start("resumed", steps + " --resume");
     ASSERT_EQ(r.exit_code, 0) << r.out;
     const std::vector<double> got = losses(resumed);
     ASSERT_EQ(got.size(), 4u);
@@ -458,6 +481,76 @@ TEST(Lora, PeftAdapterTrainsAsInPeft) {
   }
   EXPECT_LT(read_json(compared_export)["worst"].GetDouble(), 1e-5);
   EXPECT_LT(read_json(compared_merge)["worst"].GetDouble(), 1e-6);
+}
+
+// PiSSA (init_lora_weights: pissa) on a GPT-2 saved by transformers, its Conv1D projections
+// decomposed as PEFT transposes them, follows PEFT's own PiSSA for 20 steps — the residual model and
+// initial adapter get_peft_model leaves, trained by torch.optim.AdamW on the same micro-batches:
+// losses and gradient norms within 1e-5. The last checkpoint's adapter is PEFT's conversion of its
+// trained one to a plain LoRA on the original model (save_pretrained with
+// path_initial_model_for_weight_conversion: r 8, within 2e-4, below) and loads there; `export
+// --merge` writes PEFT's merge_and_unload of it on the original model (1e-5). Resuming from step 10 — the
+// residual and A0, B0 taken from the base again — continues the run exactly.
+TEST(Lora, PissaTrainsAsInPeft) {
+  TempDir dir("lora_pissa");
+  const fs::path model = dir.path() / "gpt2";
+  const std::string init = (dir.path() / "pissa_init").string(), residual = init + "_residual";
+  PythonBatch setup = torch_batch(dir, "setup");
+  setup.add({"init", model.string()});
+  setup.add({"adapter", model.string(), init, "pissa"});
+  ASSERT_TRUE(setup.run());
+  PythonBatch reference = torch_batch(dir, "reference");  // imports while memrt trains on one thread
+  auto ds = [&](const std::string& name) {
+    return dir.write(name + ".json", R"({"train_batch_size": 8, "gradient_clipping": 1.0, "plugins": [{"name": )"
+                                     R"("fixture_recorder", "library": ")" + std::string(FIXTURE_RECORDER) +
+                                     R"(", "options": {"prefix": ")" + (dir.path() / (name + "_")).string() + R"("}}]})");
+  };
+  const std::string yaml = dir.write("train.yaml", "model_name_or_path: " + model.string() + "\nuse_peft: true\n"
+                                                   "lora_r: 4\nlora_alpha: 8\nlora_target_modules: [c_attn, c_fc]\n"
+                                                   "init_lora_weights: pissa\nblock_size: 32\nmax_steps: 20\n"
+                                                   "logging_steps: 1\nlearning_rate: 1.0e-3\nweight_decay: 0.1\n"
+                                                   "lr_scheduler_type: constant\nsave_steps: 10\n");
+  const fs::path out = dir.path() / "run";
+  const RunResult r = run("env OMP_NUM_THREADS=1 " + kLauncher + " --deepspeed " + ds("run") + " " + yaml +
+                          " --output_dir=" + out.string());
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("(8 trainable tensors)"), std::string::npos) << r.out;
+  const fs::path step20 = out / "global_step20", merged = dir.path() / "merged";
+  const RunResult m = run(kLauncher + " export " + step20.string() + " " + merged.string() + " --merge");
+  ASSERT_EQ(m.exit_code, 0) << m.out;
+
+  const fs::path resumed = dir.path() / "resumed";
+  fs::create_directories(resumed);
+  fs::copy(out / "global_step10", resumed / "global_step10", fs::copy_options::recursive);
+  std::ofstream(resumed / "latest") << "global_step10\n";
+  const RunResult again = run("env OMP_NUM_THREADS=1 " + kLauncher + " --deepspeed " + ds("resumed") + " " + yaml +
+                              " --output_dir=" + resumed.string() + " --resume");
+  ASSERT_EQ(again.exit_code, 0) << again.out;
+
+  const std::string prefix = (dir.path() / "run_").string(), trained_by_peft = prefix + "peft";
+  const std::string converted = prefix + "converted", compared = prefix + "compared.json";
+  const std::string compared_merge = prefix + "merged.json";
+  const std::string want = torch_train(reference, residual, prefix, 1, "", "", init, trained_by_peft);
+  reference.add({"convert", residual, trained_by_peft, init, converted});
+  reference.add({"compare_adapter", model.string(), step20.string(), converted, compared});
+  reference.add({"compare_merged", model.string(), step20.string(), merged.string(), compared_merge});
+  ASSERT_TRUE(reference.run());
+  const auto [want_loss, want_norm] = curves(want);
+  ASSERT_EQ(want_loss.size(), 20u);
+  EXPECT_LT(want_loss.back(), want_loss.front()) << "PEFT's run learns";
+  const std::vector<double> got = losses(out);
+  EXPECT_LT(worst_relative(got, want_loss), 1e-5);
+  EXPECT_LT(worst_relative(metric(out, "grad_norm"), want_norm), 1e-5);
+  EXPECT_EQ(read_json(compared)["loaded"].GetInt(), 8);
+  // The trained adapters differ from PEFT's by up to 9.4e-5 of a tensor's largest value (c_fc's B,
+  // measured on a Sapphire Rapids; LoRA from a PEFT adapter stays within 1e-5 above) while losses and
+  // norms agree within 1e-5: not traced yet — the two decompositions of the same weights, or Adam's
+  // steps on near-zero gradients. Held to 2e-4, and the merge to 1e-5.
+  EXPECT_LT(read_json(compared)["worst"].GetDouble(), 2e-4) << read_json(compared)["worst_tensor"].GetString();
+  EXPECT_LT(read_json(compared_merge)["worst"].GetDouble(), 1e-5);
+  const std::vector<double> continued = losses(resumed);
+  ASSERT_EQ(continued.size(), 10u);
+  for (size_t k = 0; k < continued.size(); ++k) EXPECT_EQ(continued[k], got[k + 10]) << "step " << k + 11;
 }
 
 // DoRA (PEFT's use_dora) from a PEFT-saved adapter on GPT-2's Conv1D projections trains 20 steps as

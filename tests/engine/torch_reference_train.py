@@ -6,11 +6,16 @@ averaging the ranks' gradients as DDP does. It shares no code with memrt.
     torch_reference_train.py init DIR
         writes a small GPT-2 (2 blocks of width 64, vocabulary 256, context 32, no dropout) with
         transformers' own random initialisation to DIR (config.json, model.safetensors)
-    torch_reference_train.py adapter DIR OUT [dora | bias]
+    torch_reference_train.py adapter DIR OUT [dora | bias | pissa]
         writes a PEFT LoRA adapter for DIR's GPT-2 to OUT (PeftModel.save_pretrained): r 4, alpha 8,
         c_attn and c_fc, A as PEFT initialises it and B random (normal, std 0.02) so that both train;
         `dora`: use_dora (the magnitude as PEFT initialises it); `bias`: bias "all" (every bias of
-        the model trains with the adapters)
+        the model trains with the adapters); `pissa`: init_lora_weights "pissa", PEFT's documented
+        workflow — the initial adapter saved with init_lora_weights set to True (so that loading it
+        does not decompose again) to OUT, the residual model PEFT leaves (unload) to OUT_residual
+    torch_reference_train.py convert RESIDUAL ADAPTER INIT OUT
+        PEFT's conversion of a PiSSA / OLoRA adapter trained on RESIDUAL's GPT-2 to a plain LoRA
+        adapter on the original model: save_pretrained(OUT, path_initial_model_for_weight_conversion=INIT)
     torch_reference_train.py train DIR PREFIX RANKS STEPS ACCUM MICRO T LR WD CLIP OUT [TRAINABLE [LR_GROUPS [ADAPTER [SAVE]]]]
         replays PREFIX<rank r>.bin (memrt's fixture_recorder: per step and micro-step, the
         (MICRO, T) inputs then targets, int64) on RANKS processes with a constant learning rate,
@@ -72,6 +77,14 @@ def adapter(directory, out, variant=""):
     from peft import LoraConfig, get_peft_model
     torch.manual_seed(4321)
     model = GPT2LMHeadModel.from_pretrained(directory, dtype=torch.float32)
+    if variant == "pissa":
+        config = LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn", "c_fc"], fan_in_fan_out=True,
+                            init_lora_weights="pissa", task_type="CAUSAL_LM")
+        peft_model = get_peft_model(model, config)
+        peft_model.peft_config["default"].init_lora_weights = True
+        peft_model.save_pretrained(out)
+        peft_model.unload().save_pretrained(out + "_residual", safe_serialization=True)
+        return
     config = LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn", "c_fc"], fan_in_fan_out=True,
                         use_dora=variant == "dora", bias="all" if variant == "bias" else "none",
                         task_type="CAUSAL_LM")
@@ -81,6 +94,12 @@ def adapter(directory, out, variant=""):
             if "lora_B" in n:
                 p.normal_(0.0, 0.02)
     peft_model.save_pretrained(out)
+
+
+def convert(residual, adapter_dir, init_dir, out):
+    from peft import PeftModel
+    model = PeftModel.from_pretrained(GPT2LMHeadModel.from_pretrained(residual, dtype=torch.float32), adapter_dir)
+    model.save_pretrained(out, path_initial_model_for_weight_conversion=init_dir)
 
 
 def compare_adapter(directory, got, want, out):
@@ -239,5 +258,6 @@ def train(argv):
 
 
 if __name__ == "__main__":
-    main({"init": init, "adapter": adapter, "compare_merged": compare_merged, "compare_adapter": compare_adapter,
+    main({"init": init, "adapter": adapter, "convert": convert, "compare_merged": compare_merged,
+          "compare_adapter": compare_adapter,
           "train": lambda *argv: train(list(argv)), "decay_names": write_decay_names}, __doc__, sys.argv[1:])

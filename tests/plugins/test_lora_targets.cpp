@@ -199,9 +199,11 @@ TEST(PeftFiles, TargetModulesAndInitAsPeftWritesThem) {
 }
 
 // init_lora_weights of a LoRA to train (train.yaml's init_lora_weights / axolotl's
-// peft_init_lora_weights): the values memrt draws, written as PEFT writes them; one that needs the
-// base weights or data is an error naming the key and saying how to start from PEFT's adapter.
-TEST(PeftFiles, InitLoraWeightsToTrainAreTheRandomOnes) {
+// peft_init_lora_weights): the values memrt builds — drawn, or PiSSA's and OLoRA's decompositions
+// of the base — written as PEFT writes them; PiSSA from a randomized SVD names what to use instead;
+// one that needs data or quantization is an error naming the key and saying how to start from
+// PEFT's adapter.
+TEST(PeftFiles, InitLoraWeightsToTrainAreTheOnesMemrtBuilds) {
   const auto node = [](const std::string& json) {
     return parse_yaml_value(json, "train.yaml", "peft_init_lora_weights");
   };
@@ -209,11 +211,21 @@ TEST(PeftFiles, InitLoraWeightsToTrainAreTheRandomOnes) {
   EXPECT_EQ(read_lora_init(node("false")), LoraInit::kLinear);
   EXPECT_EQ(read_lora_init(node(R"("gaussian")")), LoraInit::kGaussian);
   EXPECT_EQ(read_lora_init(node(R"("orthogonal")")), LoraInit::kOrthogonal);
-  for (LoraInit init : {LoraInit::kDefault, LoraInit::kLinear, LoraInit::kGaussian, LoraInit::kOrthogonal})
+  EXPECT_EQ(read_lora_init(node(R"("pissa")")), LoraInit::kPissa);
+  EXPECT_EQ(read_lora_init(node(R"("olora")")), LoraInit::kOlora);
+  for (LoraInit init : {LoraInit::kDefault, LoraInit::kLinear, LoraInit::kGaussian, LoraInit::kOrthogonal,
+                        LoraInit::kPissa, LoraInit::kOlora})
     EXPECT_EQ(read_lora_init(lora_init_node(init)), init);
   EXPECT_EQ(lora_init_node(LoraInit::kGaussian).to_json(0), R"("gaussian")");
+  EXPECT_EQ(lora_init_node(LoraInit::kPissa).to_json(0), R"("pissa")");
   EXPECT_EQ(lora_init_node(LoraInit::kDefault).to_json(0), "true");
-  for (const char* init : {"pissa", "pissa_niter_4", "olora", "corda", "loftq", "lora_ga", "eva", "kaiming"}) {
+  try {
+    read_lora_init(node(R"("pissa_niter_4")"));
+    ADD_FAILURE() << "pissa_niter_4 was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("use \"pissa\""), std::string::npos) << e.what();
+  }
+  for (const char* init : {"corda", "loftq", "lora_ga", "eva", "kaiming"}) {
     try {
       read_lora_init(node(std::string("\"") + init + "\""));
       FAIL() << init << " was accepted";

@@ -268,7 +268,7 @@ const std::vector<std::pair<const char*, const char*>> kYamlRejected = {
     {"unfrozen_parameters", "memrt trains every parameter, the layers finetuning_type: freeze chooses (freeze_trainable_layers, freeze_trainable_modules, freeze_extra_modules), or LoRA adapters"},
     {"beta", "DPO is not supported: memrt trains causal language modelling"},
     {"max_prompt_length", "DPO is not supported: memrt trains causal language modelling"},
-    {"pissa_init", "PiSSA's initialisation is not built: initialise the adapter with PEFT (init_lora_weights=\"pissa\"), save it with the residual model it leaves, and train from them (model_name_or_path: the residual model, adapter_name_or_path: the adapter)"},
+    {"pissa_init", "LLaMA-Factory's pissa_init is PEFT's init_lora_weights \"pissa_niter_16\" by default (pissa_iter), a randomized SVD memrt does not build; write init_lora_weights: pissa for PiSSA from the exact decomposition"},
     {"gptq_groupsize", "GPTQ is not supported; 4-bit weights come from load_in_4bit (NF4/FP4)"},
 };
 
