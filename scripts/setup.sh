@@ -73,7 +73,9 @@ touch "$stamp"
 # read axolotl's template files (utils/chat_templates/templates) from its package, and
 # tests/data/sft_records.py imports its chat_template strategy, which needs colorama and addict.
 # LLaMA-Factory's data modules (parser, converter, template, supervised processor) are imported by
-# tests/data/llamafactory_records.py alone, without its package's __init__ files.
+# tests/data/llamafactory_records.py alone, without its package's __init__ files. datasets (with
+# dill, multiprocess, pandas, pyarrow, python-dateutil, tzdata and xxhash, which it imports) finds
+# a dataset directory's splits for tests/data/dataset_dirs.py.
 MEMRT_BNB_VERSION=0.50.2
 MEMRT_TORCHAO_VERSION=0.18.0
 MEMRT_ACCELERATE_VERSION=1.15.0
@@ -85,18 +87,20 @@ MEMRT_AXOLOTL_VERSION=0.19.0
 MEMRT_COLORAMA_VERSION=0.4.6
 MEMRT_ADDICT_VERSION=2.4.0
 MEMRT_LLAMAFACTORY_VERSION=0.9.5
-test_stamp="$venv/.memrt-test-deps-bnb$MEMRT_BNB_VERSION-ao$MEMRT_TORCHAO_VERSION-acc$MEMRT_ACCELERATE_VERSION-peft$MEMRT_PEFT_VERSION-tok$MEMRT_TOKENIZERS_VERSION-sp$MEMRT_SENTENCEPIECE_VERSION-ax$MEMRT_AXOLOTL_VERSION-colorama$MEMRT_COLORAMA_VERSION-addict$MEMRT_ADDICT_VERSION-lf$MEMRT_LLAMAFACTORY_VERSION"
+MEMRT_DATASETS_VERSION=5.2.0
+MEMRT_DATASETS_DEPS="dill==0.4.1 multiprocess==0.70.19 pandas==3.1.1 pyarrow==26.0.1 python-dateutil==4.0.0 tzdata==2026.6 xxhash==4.1.0"
+test_stamp="$venv/.memrt-test-deps-bnb$MEMRT_BNB_VERSION-ao$MEMRT_TORCHAO_VERSION-acc$MEMRT_ACCELERATE_VERSION-peft$MEMRT_PEFT_VERSION-tok$MEMRT_TOKENIZERS_VERSION-sp$MEMRT_SENTENCEPIECE_VERSION-ax$MEMRT_AXOLOTL_VERSION-colorama$MEMRT_COLORAMA_VERSION-addict$MEMRT_ADDICT_VERSION-lf$MEMRT_LLAMAFACTORY_VERSION-ds$MEMRT_DATASETS_VERSION"
 if [ "$with_test" -eq 1 ] && [ ! -f "$test_stamp" ]; then
-  log "installing bitsandbytes==$MEMRT_BNB_VERSION, torchao==$MEMRT_TORCHAO_VERSION, accelerate==$MEMRT_ACCELERATE_VERSION, peft==$MEMRT_PEFT_VERSION, tokenizers==$MEMRT_TOKENIZERS_VERSION, sentencepiece==$MEMRT_SENTENCEPIECE_VERSION, axolotl==$MEMRT_AXOLOTL_VERSION (with colorama==$MEMRT_COLORAMA_VERSION and addict==$MEMRT_ADDICT_VERSION) and llamafactory==$MEMRT_LLAMAFACTORY_VERSION into $venv (test oracles)"
+  log "installing bitsandbytes==$MEMRT_BNB_VERSION, torchao==$MEMRT_TORCHAO_VERSION, accelerate==$MEMRT_ACCELERATE_VERSION, peft==$MEMRT_PEFT_VERSION, tokenizers==$MEMRT_TOKENIZERS_VERSION, sentencepiece==$MEMRT_SENTENCEPIECE_VERSION, axolotl==$MEMRT_AXOLOTL_VERSION (with colorama==$MEMRT_COLORAMA_VERSION and addict==$MEMRT_ADDICT_VERSION), llamafactory==$MEMRT_LLAMAFACTORY_VERSION and datasets==$MEMRT_DATASETS_VERSION into $venv (test oracles)"
   "$venv/bin/pip" install -q --disable-pip-version-check --no-deps \
       "bitsandbytes==${MEMRT_BNB_VERSION}" "torchao==${MEMRT_TORCHAO_VERSION}" \
       "accelerate==${MEMRT_ACCELERATE_VERSION}" "psutil==${MEMRT_PSUTIL_VERSION}" \
       "peft==${MEMRT_PEFT_VERSION}" "tokenizers==${MEMRT_TOKENIZERS_VERSION}" \
       "sentencepiece==${MEMRT_SENTENCEPIECE_VERSION}" "axolotl==${MEMRT_AXOLOTL_VERSION}" \
       "colorama==${MEMRT_COLORAMA_VERSION}" "addict==${MEMRT_ADDICT_VERSION}" \
-      "llamafactory==${MEMRT_LLAMAFACTORY_VERSION}" >&2
-  "$venv/bin/python" -c "import importlib.util, bitsandbytes, torchao, accelerate, peft, tokenizers, sentencepiece, colorama, addict; assert importlib.util.find_spec('axolotl') and importlib.util.find_spec('llamafactory')" >/dev/null 2>&1 ||
-    { log "bitsandbytes, torchao, accelerate, peft, tokenizers, sentencepiece, colorama, addict, axolotl or llamafactory did not import from $venv"; exit 1; }
+      "llamafactory==${MEMRT_LLAMAFACTORY_VERSION}" "datasets==${MEMRT_DATASETS_VERSION}" $MEMRT_DATASETS_DEPS >&2
+  "$venv/bin/python" -c "import importlib.util, bitsandbytes, torchao, accelerate, peft, tokenizers, sentencepiece, colorama, addict, datasets; assert importlib.util.find_spec('axolotl') and importlib.util.find_spec('llamafactory')" >/dev/null 2>&1 ||
+    { log "bitsandbytes, torchao, accelerate, peft, tokenizers, sentencepiece, colorama, addict, datasets, axolotl or llamafactory did not import from $venv"; exit 1; }
   touch "$test_stamp"
 fi
 echo "$venv/bin/python"

@@ -613,6 +613,48 @@ TEST(TrainYaml, DatasetTextFieldNamesTheJsonlField) {
   expect_config_error([] { load("", "dataset_text_field: ''\n"); }, {"dataset_text_field", "empty"});
 }
 
+// TRL's dataset_name as a local directory: its train split trained on, its test split evaluated
+// when the run evaluates (the split files datasets finds: test_data_files.cpp checks them against
+// datasets itself); a file, as train_file; a Hub name, and what memrt does not read, refused.
+TEST(TrainYaml, DatasetNameIsALocalDatasetDirectory) {
+  const auto dir = std::filesystem::path(MEMRT_BINARY_DIR) / "test_scratch" / "config" / "dataset_dirs";
+  std::filesystem::remove_all(dir);  // (scratch_dir() is the train.yaml's, emptied by each load)
+  std::filesystem::create_directories(dir / "sft" / "data");
+  for (const char* f : {"data/train.jsonl", "data/test.jsonl", "data/dev.jsonl"})
+    write_file(dir / "sft" / f, R"({"prompt": "a", "completion": "b"})" "\n");
+  const std::string sft = (dir / "sft").string();
+  TrainConfig c = load("", "dataset_name: " + sft + "\n");
+  EXPECT_EQ(c.data.train_file, sft + "/data/train.jsonl");
+  EXPECT_TRUE(c.data.eval_file.empty()) << "eval_strategy is no: TRL evaluates nothing";
+  c = load("", "dataset_name: " + sft + "\neval_strategy: steps\neval_steps: 5\n");
+  EXPECT_EQ(c.data.eval_file, sft + "/data/test.jsonl");
+  EXPECT_EQ(c.eval.steps, 5);
+  c = load("", "dataset_name: " + sft + "\ndataset_train_split: validation\ndataset_test_split: train\n"
+               "eval_strategy: epoch\n");
+  EXPECT_EQ(c.data.train_file, sft + "/data/dev.jsonl");
+  EXPECT_EQ(c.data.eval_file, sft + "/data/train.jsonl");
+  EXPECT_EQ(load("", "dataset_name: " + sft + "/data/dev.jsonl\n").data.train_file, sft + "/data/dev.jsonl");
+
+  expect_config_error([&] { load("", "dataset_name: " + sft + "\ndataset_train_split: train_sft\n"); },
+                      {"dataset_train_split", "\"train_sft\"", "train, validation, test"});
+  expect_config_error([&] { load("", "dataset_name: " + sft + "\ntrain_file: " + sft + "/data/dev.jsonl\n"); },
+                      {"dataset_name", "train_file", "keep one"});
+  expect_config_error([] { load("", "dataset_name: trl-lib/Capybara\n"); },
+                      {"dataset_name", "trl-lib/Capybara", "huggingface-cli download"});
+  expect_config_error([&] { load("", "dataset_name: " + sft + "\ndataset_config: sft\n"); },
+                      {"dataset_name", "no config \"sft\""});
+  write_file(dir / "sft" / "data" / "train-2.jsonl", "{}\n");
+  expect_config_error([&] { load("", "dataset_name: " + sft + "\n"); }, {"dataset_name", "2 files", "cat"});
+  std::filesystem::create_directories(dir / "pq" / "data");
+  write_file(dir / "pq" / "data" / "train-00000-of-00001.parquet", "PAR1");
+  expect_config_error([&] { load("", "dataset_name: " + (dir / "pq").string() + "\n"); },
+                      {"dataset_name", "parquet", "to_json('train.jsonl')"});
+  std::filesystem::create_directories(dir / "gz");
+  write_file(dir / "gz" / "train.jsonl.gz", "");
+  expect_config_error([&] { load("", "dataset_name: " + (dir / "gz").string() + "\n"); },
+                      {"dataset_name", "train.jsonl.gz", "decompress"});
+}
+
 TEST(TrainYaml, HuggingFaceDefaults) {
   const TrainConfig c = load("", "");
   EXPECT_EQ(c.micro_batch_size, 8);

@@ -224,8 +224,8 @@ TEST(RealConfigs, TrainYamlsLoadOrNameTheKey) {
        "dataset_mixer"},
       {"huggingface__alignment-handbook__recipes__zephyr-7b-beta__sft__config_qlora.yaml",
        "dataset_mixture"},
-      {"huggingface__trl__examples__cli_configs__example_config.yaml",
-       "dataset_name"},
+      {"huggingface__trl__examples__cli_configs__example_config.yaml",  // (its dataset_name is a Hub name too)
+       "model_name_or_path"},
   };
   std::set<std::string> listed;
   for (const auto& c : cases) {

@@ -15,6 +15,7 @@
 #include <tuple>
 
 #include "config/batch_triple.h"
+#include "config/data_files.h"
 
 namespace memrt {
 namespace {
@@ -110,6 +111,10 @@ const std::vector<std::pair<std::string, std::vector<std::string>>> kYamlKeys = 
     {"model_name_or_path", {"model_name_or_path", "base_model"}},
     {"model", {"model"}},
     {"train_file", {"train_file"}},
+    {"dataset_name", {"dataset_name"}},
+    {"dataset_config_name", {"dataset_config_name", "dataset_config"}},
+    {"dataset_train_split", {"dataset_train_split"}},
+    {"dataset_test_split", {"dataset_test_split"}},
     {"dataset_text_field", {"dataset_text_field"}},
     {"datasets", {"datasets"}},
     {"test_datasets", {"test_datasets"}},
@@ -259,7 +264,6 @@ const std::vector<std::pair<const char*, const char*>> kYamlIgnored = {
 
 // Keys of other tools whose meaning memrt cannot honour: ignoring them would change the training.
 const std::vector<std::pair<const char*, const char*>> kYamlRejected = {
-    {"dataset_name", "memrt downloads nothing and reads local files: fetch the dataset (huggingface-cli download --repo-type dataset NAME --local-dir DIR) and set train_file to its file (text, .bin tokens, or JSONL of text, prompt/completion or messages records)"},
     {"dataset_mixer", "memrt reads local files: list them in axolotl's datasets: [{path, type}] or set train_file"},
     {"dataset_mixture", "memrt reads local files: list them in axolotl's datasets: [{path, type}] or set train_file"},
     {"dataset_splits", "memrt reads a local train_file; set train_file"},
@@ -423,6 +427,8 @@ struct Loader {
   void resolve_plugins(const ConfigNode* plugins);
   void resolve_model_and_data();
   void resolve_eval();
+  void read_dataset_name(const ConfigNode& name);
+  std::string dataset_split_file(const char* key, const char* fallback) const;
   void resolve_saving();
   void resolve_records();
   void read_llamafactory_datasets();
@@ -435,6 +441,8 @@ struct Loader {
   const ConfigNode* stochastic_round_ = nullptr;
   // model_name_or_path's config.json `quantization_config`: a checkpoint saved quantized.
   std::optional<ConfigNode> hf_quant_;
+  // dataset_name's directory, as datasets splits it.
+  std::optional<LocalDataset> dataset_dir_;
 };
 
 void Loader::read_inputs() {
@@ -1641,6 +1649,11 @@ void Loader::resolve_model_and_data() {
                      "current directory); leave train_file out to use the built-in corpus");
     }
   }
+  if (const ConfigNode* name = yv("dataset_name")) {
+    for (const char* other : {"train_file", "datasets", "dataset"})
+      if (const ConfigNode* o = yv(other)) throw name->error("and " + where(*o) + " both name the training data; keep one");
+    read_dataset_name(*name);
+  }
   if (const ConfigNode* f = yv("dataset_text_field")) {
     cfg.data.text_field = f->as_string();
     if (cfg.data.text_field.empty()) throw f->error("is empty; name the JSONL field that holds each document's text");
@@ -2033,6 +2046,61 @@ void Loader::resolve_saving() {
   }
 }
 
+// TRL's (and run_clm's) dataset_name where it is a local path: a file is the train_file; a
+// directory is read as datasets' load_dataset(DIR, name=dataset_config_name) reads it, its
+// dataset_train_split ("train") trained on and, when the run evaluates, its dataset_test_split
+// ("test") evaluated (docs/tokenizers.md, "A dataset directory"). Hub names are refused.
+void Loader::read_dataset_name(const ConfigNode& name) {
+  const std::string path = name.as_string();
+  std::error_code ec;
+  const ConfigNode* config = yv("dataset_config_name");
+  if (fs::is_regular_file(path, ec) && !config) {
+    cfg.data.train_file = path;
+    return;
+  }
+  if (!fs::is_directory(path, ec))
+    throw name.error("is \"" + path + "\", which is not a local directory or file; memrt downloads nothing: fetch "
+                     "the dataset (huggingface-cli download --repo-type dataset " + path + " --local-dir DIR) and "
+                     "set dataset_name to DIR (relative paths are relative to the current directory)");
+  try {
+    dataset_dir_ = find_local_dataset(path, config ? config->as_string() : "");
+  } catch (const FileError& e) {
+    throw name.error(std::string("names a directory datasets cannot load: ") + e.what());
+  }
+  if (dataset_dir_->module != "json" && dataset_dir_->module != "text") {
+    const std::vector<std::string>& first = dataset_dir_->splits.front().second;
+    throw name.error("is a dataset of " + dataset_dir_->module + " files (" + (first.empty() ? path : first.front()) +
+                     "); memrt reads JSON, JSONL and text: convert it, e.g. python -c \"import datasets; "
+                     "datasets.load_dataset('" + path + "', split='train').to_json('train.jsonl')\", and set "
+                     "train_file to the result");
+  }
+  cfg.data.train_file = dataset_split_file("dataset_train_split", "train");
+}
+
+// The one file of dataset_name's split that `key` names (default `fallback`).
+std::string Loader::dataset_split_file(const char* key, const char* fallback) const {
+  const ConfigNode* chosen = yv(key);
+  const std::string split = chosen ? chosen->as_string() : fallback;
+  const ConfigNode& name = *yv("dataset_name");
+  const std::vector<std::string>* files = dataset_dir_->split(split);
+  const std::string in = where(name) + " (" + name.as_string() + ")";
+  if (!files || files->empty())
+    throw ConfigError(name.file(), chosen ? chosen->path() : name.path(),
+                      "names the split \"" + split + "\", and " + in + " has " + dataset_dir_->split_names() +
+                          ": set " + key + " to one of them");
+  if (files->size() > 1)
+    throw ConfigError(name.file(), chosen ? chosen->path() : name.path(),
+                      "names the split \"" + split + "\", which " + in + " holds in " + std::to_string(files->size()) +
+                          " files (" + files->front() + ", ...); memrt reads one file a split: join them (cat for "
+                          "JSONL and text) and set train_file or eval_file to the result");
+  const std::string& file = files->front();
+  const std::string ext = fs::path(file).extension().string();
+  if (ext == ".jsonl" || ext == ".json" || ext == ".txt") return file;
+  throw ConfigError(name.file(), name.path(), "names a dataset whose " + split + " split is " + file +
+                                                  "; memrt reads .jsonl, .json and .txt files as they are (not "
+                                                  "compressed): rename or decompress it");
+}
+
 // eval_file and when to evaluate it: Hugging Face's eval_strategy (steps: every eval_steps, which
 // defaults to logging_steps; epoch: once an epoch; no: only after the last step), axolotl's
 // eval_steps and evals_per_epoch alone.
@@ -2066,8 +2134,9 @@ void Loader::resolve_eval() {
     cfg.eval.batch_size = b->as_int();
     if (cfg.eval.batch_size <= 0) throw b->error("must be positive (eval windows per forward on each rank)");
   }
-  if (!file && cfg.data.eval_datasets.empty() && cfg.data.held_out.tool == HeldOut::Tool::kNone &&
-      (cfg.eval.steps > 0 || cfg.eval.per_epoch > 0)) {  // a note
+  if (!file && dataset_dir_ && how != "no") cfg.data.eval_file = dataset_split_file("dataset_test_split", "test");
+  if (!file && cfg.data.eval_file.empty() && cfg.data.eval_datasets.empty() &&
+      cfg.data.held_out.tool == HeldOut::Tool::kNone && (cfg.eval.steps > 0 || cfg.eval.per_epoch > 0)) {  // a note
     const ConfigNode* why = strategy ? strategy : steps ? steps : per_epoch;
     diag.warnings.push_back(where(*why) + " asks for evaluation but no eval_file is set: nothing is evaluated; set "
                             "eval_file (or validation_file) to a held-out file in a format train_file takes");
