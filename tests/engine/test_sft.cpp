@@ -78,16 +78,37 @@ TEST(Sft, TheLossIsTheMeanOverTheStepsTrainedTokens) {
     int ranks, micro, accumulation;
   };
   std::vector<std::vector<double>> got;
+  // The 2-rank run tokenizes into a cache of its own: rank 0 writes the one entry, rank 1 maps it.
+  const fs::path shared = dir.path() / "prepared_ranks";
   for (const Split& s : {Split{"one", 1, 4, 1}, Split{"four", 1, 1, 4}, Split{"ranks", 2, 1, 2}}) {
     const fs::path out = dir.path() / s.name;
     const RunResult r = run("env OMP_NUM_THREADS=1 " + kLauncher + " --num_procs " + std::to_string(s.ranks) +
                             " --master_port " + std::to_string(free_port()) + " --deepspeed " +
                             dir.write(std::string(s.name) + ".json", ds(s.micro, s.accumulation)) + " " + yaml +
-                            " --output_dir=" + out.string());
+                            " --output_dir=" + out.string() +
+                            (s.ranks > 1 ? " --dataset_prepared_path=" + shared.string() : std::string()));
     ASSERT_EQ(r.exit_code, 0) << s.name << "\n" << r.out;
     EXPECT_NE(r.out.find("24 records, 24 samples"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("tokenized its data itself"), std::string::npos) << r.out;
     got.push_back(losses(out));
     ASSERT_EQ(got.back().size(), 3u) << s.name;
+  }
+  int entries = 0;
+  for (const auto& e : fs::directory_iterator(shared)) entries += e.path().extension() == ".bin";
+  EXPECT_EQ(entries, 1);
+  // Where rank 0 cannot write the cache (on another host, rank 1 would not see it either), rank 1
+  // tokenizes the same records itself and says so; the run trains as before.
+  {
+    dir.write("not_a_dir", "x");
+    const fs::path out = dir.path() / "ranks_uncached";
+    const RunResult r = run("env OMP_NUM_THREADS=1 " + kLauncher + " --num_procs 2 --master_port " +
+                            std::to_string(free_port()) + " --deepspeed " + (dir.path() / "ranks.json").string() + " " +
+                            yaml + " --output_dir=" + out.string() + " --max_steps=1 --dataset_prepared_path=" +
+                            (dir.path() / "not_a_dir" / "cache").string());
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_NE(r.out.find("[rank 1] note: this rank tokenized its data itself"), std::string::npos) << r.out;
+    ASSERT_EQ(losses(out).size(), 1u);
+    EXPECT_NEAR(losses(out)[0], got[0][0], 1e-6 * got[0][0]);
   }
   for (size_t i = 1; i < got.size(); ++i)
     for (size_t step = 0; step < 3; ++step)

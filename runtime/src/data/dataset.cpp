@@ -472,6 +472,7 @@ std::shared_ptr<TokenDataset> TokenDataset::open_tokenized(const std::string& pa
     throw FileError(path.empty() ? std::string("the built-in corpus") : path, std::string("cannot be tokenized: ") + e.what());
   }
   std::shared_ptr<TokenDataset> d(new TokenDataset());
+  d->tokenized_ = true;
   size_t count = 0;
   for (const std::vector<int32_t>& ids : encoded) count += ids.size();
   d->owned_ids_.reserve(count);
@@ -686,6 +687,7 @@ std::shared_ptr<TokenDataset> TokenDataset::open_records(const DataConfig& cfg) 
                               std::to_string(rec.dropped) + " dropped: longer than block_size " +
                               std::to_string(block_size) + " tokens, or with nothing to train on)");
   std::shared_ptr<TokenDataset> d(new TokenDataset());
+  d->tokenized_ = true;
   d->owned_ids_ = std::move(rec.ids);
   d->owned_labels_ = std::move(rec.labels);
   d->offsets_ = std::move(rec.offsets);
@@ -716,6 +718,7 @@ std::shared_ptr<TokenDataset> TokenDataset::open_records(const DataConfig& cfg) 
 std::shared_ptr<TokenDataset> TokenDataset::subset(const std::vector<int64_t>& samples,
                                                   const std::string& description) const {
   std::shared_ptr<TokenDataset> d(new TokenDataset());
+  d->tokenized_ = tokenized_;
   for (int64_t k : samples) {
     const int64_t begin = sample_begin(k), n = sample_length(k);
     const size_t at = d->owned_ids_.size();

@@ -64,6 +64,8 @@ class TokenDataset {
   int bytes_per_token() const { return bytes_per_token_; }
   // e.g. "built-in corpus (379 KiB, byte-level): ..." — for the start-up log.
   const std::string& description() const { return description_; }
+  // Whether opening it encoded text with the tokenizer (no cache entry to map).
+  bool tokenized() const { return tokenized_; }
 
   // Records: the dataset is num_samples() samples, sample k tokens [sample_begin(k), sample_begin(k + 1)),
   // and trained(i) says whether the loss counts token i's prediction. A stream has no samples.
@@ -111,6 +113,7 @@ class TokenDataset {
   int bytes_per_token_ = 1;
   int64_t vocab_size_ = 256;
   std::string description_;
+  bool tokenized_ = false;
 };
 
 // One micro-batch. Both (B, T) int64 on the CPU; targets[b][t] is the token after inputs[b][t],

@@ -273,7 +273,14 @@ void Engine::setup() {
     };
     if (main) open();
     if (!cfg_.data.tokenizer.empty() && run_.world_size > 1) dist_->barrier();
-    if (!main) open();
+    if (!main) {
+      open();
+      // Another host's rank, or rank 0 unable to write the cache, tokenizes again: the same
+      // tokens, the time spent once more.
+      if (data->tokenized() || (opened && opened->tokenized()))
+        log_ << "note: this rank tokenized its data itself (rank 0's cache entry was not there to map: "
+             << (data->tokenized() ? data->description() : opened->description()) << ")\n";
+    }
     if (data->vocab_size() > run_.shape.vocab_size) {
       throw ConfigError(cfg_.train_yaml_path, "model.vocab_size",
                         "the data has token ids up to " + std::to_string(data->vocab_size() - 1) +
