@@ -51,6 +51,9 @@ struct SequenceLayout {
   at::Tensor positions;                      // (B, T) int64
   std::vector<std::vector<int64_t>> starts;  // per row, ascending, starting with 0
   bool packed() const { return positions.defined(); }
+  // The rotary tables at `positions`, gathered by the first block's RopeCache::get and shared by
+  // the others (one (B, 1, T, head_dim) pair per micro-step, not one per block).
+  mutable at::Tensor rope_cos, rope_sin;
 };
 
 // Causal attention that stays inside each sample of a packed row: causal_attention over each

@@ -39,11 +39,16 @@ std::pair<at::Tensor, at::Tensor> RopeCache::get(int64_t seq_len, const at::Tens
     memory::claim(sin_, memory::Category::kOther);
   }
   if (!layout.packed()) return {cos_.narrow(0, 0, seq_len), sin_.narrow(0, 0, seq_len)};
-  const at::Tensor& pos = layout.positions;  // (B, T)
-  auto at_positions = [&](const at::Tensor& table) {
-    return table.index_select(0, pos.reshape({-1}).to(table.device())).view({pos.size(0), 1, pos.size(1), head_dim_});
-  };
-  return {at_positions(cos_), at_positions(sin_)};  // (B, 1, T, hd) each
+  if (!layout.rope_cos.defined() || layout.rope_cos.scalar_type() != cos_.scalar_type() ||
+      layout.rope_cos.device() != cos_.device()) {
+    const at::Tensor& pos = layout.positions;  // (B, T)
+    auto at_positions = [&](const at::Tensor& table) {
+      return table.index_select(0, pos.reshape({-1}).to(table.device())).view({pos.size(0), 1, pos.size(1), head_dim_});
+    };
+    layout.rope_cos = at_positions(cos_);
+    layout.rope_sin = at_positions(sin_);
+  }
+  return {layout.rope_cos, layout.rope_sin};  // (B, 1, T, hd) each
 }
 
 at::Tensor packed_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout,
