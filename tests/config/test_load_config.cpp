@@ -643,6 +643,8 @@ TEST(TrainYaml, DatasetNameIsALocalDatasetDirectory) {
                       {"dataset_name", "trl-lib/Capybara", "huggingface-cli download"});
   expect_config_error([&] { load("", "dataset_name: " + sft + "\ndataset_config: sft\n"); },
                       {"dataset_name", "no config \"sft\""});
+  expect_config_error([&] { load("", "dataset_name: " + sft + "/data/dev.jsonl\ndataset_config: sft\n"); },
+                      {"dataset_config", "is a file"});
   write_file(dir / "sft" / "data" / "train-2.jsonl", "{}\n");
   expect_config_error([&] { load("", "dataset_name: " + sft + "\n"); }, {"dataset_name", "2 files", "cat"});
   std::filesystem::create_directories(dir / "pq" / "data");

@@ -354,12 +354,13 @@ Patterns config_patterns(const ConfigNode& data_files) {
 }
 
 // The patterns of each split: README.md's config `config_name` (or its default one), else the
-// directory's own; `inference`: the patterns datasets infers the format from (its first config's).
+// directory's own; `inference`: the patterns datasets infers the format from (its first config's);
+// `prefix`: the config's data_dir ("sub/"), which its patterns are relative to, or "".
 Patterns split_patterns(const Tree& tree, const std::string& dir, const std::string& config_name, Patterns& inference,
-                        std::string& base) {
+                        std::string& prefix) {
   const ConfigNode card = dataset_card(dir);
   const ConfigNode* configs = card.is_object() ? card.find("configs") : nullptr;
-  base = dir;
+  prefix.clear();
   if (!configs || configs->is_null()) {
     if (!config_name.empty() && config_name != "default")
       throw FileError(dir, "has no configs in its README.md, only \"default\", and no config \"" + config_name +
@@ -391,14 +392,14 @@ Patterns split_patterns(const Tree& tree, const std::string& dir, const std::str
   const ConfigNode* first_files = first.find("data_files");
   inference = first_files && !first_files->is_null() ? config_patterns(*first_files) : data_patterns(tree, dir);
   if (const ConfigNode* data_dir = chosen->find("data_dir"); data_dir && !data_dir->is_null())
-    base = (fs::path(dir) / data_dir->as_string()).generic_string();
+    prefix = fs::path(data_dir->as_string()).lexically_normal().generic_string() + "/";
   const ConfigNode* files = chosen->find("data_files");
   if (files && !files->is_null()) return config_patterns(*files);
+  if (prefix.empty()) return data_patterns(tree, dir);
   Tree sub;
-  const std::string prefix = fs::path(base).lexically_relative(dir).generic_string() + "/";
   for (const std::string& f : tree.files)
     if (f.rfind(prefix, 0) == 0) sub.files.push_back(f.substr(prefix.size()));
-  return data_patterns(sub, base);
+  return data_patterns(sub, dir + "/" + prefix);
 }
 
 }  // namespace
@@ -414,9 +415,8 @@ LocalDataset find_local_dataset(const std::string& dir, const std::string& confi
   std::sort(tree.files.begin(), tree.files.end());
 
   Patterns inference;
-  std::string base;
-  const Patterns patterns = split_patterns(tree, dir, config_name, inference, base);
-  const std::string prefix = base == dir ? "" : fs::path(base).lexically_relative(dir).generic_string() + "/";
+  std::string prefix;
+  const Patterns patterns = split_patterns(tree, dir, config_name, inference, prefix);
   auto resolve = [&](const std::vector<std::string>& list, const std::string& from, const std::string& split) {
     std::vector<std::string> files;
     for (const std::string& p : list) {

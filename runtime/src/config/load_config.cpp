@@ -2054,7 +2054,8 @@ void Loader::read_dataset_name(const ConfigNode& name) {
   const std::string path = name.as_string();
   std::error_code ec;
   const ConfigNode* config = yv("dataset_config_name");
-  if (fs::is_regular_file(path, ec) && !config) {
+  if (fs::is_regular_file(path, ec)) {
+    if (config) throw config->error("names a config of a dataset directory, and " + where(name) + " is a file; leave it out");
     cfg.data.train_file = path;
     return;
   }
