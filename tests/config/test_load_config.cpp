@@ -116,7 +116,7 @@ TEST(Shipped, MainJob) {
   EXPECT_EQ(c.model.shape.vocab_size, 256);
   EXPECT_EQ(c.model.shape.n_ctx, 128);
   EXPECT_EQ(c.data.block_size, 128);
-  EXPECT_TRUE(c.data.train_file.empty());
+  EXPECT_TRUE(c.data.train_files.empty());
   EXPECT_EQ(c.output_dir, "output/main");
   EXPECT_EQ(c.compute_dtype, "fp32");
   EXPECT_TRUE(c.plugins.empty());
@@ -624,16 +624,17 @@ TEST(TrainYaml, DatasetNameIsALocalDatasetDirectory) {
     write_file(dir / "sft" / f, R"({"prompt": "a", "completion": "b"})" "\n");
   const std::string sft = (dir / "sft").string();
   TrainConfig c = load("", "dataset_name: " + sft + "\n");
-  EXPECT_EQ(c.data.train_file, sft + "/data/train.jsonl");
-  EXPECT_TRUE(c.data.eval_file.empty()) << "eval_strategy is no: TRL evaluates nothing";
+  using Files = std::vector<std::string>;
+  EXPECT_EQ(c.data.train_files, Files{sft + "/data/train.jsonl"});
+  EXPECT_TRUE(c.data.eval_files.empty()) << "eval_strategy is no: TRL evaluates nothing";
   c = load("", "dataset_name: " + sft + "\neval_strategy: steps\neval_steps: 5\n");
-  EXPECT_EQ(c.data.eval_file, sft + "/data/test.jsonl");
+  EXPECT_EQ(c.data.eval_files, Files{sft + "/data/test.jsonl"});
   EXPECT_EQ(c.eval.steps, 5);
   c = load("", "dataset_name: " + sft + "\ndataset_train_split: validation\ndataset_test_split: train\n"
                "eval_strategy: epoch\n");
-  EXPECT_EQ(c.data.train_file, sft + "/data/dev.jsonl");
-  EXPECT_EQ(c.data.eval_file, sft + "/data/train.jsonl");
-  EXPECT_EQ(load("", "dataset_name: " + sft + "/data/dev.jsonl\n").data.train_file, sft + "/data/dev.jsonl");
+  EXPECT_EQ(c.data.train_files, Files{sft + "/data/dev.jsonl"});
+  EXPECT_EQ(c.data.eval_files, Files{sft + "/data/train.jsonl"});
+  EXPECT_EQ(load("", "dataset_name: " + sft + "/data/dev.jsonl\n").data.train_files, Files{sft + "/data/dev.jsonl"});
 
   expect_config_error([&] { load("", "dataset_name: " + sft + "\ndataset_train_split: train_sft\n"); },
                       {"dataset_train_split", "\"train_sft\"", "train, validation, test"});
@@ -645,8 +646,13 @@ TEST(TrainYaml, DatasetNameIsALocalDatasetDirectory) {
                       {"dataset_name", "no config \"sft\""});
   expect_config_error([&] { load("", "dataset_name: " + sft + "/data/dev.jsonl\ndataset_config: sft\n"); },
                       {"dataset_config", "is a file"});
-  write_file(dir / "sft" / "data" / "train-2.jsonl", "{}\n");
-  expect_config_error([&] { load("", "dataset_name: " + sft + "\n"); }, {"dataset_name", "2 files", "cat"});
+  write_file(dir / "sft" / "data" / "train-2.jsonl", "{}\n");  // a split in two files: both, in datasets' order
+  EXPECT_EQ(load("", "dataset_name: " + sft + "\n").data.train_files,
+            (Files{sft + "/data/train-2.jsonl", sft + "/data/train.jsonl"}));
+  write_file(dir / "sft" / "data" / "train-3.json", "[]\n");
+  expect_config_error([&] { load("", "dataset_name: " + sft + "\n"); },
+                      {"dataset_name", "train-2.jsonl and " + sft + "/data/train-3.json", "alike"});
+  std::filesystem::remove(dir / "sft" / "data" / "train-3.json");
   std::filesystem::create_directories(dir / "pq" / "data");
   write_file(dir / "pq" / "data" / "train-00000-of-00001.parquet", "PAR1");
   expect_config_error([&] { load("", "dataset_name: " + (dir / "pq").string() + "\n"); },

@@ -58,7 +58,7 @@ std::shared_ptr<TokenDataset> byte_dataset(const TempDir& dir, int64_t n) {
   for (int64_t i = 0; i < n; ++i) s.push_back(static_cast<char>('a' + i % 26));
   std::string path = dir.file("bytes_" + std::to_string(n) + ".txt");
   write_text(path, s);
-  return TokenDataset::open_text(path);
+  return TokenDataset::open_text({path});
 }
 
 }  // namespace
@@ -86,7 +86,7 @@ TEST(TokenDataset, ByteLevelTextEveryByteIsAToken) {
   std::string text = "Hello, world\n\xc3\xa9t\xc3\xa9\n";  // UTF-8 bytes stay separate tokens
   write_text(dir.file("a.txt"), text);
   DataConfig cfg;
-  cfg.train_file = dir.file("a.txt");
+  cfg.train_files = {dir.file("a.txt")};
   auto d = TokenDataset::open(cfg);
   ASSERT_EQ(d->num_tokens(), static_cast<int64_t>(text.size()));
   EXPECT_EQ(d->vocab_size(), 256);
@@ -100,7 +100,7 @@ TEST(TokenDataset, LlmcHeaderUint16) {
   std::vector<uint16_t> toks = {50256, 15496, 11, 995, 0, 7};
   write_llmc(dir.file("gpt2.bin"), 20240520, 1, toks);
   DataConfig cfg;
-  cfg.train_file = dir.file("gpt2.bin");
+  cfg.train_files = {dir.file("gpt2.bin")};
   auto d = TokenDataset::open(cfg);
   ASSERT_EQ(d->num_tokens(), 6);
   EXPECT_EQ(d->bytes_per_token(), 2);
@@ -131,7 +131,7 @@ TEST(TokenDataset, RawUint16AndU32Suffix) {
   std::vector<uint32_t> t32 = {1, 100000, 3};
   write_bytes(dir.file("raw.u32.bin"), t32.data(), t32.size() * 4);
   DataConfig cfg;
-  cfg.train_file = dir.file("raw.u32.bin");
+  cfg.train_files = {dir.file("raw.u32.bin")};
   auto d32 = TokenDataset::open(cfg);
   EXPECT_EQ(d32->bytes_per_token(), 4);
   EXPECT_EQ(all_tokens(*d32), std::vector<int64_t>({1, 100000, 3}));
@@ -147,7 +147,7 @@ TEST(TokenDataset, JsonlTextFieldsJoinedByNewline) {
              "  {\"text\": \"\"}  \n"
              "{\"text\": \"last\"}");  // no final newline
   DataConfig cfg;
-  cfg.train_file = dir.file("d.jsonl");
+  cfg.train_files = {dir.file("d.jsonl")};
   auto d = TokenDataset::open(cfg);
   auto toks = all_tokens(*d);
   std::string got(toks.begin(), toks.end());
@@ -156,11 +156,11 @@ TEST(TokenDataset, JsonlTextFieldsJoinedByNewline) {
   EXPECT_NE(d->description().find("4 documents"), std::string::npos);
   // TRL's dataset_text_field: another field holds the documents; a line without it names the field.
   write_text(dir.file("c.jsonl"), "{\"content\": \"one\", \"text\": \"not this\"}\n{\"content\": \"two\"}\n");
-  cfg.train_file = dir.file("c.jsonl");
+  cfg.train_files = {dir.file("c.jsonl")};
   cfg.text_field = "content";
   toks = all_tokens(*TokenDataset::open(cfg));
   EXPECT_EQ(std::string(toks.begin(), toks.end()), "one\ntwo\n");
-  cfg.train_file = dir.file("d.jsonl");
+  cfg.train_files = {dir.file("d.jsonl")};
   expect_error<FileError>([&] { TokenDataset::open(cfg); },
                           {"d.jsonl", "line 1", "no \"content\" field", "dataset_text_field is \"content\""});
 }
@@ -169,49 +169,49 @@ TEST(TokenDataset, JsonlTextFieldsJoinedByNewline) {
 
 TEST(TokenDatasetErrors, MissingFileNamesIt) {
   DataConfig cfg;
-  cfg.train_file = "no/such/file.txt";
+  cfg.train_files = {"no/such/file.txt"};
   expect_error<FileError>([&] { TokenDataset::open(cfg); }, {"no/such/file.txt", "cannot open", "train_file"});
-  cfg.train_file = "no/such/file.bin";
+  cfg.train_files = {"no/such/file.bin"};
   expect_error<FileError>([&] { TokenDataset::open(cfg); }, {"no/such/file.bin"});
-  cfg.train_file = "no/such/file.jsonl";
+  cfg.train_files = {"no/such/file.jsonl"};
   expect_error<FileError>([&] { TokenDataset::open(cfg); }, {"no/such/file.jsonl"});
 }
 
 TEST(TokenDatasetErrors, DirectoryIsNotAFile) {
   TempDir dir;
   fs::create_directories(dir.file("sub"));
-  expect_error<FileError>([&] { TokenDataset::open_text(dir.file("sub")); }, {"sub", "not a regular file"});
+  expect_error<FileError>([&] { TokenDataset::open_text({dir.file("sub")}); }, {"sub", "not a regular file"});
 }
 
 TEST(TokenDatasetErrors, EmptyAndTinyFiles) {
   TempDir dir;
   write_text(dir.file("empty.txt"), "");
-  expect_error<FileError>([&] { TokenDataset::open_text(dir.file("empty.txt")); }, {"empty.txt", "0 bytes"});
+  expect_error<FileError>([&] { TokenDataset::open_text({dir.file("empty.txt")}); }, {"empty.txt", "0 bytes"});
   write_text(dir.file("empty.bin"), "");
   expect_error<FileError>([&] { TokenDataset::open_bin(dir.file("empty.bin")); }, {"empty.bin", "0 tokens"});
   write_text(dir.file("blank.jsonl"), "\n\n");
-  expect_error<FileError>([&] { TokenDataset::open_jsonl(dir.file("blank.jsonl")); }, {"blank.jsonl", "no text"});
+  expect_error<FileError>([&] { TokenDataset::open_jsonl({dir.file("blank.jsonl")}); }, {"blank.jsonl", "no text"});
 }
 
 TEST(TokenDatasetErrors, JsonlLineWithoutTextNamesTheLine) {
   TempDir dir;
   write_text(dir.file("a.jsonl"), "{\"text\": \"ok\"}\n{\"body\": \"x\"}\n");
-  expect_error<FileError>([&] { TokenDataset::open_jsonl(dir.file("a.jsonl")); },
+  expect_error<FileError>([&] { TokenDataset::open_jsonl({dir.file("a.jsonl")}); },
                           {"a.jsonl", "line 2", "no \"text\" field"});
 }
 
 TEST(TokenDatasetErrors, JsonlInvalidJsonNamesTheLine) {
   TempDir dir;
   write_text(dir.file("b.jsonl"), "{\"text\": \"ok\"}\n\n{\"text\": \"unterminated}\n");
-  expect_error<FileError>([&] { TokenDataset::open_jsonl(dir.file("b.jsonl")); }, {"b.jsonl", "line 3", "invalid JSON"});
+  expect_error<FileError>([&] { TokenDataset::open_jsonl({dir.file("b.jsonl")}); }, {"b.jsonl", "line 3", "invalid JSON"});
 }
 
 TEST(TokenDatasetErrors, JsonlWrongTypes) {
   TempDir dir;
   write_text(dir.file("c.jsonl"), "[\"text\"]\n");
-  expect_error<FileError>([&] { TokenDataset::open_jsonl(dir.file("c.jsonl")); }, {"c.jsonl", "line 1", "JSON object"});
+  expect_error<FileError>([&] { TokenDataset::open_jsonl({dir.file("c.jsonl")}); }, {"c.jsonl", "line 1", "JSON object"});
   write_text(dir.file("d.jsonl"), "{\"text\": \"a\"}\n{\"text\": 5}\n");
-  expect_error<FileError>([&] { TokenDataset::open_jsonl(dir.file("d.jsonl")); }, {"d.jsonl", "line 2", "must be a string"});
+  expect_error<FileError>([&] { TokenDataset::open_jsonl({dir.file("d.jsonl")}); }, {"d.jsonl", "line 2", "must be a string"});
 }
 
 TEST(TokenDatasetErrors, LlmcTruncatedOrUnknownVersion) {

@@ -10,6 +10,7 @@
 #include <rapidjson/writer.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -145,7 +146,7 @@ TEST(Records, ConversationsTokenizeAsTrlDoes) {
   for (bool assistant_only : {false, true}) {
     SCOPED_TRACE(assistant_only ? "assistant_only_loss" : "every token");
     DataConfig cfg;
-    cfg.train_file = f.dir.file("messages.jsonl");
+    cfg.train_files = {f.dir.file("messages.jsonl")};
     cfg.tokenizer = f.dir.file("tok/llama3/tokenizer.json");
     cfg.cache_dir = f.dir.file("cache");
     cfg.block_size = want["max_length"].GetInt64();
@@ -175,7 +176,7 @@ TEST(Records, ConversationsTokenizeAsTrlDoes) {
         << R"( {"from": "gpt", "value": " 4 "}, {"from": "human", "value": "和 3+3？ 👍🏽"}, {"from": "gpt", "value": "6"}]}])";
   }
   DataConfig sharegpt;
-  sharegpt.train_file = f.dir.file("sharegpt.json");
+  sharegpt.train_files = {f.dir.file("sharegpt.json")};
   sharegpt.tokenizer = f.dir.file("tok/llama3/tokenizer.json");
   sharegpt.cache_dir = f.dir.file("cache");
   sharegpt.block_size = want["max_length"].GetInt64();
@@ -203,7 +204,7 @@ TEST(Records, ConversationsTokenizeAsTrlDoes) {
   expect_error<FileError>([&] { TokenDataset::open(given); }, {"train.yaml: chat_template", "line 1"});
   // Mistral's template refuses the tool conversation (line 3), as it does in transformers.
   DataConfig mistral;
-  mistral.train_file = f.dir.file("messages.jsonl");
+  mistral.train_files = {f.dir.file("messages.jsonl")};
   mistral.tokenizer = f.dir.file("tok/llama2/tokenizer.json");
   mistral.cache_dir = f.dir.file("cache");
   mistral.block_size = 256;
@@ -211,11 +212,11 @@ TEST(Records, ConversationsTokenizeAsTrlDoes) {
                           {"messages.jsonl", "line 3", "chat_template.jinja", "roles must alternate"});
   // Its template has no generation blocks: assistant_only_loss cannot be honoured.
   std::ofstream(f.dir.file("one.jsonl")) << R"({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]})" << "\n";
-  mistral.train_file = f.dir.file("one.jsonl");
+  mistral.train_files = {f.dir.file("one.jsonl")};
   mistral.assistant_only = true;
   expect_error<FileError>([&] { TokenDataset::open(mistral); }, {"one.jsonl", "assistant_only_loss", "{% generation %}"});
   // assistant_only_loss on records that are not conversations.
-  mistral.train_file = f.dir.file("prompt_completion.jsonl");
+  mistral.train_files = {f.dir.file("prompt_completion.jsonl")};
   expect_error<FileError>([&] { TokenDataset::open(mistral); }, {"prompt_completion.jsonl", "assistant_only_loss", "conversations"});
 }
 
@@ -505,6 +506,47 @@ TEST(Records, NamedTemplatesAndTheModelsOwn) {
                            "tokenizer_default"});
 }
 
+// dataset_name's split in several files of prompt/completion records: the records of each file in
+// turn (the files in datasets' order, DataFiles.SplitsAreTheOnesDatasetsLoads), the samples the
+// same as the one file holding them all; a bad record names its own file and line.
+TEST(Records, ASplitInSeveralFilesIsEachFilesRecordsInTurn) {
+  Fixture f;
+  ASSERT_TRUE(f.made);
+  std::ifstream in(f.dir.file("prompt_completion.jsonl"));
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line + "\n");
+  ASSERT_GE(lines.size(), 4u);
+  std::filesystem::create_directories(f.dir.file("pc_dir/data"));
+  const std::string first = f.dir.file("pc_dir/data/train-00000-of-00002.jsonl");
+  const std::string second = f.dir.file("pc_dir/data/train-00001-of-00002.jsonl");
+  std::ofstream(first) << lines[0] << lines[1];
+  {
+    std::ofstream out(second);
+    for (size_t i = 2; i < lines.size(); ++i) out << lines[i];
+  }
+  TrainConfig split = load_records(f.dir, "split.yaml", "dataset_name: " + f.dir.file("pc_dir") + "\n",
+                                   f.dir.file("tok/llama3/tokenizer.json"), 256);
+  ASSERT_EQ(split.data.train_files, (std::vector<std::string>{first, second}));
+  DataConfig one = split.data;
+  one.train_files = {f.dir.file("prompt_completion.jsonl")};
+  const std::shared_ptr<TokenDataset> a = TokenDataset::open(split.data), b = TokenDataset::open(one);
+  ASSERT_TRUE(a->has_samples());
+  EXPECT_EQ(a->num_records(), b->num_records());
+  ASSERT_EQ(a->num_samples(), b->num_samples());
+  for (int64_t k = 0; k < a->num_samples(); ++k) {
+    SCOPED_TRACE("sample " + std::to_string(k));
+    ASSERT_EQ(a->sample_length(k), b->sample_length(k));
+    EXPECT_EQ(a->sample_record(k), b->sample_record(k));
+    for (int64_t i = 0; i < a->sample_length(k); ++i) {
+      EXPECT_EQ(a->token(a->sample_begin(k) + i), b->token(b->sample_begin(k) + i));
+      EXPECT_EQ(a->trained(a->sample_begin(k) + i), b->trained(b->sample_begin(k) + i));
+    }
+  }
+  std::ofstream(second, std::ios::app) << "{\"prompt\": \"a\"}\n";
+  expect_error<FileError>([&] { TokenDataset::open(split.data); },
+                          {second + ": line " + std::to_string(lines.size() - 1), "no \"completion\""});
+}
+
 // A JSONL train_file of prompt/completion records is read as TRL reads it; records of other shapes
 // and bad records are errors naming the file, the line and what to do.
 TEST(Records, BadRecordsNameTheFileAndLine) {
@@ -514,7 +556,7 @@ TEST(Records, BadRecordsNameTheFileAndLine) {
   cfg.tokenizer = f.dir.file("tok/llama3/tokenizer.json");
   cfg.cache_dir = f.dir.file("cache");
   cfg.block_size = 256;
-  cfg.train_file = f.dir.file("prompt_completion.jsonl");
+  cfg.train_files = {f.dir.file("prompt_completion.jsonl")};
   const std::shared_ptr<TokenDataset> pc = TokenDataset::open(cfg);
   EXPECT_TRUE(pc->has_samples());
   EXPECT_NE(pc->description().find("7 records, 6 samples"), std::string::npos) << pc->description();
@@ -536,12 +578,12 @@ TEST(Records, BadRecordsNameTheFileAndLine) {
   };
   for (const Case& c : cases) {
     std::ofstream(f.dir.file(c.name), std::ios::binary) << c.text;
-    cfg.train_file = f.dir.file(c.name);
+    cfg.train_files = {f.dir.file(c.name)};
     expect_error<FileError>([&] { TokenDataset::open(cfg); }, c.says);
   }
   // alpaca records without their fields; a tokenizer without an EOS token.
   std::ofstream(f.dir.file("bad_alpaca.json")) << "[{\"instruction\": \"a\", \"output\": \"b\"}, {\"output\": \"b\"}]";
-  cfg.train_file.clear();
+  cfg.train_files.clear();
   cfg.datasets = {{f.dir.file("bad_alpaca.json"), "alpaca"}};
   expect_error<FileError>([&] { TokenDataset::open(cfg); }, {"bad_alpaca.json", "record 2", "no \"instruction\""});
   // axolotl chat_template records: the messages' field missing, a message without a role, a tool

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "config/load_config.h"
 #include "data/dataset.h"
 #include "data/tokenizer.h"
 #include "memrt/error.h"
@@ -122,7 +123,7 @@ TEST(Tokenizer, TextAndJsonlFilesAreTokenizedAsRunClmTokenizesThem) {
     const rapidjson::Document want = read_json(dir.file(std::string(kind) + "/expected.json"));
     for (const char* file : {"data.jsonl", "data.txt"}) {
       DataConfig cfg;
-      cfg.train_file = dir.file(file);
+      cfg.train_files = {dir.file(file)};
       cfg.tokenizer = tokenizer;
       cfg.cache_dir = dir.file("cache");
       const std::vector<int32_t> expected = ids_of(want[std::string(file) == "data.jsonl" ? "jsonl_ids" : "txt_ids"]);
@@ -148,7 +149,7 @@ TEST(Tokenizer, TextAndJsonlFilesAreTokenizedAsRunClmTokenizesThem) {
       text.replace(at, 7, "\"body\":");
     std::ofstream(dir.file("body.jsonl")) << text;
     DataConfig cfg;
-    cfg.train_file = dir.file("body.jsonl");
+    cfg.train_files = {dir.file("body.jsonl")};
     cfg.text_field = "body";
     cfg.tokenizer = dir.file("gpt2/tokenizer.json");
     cfg.cache_dir = dir.file("cache");
@@ -165,7 +166,7 @@ TEST(Tokenizer, TextAndJsonlFilesAreTokenizedAsRunClmTokenizesThem) {
   DataConfig cfg;
   cfg.tokenizer = dir.file("gpt2/tokenizer.json");
   cfg.cache_dir = dir.file("cache");
-  cfg.train_file = dir.file("data.txt");
+  cfg.train_files = {dir.file("data.txt")};
   EXPECT_NE(TokenDataset::open(cfg)->description().find(", from the cache "), std::string::npos);
   std::ofstream(dir.file("data.txt"), std::ios::app) << "one line more\n";
   const std::shared_ptr<TokenDataset> longer = TokenDataset::open(cfg);
@@ -178,11 +179,61 @@ TEST(Tokenizer, TextAndJsonlFilesAreTokenizedAsRunClmTokenizesThem) {
   cfg.cache_dir = dir.file("cache");
   // Text that is not UTF-8: an error naming the file and line, before anything is encoded.
   std::ofstream(dir.file("latin1.txt"), std::ios::binary) << "one\ntwo\ncaf\xE9 three\n";
-  cfg.train_file = dir.file("latin1.txt");
+  cfg.train_files = {dir.file("latin1.txt")};
   expect_error<FileError>([&] { TokenDataset::open(cfg); }, {"latin1.txt", "line 3", "not valid UTF-8 (byte 3 of the line)"});
   std::ofstream(dir.file("latin1.jsonl"), std::ios::binary) << "{\"text\": \"ok\"}\n\n{\"text\": \"caf\xE9\"}\n";
-  cfg.train_file = dir.file("latin1.jsonl");
+  cfg.train_files = {dir.file("latin1.jsonl")};
   expect_error<FileError>([&] { TokenDataset::open(cfg); }, {"latin1.jsonl", "line 3", "byte 3 of its \"text\""});
+}
+
+// dataset_name's split held in several files (shards, a split folder): one dataset, each file's
+// documents in turn in the order Hugging Face datasets reads them (dataset_split.py), as bytes and
+// tokenized as run_clm tokenizes the documents datasets gives it.
+TEST(Tokenizer, ASplitInSeveralFilesIsOneDatasetAsDatasetsReadsIt) {
+  memrt::test::TempDir dir;
+  ASSERT_TRUE(memrt::test::run_reference("hf_tokenizers.py", dir.str()));
+  const std::string tokenizer = dir.file("gpt2/tokenizer.json");
+  ASSERT_TRUE(memrt::test::run_reference("dataset_split.py", dir.file("split") + " " + tokenizer + " 2> /dev/null"));
+  const rapidjson::Document want = read_json(dir.file("split/want.json"));
+  auto config = [&](const std::string& yaml) {  // the run a train.yaml holding `yaml` configures
+    std::ofstream(dir.file("train.yaml")) << yaml;
+    ConfigSources sources;
+    sources.train_yaml_path = dir.file("train.yaml");
+    DataConfig cfg = load_train_config(sources).data;
+    cfg.cache_dir = dir.file("cache");
+    return cfg;
+  };
+  auto tokens = [](const TokenDataset& d) {
+    std::vector<int64_t> got(static_cast<size_t>(d.num_tokens()));
+    d.copy_tokens(0, d.num_tokens(), got.data());
+    return got;
+  };
+  for (const char* name : {"jsonl", "txt"}) {
+    SCOPED_TRACE(name);
+    DataConfig cfg = config("dataset_name: " + dir.file("split/" + std::string(name)) + "\n");
+    ASSERT_EQ(cfg.train_files.size(), std::string(name) == "jsonl" ? 3u : 2u);
+    const std::string text = str(want[name]["text"]);
+    const auto* bytes = reinterpret_cast<const unsigned char*>(text.data());
+    EXPECT_EQ(tokens(*TokenDataset::open(cfg)), std::vector<int64_t>(bytes, bytes + text.size())) << "bytes";
+    cfg.tokenizer = tokenizer;
+    const std::vector<int32_t> ids = ids_of(want[name]["ids"]);
+    for (const char* from : {"; cached in ", ", from the cache "}) {
+      const std::shared_ptr<TokenDataset> d = TokenDataset::open(cfg);
+      EXPECT_EQ(tokens(*d), std::vector<int64_t>(ids.begin(), ids.end())) << from;
+      EXPECT_NE(d->description().find(cfg.train_files.front() + " and " + std::to_string(cfg.train_files.size() - 1) +
+                                      " more file"), std::string::npos) << d->description();
+      EXPECT_NE(d->description().find(from), std::string::npos) << d->description();
+    }
+    // A changed file other than the first is another cache entry.
+    std::ofstream(cfg.train_files.back(), std::ios::app) << (std::string(name) == "jsonl" ? "{\"text\": \"more\"}\n" : "more\n");
+    EXPECT_NE(TokenDataset::open(cfg)->description().find("; cached in "), std::string::npos);
+  }
+  // Text that is not UTF-8 in the second file: the error names that file and its line.
+  DataConfig cfg = config("dataset_name: " + dir.file("split/txt") + "\n");
+  std::ofstream(cfg.train_files.back(), std::ios::binary | std::ios::app) << "caf\xE9\n";
+  cfg.tokenizer = tokenizer;
+  expect_error<FileError>([&] { TokenDataset::open(cfg); },
+                          {cfg.train_files.back() + ": line 5", "not valid UTF-8 (byte 3 of the line)"});
 }
 
 // A sentencepiece tokenizer.model (BPE and unigram, byte fallback, trained by sentencepiece at test

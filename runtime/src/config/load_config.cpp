@@ -428,7 +428,7 @@ struct Loader {
   void resolve_model_and_data();
   void resolve_eval();
   void read_dataset_name(const ConfigNode& name);
-  std::string dataset_split_file(const char* key, const char* fallback) const;
+  std::vector<std::string> dataset_split_files(const char* key, const char* fallback) const;
   void resolve_saving();
   void resolve_records();
   void read_llamafactory_datasets();
@@ -1642,10 +1642,10 @@ void Loader::resolve_model_and_data() {
   cfg.data.block_size = bs ? bs->as_int() : (block ? m.n_ctx : cfg.data.block_size);
   if (cfg.data.block_size <= 0) throw bs->error("must be positive");
   if (const ConfigNode* f = yv("train_file")) {
-    cfg.data.train_file = f->as_string();
+    cfg.data.train_files = {f->as_string()};
     std::error_code ec;
-    if (!fs::exists(cfg.data.train_file, ec)) {
-      throw f->error("is \"" + cfg.data.train_file + "\", which does not exist (relative paths are relative to the "
+    if (!fs::exists(f->as_string(), ec)) {
+      throw f->error("is \"" + f->as_string() + "\", which does not exist (relative paths are relative to the "
                      "current directory); leave train_file out to use the built-in corpus");
     }
   }
@@ -2056,7 +2056,7 @@ void Loader::read_dataset_name(const ConfigNode& name) {
   const ConfigNode* config = yv("dataset_config_name");
   if (fs::is_regular_file(path, ec)) {
     if (config) throw config->error("names a config of a dataset directory, and " + where(name) + " is a file; leave it out");
-    cfg.data.train_file = path;
+    cfg.data.train_files = {path};
     return;
   }
   if (!fs::is_directory(path, ec))
@@ -2075,11 +2075,11 @@ void Loader::read_dataset_name(const ConfigNode& name) {
                      "datasets.load_dataset('" + path + "', split='train').to_json('train.jsonl')\", and set "
                      "train_file to the result");
   }
-  cfg.data.train_file = dataset_split_file("dataset_train_split", "train");
+  cfg.data.train_files = dataset_split_files("dataset_train_split", "train");
 }
 
-// The one file of dataset_name's split that `key` names (default `fallback`).
-std::string Loader::dataset_split_file(const char* key, const char* fallback) const {
+// The files of dataset_name's split that `key` names (default `fallback`), in datasets' order.
+std::vector<std::string> Loader::dataset_split_files(const char* key, const char* fallback) const {
   const ConfigNode* chosen = yv(key);
   const std::string split = chosen ? chosen->as_string() : fallback;
   const ConfigNode& name = *yv("dataset_name");
@@ -2089,17 +2089,20 @@ std::string Loader::dataset_split_file(const char* key, const char* fallback) co
     throw ConfigError(name.file(), chosen ? chosen->path() : name.path(),
                       "names the split \"" + split + "\", and " + in + " has " + dataset_dir_->split_names() +
                           ": set " + key + " to one of them");
-  if (files->size() > 1)
-    throw ConfigError(name.file(), chosen ? chosen->path() : name.path(),
-                      "names the split \"" + split + "\", which " + in + " holds in " + std::to_string(files->size()) +
-                          " files (" + files->front() + ", ...); memrt reads one file a split: join them (cat for "
-                          "JSONL and text) and set train_file or eval_file to the result");
-  const std::string& file = files->front();
-  const std::string ext = fs::path(file).extension().string();
-  if (ext == ".jsonl" || ext == ".json" || ext == ".txt") return file;
-  throw ConfigError(name.file(), name.path(), "names a dataset whose " + split + " split is " + file +
-                                                  "; memrt reads .jsonl, .json and .txt files as they are (not "
-                                                  "compressed): rename or decompress it");
+  // One format a split: a .json file is an array of records, a .jsonl file a record a line.
+  const std::string ext = fs::path(files->front()).extension().string();
+  for (const std::string& file : *files) {
+    const std::string e = fs::path(file).extension().string();
+    if (e != ".jsonl" && e != ".json" && e != ".txt")
+      throw ConfigError(name.file(), name.path(), "names a dataset whose " + split + " split holds " + file +
+                                                      "; memrt reads .jsonl, .json and .txt files as they are (not "
+                                                      "compressed): rename or decompress it");
+    if (e != ext)
+      throw ConfigError(name.file(), name.path(), "names a dataset whose " + split + " split holds " + files->front() +
+                                                      " and " + file + "; memrt reads a split's files alike: make "
+                                                      "them all " + ext + " (or all " + e + ")");
+  }
+  return *files;
 }
 
 // eval_file and when to evaluate it: Hugging Face's eval_strategy (steps: every eval_steps, which
@@ -2111,10 +2114,10 @@ void Loader::resolve_eval() {
     cfg.data.cache_dir = prepared->as_string();
   const ConfigNode* file = yv("eval_file");
   if (file) {
-    cfg.data.eval_file = file->as_string();
+    cfg.data.eval_files = {file->as_string()};
     std::error_code ec;
-    if (!fs::is_regular_file(cfg.data.eval_file, ec)) {
-      throw file->error("is \"" + cfg.data.eval_file + "\", which is not a file (relative paths are relative to the "
+    if (!fs::is_regular_file(file->as_string(), ec)) {
+      throw file->error("is \"" + file->as_string() + "\", which is not a file (relative paths are relative to the "
                         "current directory); eval_file takes the formats train_file does");
     }
   }
@@ -2135,8 +2138,8 @@ void Loader::resolve_eval() {
     cfg.eval.batch_size = b->as_int();
     if (cfg.eval.batch_size <= 0) throw b->error("must be positive (eval windows per forward on each rank)");
   }
-  if (!file && dataset_dir_ && how != "no") cfg.data.eval_file = dataset_split_file("dataset_test_split", "test");
-  if (!file && cfg.data.eval_file.empty() && cfg.data.eval_datasets.empty() &&
+  if (!file && dataset_dir_ && how != "no") cfg.data.eval_files = dataset_split_files("dataset_test_split", "test");
+  if (!file && cfg.data.eval_files.empty() && cfg.data.eval_datasets.empty() &&
       cfg.data.held_out.tool == HeldOut::Tool::kNone && (cfg.eval.steps > 0 || cfg.eval.per_epoch > 0)) {  // a note
     const ConfigNode* why = strategy ? strategy : steps ? steps : per_epoch;
     diag.warnings.push_back(where(*why) + " asks for evaluation but no eval_file is set: nothing is evaluated; set "
@@ -2297,6 +2300,12 @@ std::string resolved_config_json(const TrainConfig& cfg) {
     model.set("init_std", num(cfg.model.init_std));
   }
   root.set("model", model);
+  auto files = [&](const std::vector<std::string>& list) {  // one file as train.yaml names it; a split's several
+    if (list.size() == 1) return str(list.front());
+    ConfigNode out = ConfigNode::array();
+    for (const std::string& f : list) out.push_back(str(f));
+    return out;
+  };
   auto sources = [&](const std::vector<DatasetSource>& list) {
     ConfigNode out = ConfigNode::array();
     for (const DatasetSource& src : list) {
@@ -2313,7 +2322,7 @@ std::string resolved_config_json(const TrainConfig& cfg) {
   };
   ConfigNode data = ConfigNode::object();
   if (cfg.data.datasets.empty()) {
-    data.set("train_file", str(cfg.data.train_file.empty() ? "(built-in corpus)" : cfg.data.train_file));
+    data.set("train_file", cfg.data.train_files.empty() ? str("(built-in corpus)") : files(cfg.data.train_files));
   } else {
     data.set("datasets", sources(cfg.data.datasets));
     if (!cfg.data.llamafactory.template_name.empty()) data.set("template", str(cfg.data.llamafactory.template_name));
@@ -2326,12 +2335,12 @@ std::string resolved_config_json(const TrainConfig& cfg) {
   data.set("tokenizer", str(cfg.data.tokenizer.empty() ? "(bytes)" : cfg.data.tokenizer));
   if (!cfg.data.cache_dir.empty()) data.set("dataset_prepared_path", str(cfg.data.cache_dir));
   const HeldOut& held = cfg.data.held_out;
-  if (!cfg.data.eval_file.empty() || !cfg.data.eval_datasets.empty() || held.tool != HeldOut::Tool::kNone) {
+  if (!cfg.data.eval_files.empty() || !cfg.data.eval_datasets.empty() || held.tool != HeldOut::Tool::kNone) {
     if (held.tool != HeldOut::Tool::kNone) {  // records held out of the training ones
       data.set(held.key, num(held.size));
       if (held.tool == HeldOut::Tool::kAxolotl) data.set("shuffle_merged_datasets", ConfigNode::boolean(held.shuffle));
     } else if (cfg.data.eval_datasets.empty()) {
-      data.set("eval_file", str(cfg.data.eval_file));
+      data.set("eval_file", files(cfg.data.eval_files));
     } else {
       data.set("eval_datasets", sources(cfg.data.eval_datasets));
     }

@@ -171,10 +171,12 @@ struct HeldOut {
 };
 
 struct DataConfig {
-  std::string train_file;  // empty: the built-in corpus
+  // train_file, or the files of dataset_name's split, read in order as one dataset (Hugging Face
+  // datasets concatenates a split's files so); empty: the built-in corpus.
+  std::vector<std::string> train_files;
   // A JSONL file's text documents are each line's value of this field (TRL's dataset_text_field).
   std::string text_field = "text";
-  // Non-empty: the run trains on these records, one sample each, instead of train_file.
+  // Non-empty: the run trains on these records, one sample each, instead of train_files.
   std::vector<DatasetSource> datasets;
   // Records: the loss counts the prompt's tokens too (axolotl's train_on_inputs; TRL's
   // completion_only_loss: false). Samples are padded to the longest of their micro-batch, or to
@@ -209,8 +211,8 @@ struct DataConfig {
   std::string cache_dir;
   int64_t block_size = 128;  // tokens per sample (context length)
   // Evaluated as `launcher eval` and eval_steps do (docs/data-and-optim.md, "Evaluation"); the
-  // same formats as train_file. Empty: no evaluation.
-  std::string eval_file;
+  // same formats as train_files, several files read as one. Empty: no evaluation.
+  std::vector<std::string> eval_files;
   // Or records evaluated the same way (LLaMA-Factory's eval_dataset), read as `datasets` are.
   std::vector<DatasetSource> eval_datasets;
   // Or records held out of `datasets` (docs/tokenizers.md, "Held-out records").

@@ -61,6 +61,13 @@ void split_lines(std::string_view text, std::vector<std::string_view>& out) {
   }
 }
 
+// How the log and errors name a dataset's files: the one file, or the first and how many follow it.
+std::string files_name(const std::vector<std::string>& paths) {
+  if (paths.empty()) return "built-in corpus";
+  if (paths.size() == 1) return paths.front();
+  return paths.front() + " and " + std::to_string(paths.size() - 1) + " more file" + (paths.size() > 2 ? "s" : "");
+}
+
 // fn(text, n, line number) for the `field` of each line of a JSONL file (blank lines skipped),
 // valid during the call only; a line that is not an object with a string `field` is a FileError
 // naming it.
@@ -283,14 +290,18 @@ int32_t read_i32(const uint8_t* p) {
 TokenDataset::~TokenDataset() = default;
 
 std::shared_ptr<TokenDataset> TokenDataset::open(const DataConfig& cfg) {
-  const std::string& path = cfg.train_file;
+  const std::vector<std::string>& paths = cfg.train_files;
+  const std::string path = paths.empty() ? std::string() : paths.front();  // its name says the format of all
   if (!cfg.datasets.empty()) {
     if (cfg.tokenizer.empty())
       throw FileError(cfg.datasets.front().path, "fine-tuning records are tokenized with the model's tokenizer: set "
                                                  "model_name_or_path to a directory with a tokenizer.json (or tokenizer.model)");
     return open_records(cfg);
   }
-  if (ends_with(path, ".bin")) return open_bin(path);
+  if (ends_with(path, ".bin")) {
+    if (paths.size() > 1) throw FileError(paths[1], "follows the token file " + path + "; a .bin file is read alone");
+    return open_bin(path);
+  }
   if (ends_with(path, ".jsonl") || ends_with(path, ".json")) {  // a record's fields say its shape, as in TRL
     const std::vector<std::string> fields = first_record_fields(path);
     auto has = [&](const char* f) { return std::find(fields.begin(), fields.end(), f) != fields.end(); };
@@ -298,7 +309,7 @@ std::shared_ptr<TokenDataset> TokenDataset::open(const DataConfig& cfg) {
                                       {has("messages") || has("conversations"), "messages"}}) {
       if (!shape) continue;
       DataConfig records = cfg;
-      records.datasets = {{path, type}};
+      for (const std::string& file : paths) records.datasets.push_back({file, type});  // each file's records in turn
       return open(records);
     }
     if (has("instruction") && has("output"))
@@ -308,10 +319,10 @@ std::shared_ptr<TokenDataset> TokenDataset::open(const DataConfig& cfg) {
       throw FileError(path, "a .json file holds records (prompt/completion, messages, or alpaca through datasets:); "
                             "text goes in a .txt file or a JSONL file with a \"text\" field per line");
   }
-  if (!cfg.tokenizer.empty()) return open_tokenized(path, cfg.tokenizer, cfg.cache_dir, cfg.text_field);
-  if (path.empty()) return builtin_corpus();
-  if (ends_with(path, ".jsonl")) return open_jsonl(path, cfg.text_field);
-  return open_text(path);
+  if (!cfg.tokenizer.empty()) return open_tokenized(paths, cfg.tokenizer, cfg.cache_dir, cfg.text_field);
+  if (paths.empty()) return builtin_corpus();
+  if (ends_with(path, ".jsonl")) return open_jsonl(paths, cfg.text_field);
+  return open_text(paths);
 }
 
 std::shared_ptr<TokenDataset> TokenDataset::builtin_corpus() {
@@ -323,16 +334,25 @@ std::shared_ptr<TokenDataset> TokenDataset::builtin_corpus() {
   return d;
 }
 
-std::shared_ptr<TokenDataset> TokenDataset::open_text(const std::string& path) {
+std::shared_ptr<TokenDataset> TokenDataset::open_text(const std::vector<std::string>& paths) {
   std::shared_ptr<TokenDataset> d(new TokenDataset());
-  d->file_ = std::make_unique<MappedFile>(path);
-  if (d->file_->size() < 2)
-    throw FileError(path, "holds " + std::to_string(d->file_->size()) +
-                              " bytes; a byte-level text file needs at least 2 (one input and "
-                              "its target), and far more to train on");
-  d->tokens_ = d->file_->data();
-  d->num_tokens_ = static_cast<int64_t>(d->file_->size());
-  d->description_ = path + " (" + kib(d->num_tokens_) + ", byte-level text)";
+  if (paths.size() == 1) {  // read in place
+    d->file_ = std::make_unique<MappedFile>(paths.front());
+    d->tokens_ = d->file_->data();
+    d->num_tokens_ = static_cast<int64_t>(d->file_->size());
+  } else {  // one stream of their bytes, in order
+    for (const std::string& path : paths) {
+      const MappedFile file(path);
+      d->owned_.append(reinterpret_cast<const char*>(file.data()), file.size());
+    }
+    d->tokens_ = reinterpret_cast<const uint8_t*>(d->owned_.data());
+    d->num_tokens_ = static_cast<int64_t>(d->owned_.size());
+  }
+  if (d->num_tokens_ < 2)
+    throw FileError(files_name(paths), "holds " + std::to_string(d->num_tokens_) +
+                                           " bytes; a byte-level text file needs at least 2 (one input and "
+                                           "its target), and far more to train on");
+  d->description_ = files_name(paths) + " (" + kib(d->num_tokens_) + ", byte-level text)";
   return d;
 }
 
@@ -388,34 +408,41 @@ std::shared_ptr<TokenDataset> TokenDataset::open_bin(const std::string& path) {
   return d;
 }
 
-std::shared_ptr<TokenDataset> TokenDataset::open_jsonl(const std::string& path, const std::string& text_field) {
-  MappedFile file(path);
+std::shared_ptr<TokenDataset> TokenDataset::open_jsonl(const std::vector<std::string>& paths,
+                                                       const std::string& text_field) {
   std::shared_ptr<TokenDataset> d(new TokenDataset());
   int64_t documents = 0;
-  for_each_jsonl_text(path, file, text_field, [&](const char* text, size_t n, int64_t) {
-    d->owned_.append(text, n);
-    d->owned_.push_back('\n');  // documents are separated by a newline
-    ++documents;
-  });
+  for (const std::string& path : paths) {
+    const MappedFile file(path);
+    for_each_jsonl_text(path, file, text_field, [&](const char* text, size_t n, int64_t) {
+      d->owned_.append(text, n);
+      d->owned_.push_back('\n');  // documents are separated by a newline
+      ++documents;
+    });
+  }
   if (d->owned_.size() < 2)
-    throw FileError(path, "holds no text: expected lines such as {\"" + text_field + "\": \"...\"}");
+    throw FileError(files_name(paths), "holds no text: expected lines such as {\"" + text_field + "\": \"...\"}");
   d->tokens_ = reinterpret_cast<const uint8_t*>(d->owned_.data());
   d->num_tokens_ = static_cast<int64_t>(d->owned_.size());
-  d->description_ = path + " (JSONL, " + std::to_string(documents) + " documents, " +
+  d->description_ = files_name(paths) + " (JSONL, " + std::to_string(documents) + " documents, " +
                     kib(d->num_tokens_) + ", byte-level)";
   return d;
 }
 
-std::shared_ptr<TokenDataset> TokenDataset::open_tokenized(const std::string& path, const std::string& tokenizer_json,
+std::shared_ptr<TokenDataset> TokenDataset::open_tokenized(const std::vector<std::string>& paths,
+                                                           const std::string& tokenizer_json,
                                                            const std::string& cache_dir, const std::string& text_field) {
-  const std::string what = path.empty() ? std::string("built-in corpus") : path;
+  const std::string what = files_name(paths);
   const std::string dir = cache_dir.empty() ? default_cache_dir() : cache_dir;
+  const bool jsonl = !paths.empty() && ends_with(paths.front(), ".jsonl");
   std::string entry;  // the cache entry, without its extension; "" for none
   try {
     // Another JSONL field is other documents (the default "text" keys as it always has).
-    const bool other_field = ends_with(path, ".jsonl") && text_field != "text";
+    const bool other_field = jsonl && text_field != "text";
     if (!dir.empty())
-      entry = (fs::path(dir) / cache_key({path}, tokenizer_json, other_field ? "text_field " + text_field : "")).string();
+      entry = (fs::path(dir) / cache_key(paths.empty() ? std::vector<std::string>{""} : paths, tokenizer_json,
+                                         other_field ? "text_field " + text_field : ""))
+                  .string();
   } catch (const std::exception&) {
     // An unreadable data or tokenizer file: reading it below says what is wrong.
   }
@@ -429,47 +456,52 @@ std::shared_ptr<TokenDataset> TokenDataset::open_tokenized(const std::string& pa
     return d;
   }
   const Tokenizer tok = Tokenizer::from_file(tokenizer_json);
-  std::optional<MappedFile> file;
-  std::string arena;  // JSONL documents, unescaped
+  std::vector<std::unique_ptr<MappedFile>> files;  // text documents are views of them
+  std::string arena;                                // JSONL documents, unescaped
   std::vector<std::string_view> docs;
-  std::vector<int64_t> line_of;  // each document's line in the file
+  // Each document's file (an index into paths) and line in it; for text files the line is counted.
+  std::vector<std::pair<size_t, int64_t>> origin;
   std::string kind;
-  if (path.empty()) {  // the built-in corpus, line by line
+  if (paths.empty()) {  // the built-in corpus, line by line
     kind = "King James Bible, Genesis, Exodus and Ruth";
     split_lines(std::string_view(reinterpret_cast<const char*>(detail::kBuiltinCorpus), detail::kBuiltinCorpusSize), docs);
-  } else {
-    file.emplace(path);
-    const std::string_view all(reinterpret_cast<const char*>(file->data()), file->size());
-    if (ends_with(path, ".jsonl")) {
-      kind = "JSONL";
-      std::vector<std::pair<size_t, size_t>> spans;
-      for_each_jsonl_text(path, *file, text_field, [&](const char* text, size_t n, int64_t line) {
-        spans.emplace_back(arena.size(), n);
-        arena.append(text, n);
-        line_of.push_back(line);
-      });
-      for (const auto& [at, n] : spans) docs.emplace_back(arena.data() + at, n);
-    } else {
-      kind = "text";
-      split_lines(all, docs);
+    for (size_t i = 0; i < docs.size(); ++i) origin.emplace_back(0, static_cast<int64_t>(i) + 1);
+  } else {  // each file's documents in turn, as datasets reads a split's files
+    kind = jsonl ? "JSONL" : "text";
+    std::vector<std::pair<size_t, size_t>> spans;  // JSONL: where each document is in the arena
+    for (size_t f = 0; f < paths.size(); ++f) {
+      files.push_back(std::make_unique<MappedFile>(paths[f]));
+      const MappedFile& file = *files.back();
+      if (jsonl) {
+        for_each_jsonl_text(paths[f], file, text_field, [&](const char* text, size_t n, int64_t line) {
+          spans.emplace_back(arena.size(), n);
+          arena.append(text, n);
+          origin.emplace_back(f, line);
+        });
+      } else {
+        const size_t before = docs.size();
+        split_lines(std::string_view(reinterpret_cast<const char*>(file.data()), file.size()), docs);
+        for (size_t i = before; i < docs.size(); ++i) origin.emplace_back(f, static_cast<int64_t>(i - before) + 1);
+      }
     }
+    for (const auto& [at, n] : spans) docs.emplace_back(arena.data() + at, n);
   }
   for (size_t i = 0; i < docs.size(); ++i) {
     if (const std::optional<size_t> bad = first_invalid_utf8(docs[i]))
-      throw FileError(path, "line " + std::to_string(line_of.empty() ? static_cast<int64_t>(i) + 1 : line_of[i]) +
-                                ": the text is not valid UTF-8 (byte " + std::to_string(*bad) + " of " +
-                                (line_of.empty() ? std::string("the line") : "its \"" + text_field + "\"") +
-                                "); the tokenizer takes UTF-8 text: convert the file (e.g. iconv -t UTF-8)");
+      throw FileError(paths.empty() ? what : paths[origin[i].first],
+                      "line " + std::to_string(origin[i].second) + ": the text is not valid UTF-8 (byte " +
+                          std::to_string(*bad) + " of " + (jsonl ? "its \"" + text_field + "\"" : std::string("the line")) +
+                          "); the tokenizer takes UTF-8 text: convert the file (e.g. iconv -t UTF-8)");
   }
   // Documents encode independently, on the run's threads, and are concatenated in order.
   std::vector<std::vector<int32_t>> encoded;
   try {
-    ProgressCounter progress("tokenizing " + (path.empty() ? std::string("the built-in corpus") : path) + " ",
+    ProgressCounter progress("tokenizing " + (paths.empty() ? std::string("the built-in corpus") : what) + " ",
                              Tokenizer::text_bytes(docs), /*show=*/true);
     encoded = tok.encode_batch(docs, /*add_special_tokens=*/true, at::get_num_threads(),
                                [&](size_t bytes) { progress.add(static_cast<int64_t>(bytes)); });
   } catch (const std::exception& e) {
-    throw FileError(path.empty() ? std::string("the built-in corpus") : path, std::string("cannot be tokenized: ") + e.what());
+    throw FileError(paths.empty() ? std::string("the built-in corpus") : what, std::string("cannot be tokenized: ") + e.what());
   }
   std::shared_ptr<TokenDataset> d(new TokenDataset());
   d->tokenized_ = true;
@@ -481,7 +513,7 @@ std::shared_ptr<TokenDataset> TokenDataset::open_tokenized(const std::string& pa
     std::vector<int32_t>().swap(ids);
   }
   if (d->owned_ids_.size() < 2)
-    throw FileError(path, "holds " + std::to_string(d->owned_ids_.size()) +
+    throw FileError(what, "holds " + std::to_string(d->owned_ids_.size()) +
                               " tokens once tokenized; at least 2 are needed (one input and its target)");
   d->tokens_ = reinterpret_cast<const uint8_t*>(d->owned_ids_.data());
   d->num_tokens_ = static_cast<int64_t>(d->owned_ids_.size());

@@ -31,23 +31,28 @@ class MappedFile;
 // decoded, is the exception: its documents are copied once into one byte stream).
 class TokenDataset {
  public:
-  // cfg.train_file empty: the built-in corpus. Otherwise by name: "*.jsonl" is JSONL with a
-  // "text" field per line, "*.bin" pre-tokenized tokens (llm.c header detected; headerless files
-  // are uint16, or uint32 when named "*.u32.bin"), anything else text. Text, JSONL and the
-  // built-in corpus are bytes, or with cfg.tokenizer tokenized as run_clm tokenizes them.
+  // cfg.train_files empty: the built-in corpus. Otherwise by the first file's name, which names the
+  // format of them all: "*.jsonl" is JSONL with a "text" field per line, "*.bin" pre-tokenized
+  // tokens (one file; llm.c header detected; headerless files are uint16, or uint32 when named
+  // "*.u32.bin"), anything else text; JSONL and JSON files of prompt/completion or messages
+  // records are records. Text, JSONL and the built-in corpus are bytes, or with cfg.tokenizer
+  // tokenized as run_clm tokenizes them. Several files are one dataset, each file's documents in turn.
   static std::shared_ptr<TokenDataset> open(const DataConfig& cfg);
 
   static std::shared_ptr<TokenDataset> builtin_corpus();
-  static std::shared_ptr<TokenDataset> open_text(const std::string& path);
+  // The files' bytes, one after another (one file is read in place).
+  static std::shared_ptr<TokenDataset> open_text(const std::vector<std::string>& paths);
   static std::shared_ptr<TokenDataset> open_bin(const std::string& path);
   // A JSONL file's documents are each line's `text_field` (TRL's dataset_text_field, "text").
-  static std::shared_ptr<TokenDataset> open_jsonl(const std::string& path, const std::string& text_field = "text");
-  // The documents of a text file (each line with its newline), a JSONL file (each `text_field`) or the
-  // built-in corpus (path ""), each encoded with add_special_tokens as Hugging Face's run_clm does,
+  static std::shared_ptr<TokenDataset> open_jsonl(const std::vector<std::string>& paths,
+                                                  const std::string& text_field = "text");
+  // The documents of text files (each line with its newline), JSONL files (each `text_field`) or the
+  // built-in corpus (no paths), each encoded with add_special_tokens as Hugging Face's run_clm does,
   // concatenated (uint32 tokens; vocab_size() the tokenizer's). Cached in `cache_dir` ("" the
-  // default, docs/tokenizers.md "The tokenized cache"): a later open of the same file with the same
+  // default, docs/tokenizers.md "The tokenized cache"): a later open of the same files with the same
   // tokenizer maps the cached tokens; a cache that cannot be written is said in description().
-  static std::shared_ptr<TokenDataset> open_tokenized(const std::string& path, const std::string& tokenizer_json,
+  static std::shared_ptr<TokenDataset> open_tokenized(const std::vector<std::string>& paths,
+                                                      const std::string& tokenizer_json,
                                                       const std::string& cache_dir = "",
                                                       const std::string& text_field = "text");
   // The records of cfg.datasets (data/records.h), a sample each, in order, samples longer than

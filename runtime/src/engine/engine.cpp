@@ -256,11 +256,12 @@ void Engine::setup() {
     memory::Scope data_scope(Category::kOther);
     // With a tokenizer, rank 0 tokenizes first and caches the tokens; the other ranks then map them.
     DataConfig eval = cfg_.data;
-    eval.train_file = eval.eval_file;
+    eval.train_files = eval.eval_files;
     eval.datasets = eval.eval_datasets;
     const std::string eval_name = cfg_.data.held_out.tool != HeldOut::Tool::kNone ? cfg_.data.held_out.key
-                                  : eval.datasets.empty()                          ? eval.eval_file
-                                                                                   : eval.datasets.front().path;
+                                  : !eval.datasets.empty()                         ? eval.datasets.front().path
+                                  : !eval.eval_files.empty()                       ? eval.eval_files.front()
+                                                                                   : std::string();
     std::shared_ptr<TokenDataset> opened;
     auto open = [&] {
       data = TokenDataset::open(cfg_.data);
@@ -932,7 +933,7 @@ void Engine::notify_error(const std::exception& e) {
 }
 
 EvalResult Engine::evaluate_only() {
-  if (cfg_.data.eval_file.empty() && cfg_.data.eval_datasets.empty() && cfg_.data.held_out.tool == HeldOut::Tool::kNone) {
+  if (cfg_.data.eval_files.empty() && cfg_.data.eval_datasets.empty() && cfg_.data.held_out.tool == HeldOut::Tool::kNone) {
     throw ConfigError(cfg_.train_yaml_path, "eval_file",
                       "is not set: launcher eval needs the text to evaluate; add --eval_file=FILE (any format "
                       "train_file takes) or set eval_file in the train.yaml");
