@@ -27,8 +27,8 @@ namespace memrt {
 
 class MappedFile;
 
-// One stream of token ids. Files are memory-mapped and read in place (JSONL, whose text must be
-// decoded, is the exception: its documents are copied once into one byte stream).
+// One stream of token ids. A file is memory-mapped and read in place (JSONL, whose text must be
+// decoded, and a stream of several text files are the exceptions: copied once into one byte stream).
 class TokenDataset {
  public:
   // cfg.train_files empty: the built-in corpus. Otherwise by the first file's name, which names the
@@ -103,7 +103,7 @@ class TokenDataset {
   void scan_vocab();
 
   std::unique_ptr<MappedFile> file_;  // keeps `tokens_` valid for mapped files
-  std::string owned_;                 // the decoded byte stream of a JSONL file
+  std::string owned_;                 // the byte stream of JSONL files, or of several text files
   std::vector<uint32_t> owned_ids_;   // the tokens of a tokenized file
   std::unique_ptr<MappedFile> labels_file_;  // records: keeps `labels_` valid when cached
   std::vector<uint8_t> owned_labels_;
