@@ -64,11 +64,11 @@ void estimate_checkpointed(memory::MemoryEstimate& e, const std::vector<bool>& c
   // In backward the head's activations are freed, but not the loss the engine holds (and the
   // total weight nll_loss keeps, an fp16 run's scaled loss): what the plain plan's last-block
   // candidate leaves of the head term.
-  const memory::ActivationEstimate unchecked = memory::activation_estimate(
-      s, run.micro_batch_size, run.block_size, e.compute_dtype, e.params, run.chunked_cross_entropy);
+  const memory::ActivationEstimate unchecked = memory::activation_estimate(run, e.compute_dtype, e.params);
   const int64_t head_kept = block_backward + tied_grad - unchecked.backward_in_last_block;
   const int64_t loss_scalars = a.head - head_kept;
-  std::vector<int64_t> prefix(static_cast<size_t>(L + 1), a.embedding);  // kept before block j
+  // Kept before block j: the embedding's term and a packed layout's tables.
+  std::vector<int64_t> prefix(static_cast<size_t>(L + 1), a.embedding + a.layout);
   std::vector<int64_t> host_upto(static_cast<size_t>(L + 1), 0);  // saved inputs of blocks <= j-1
   for (int64_t i = 0; i < L; ++i) {
     prefix[i + 1] = prefix[i] + kept[i];

@@ -120,15 +120,11 @@ class PrecisionPlugin final : public memrt::Plugin {
     // gradients at the loss keep their size, a block's halve). What plugins before this one added
     // to a block (the tensors their own modules keep, LoRA's dropout) is in the old compute dtype:
     // it is kept, scaled to the new one.
-    const memrt::memory::ActivationEstimate host = memrt::memory::activation_estimate(
-        e.run->shape, e.run->micro_batch_size, e.run->block_size, e.compute_dtype, e.params,
-        e.run->chunked_cross_entropy);
+    const memrt::memory::ActivationEstimate host = memrt::memory::activation_estimate(*e.run, e.compute_dtype, e.params);
     const int64_t old_width = static_cast<int64_t>(c10::elementSize(e.compute_dtype));
     e.compute_dtype = dtype_;
     const std::vector<int64_t> before = e.activations.per_block;
-    e.activations = memrt::memory::activation_estimate(e.run->shape, e.run->micro_batch_size,
-                                                       e.run->block_size, dtype_, e.params,
-                                                       e.run->chunked_cross_entropy);
+    e.activations = memrt::memory::activation_estimate(*e.run, dtype_, e.params);
     for (size_t i = 0; i < before.size() && i < host.per_block.size(); ++i)
       e.activations.per_block[i] += (before[i] - host.per_block[i]) / old_width * b;
     if (scaler_) {

@@ -39,7 +39,7 @@ struct Step {
 
 Step run(CausalLM& model, const Batch& b, bool layout) {
   auto* decoder = dynamic_cast<DecoderLM*>(&model);
-  if (layout) decoder->set_layout({b.positions, b.starts});
+  if (layout) decoder->set_layout(b.positions);
   model.zero_grad();
   at::Tensor loss = causal_lm_loss_sum(model.forward(b.inputs), b.targets);
   loss.backward();

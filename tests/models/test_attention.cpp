@@ -56,42 +56,66 @@ struct Result {
   at::Tensor out, lse, dq, dk, dv;
 };
 
-Result run_kernel(const Inputs& x, CpuKernels kernels) {
+Result run_kernel(const Inputs& x, CpuKernels kernels, const at::Tensor& positions = {}) {
   const at::Tensor& q = x.q;
   Result r;
   r.out = at::empty({q.size(0), q.size(2), q.size(1), q.size(3)}, q.options()).transpose(1, 2);
   r.lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
-  causal_attention_forward_cpu(x.q, x.k, x.v, r.out, r.lse, kernels);
+  causal_attention_forward_cpu(x.q, x.k, x.v, positions, r.out, r.lse, kernels);
   r.dq = at::empty(x.q.sizes(), q.options());
   r.dk = at::empty(x.k.sizes(), q.options());
   r.dv = at::empty(x.v.sizes(), q.options());
-  causal_attention_backward_cpu(x.q, x.k, x.v, r.out, r.lse, x.dout, r.dq, r.dk, r.dv, kernels);
+  causal_attention_backward_cpu(x.q, x.k, x.v, positions, r.out, r.lse, x.dout, r.dq, r.dk, r.dv, kernels);
   return r;
 }
 
-// LibTorch's attention through autograd: its flash kernel on fp32, its math path on doubles.
-Result run_libtorch(const Inputs& x, at::ScalarType dtype) {
+// A packed layout's positions (B, T): row b holds samples of lengths[b], one after another,
+// positions counting 0, 1, ... in each; the rest of the row is padding, one more sample.
+at::Tensor packed_positions(const std::vector<std::vector<int64_t>>& lengths, int64_t T) {
+  at::Tensor pos = at::empty({static_cast<int64_t>(lengths.size()), T}, at::kLong);
+  for (size_t b = 0; b < lengths.size(); ++b) {
+    int64_t t = 0;
+    for (int64_t n : lengths[b])
+      for (int64_t i = 0; i < n; ++i) pos[b][t++] = i;
+    for (int64_t i = 0; t < T; ++i) pos[b][t++] = i;
+  }
+  return pos;
+}
+
+// Which keys each query attends (B, 1, T, T): causal, and inside its own sample when packed.
+at::Tensor attended(const at::Tensor& positions, int64_t B, int64_t T) {
+  const at::Tensor i = at::arange(T, at::kLong).view({1, 1, T, 1}), j = at::arange(T, at::kLong).view({1, 1, 1, T});
+  at::Tensor allowed = (j <= i).expand({B, 1, T, T});
+  if (positions.defined()) allowed = allowed & (j >= i - positions.view({B, 1, T, 1}));
+  return allowed;
+}
+
+// LibTorch's attention through autograd: its flash kernel on fp32, its math path on doubles; with
+// positions, each query's keys masked to its own sample (attn_mask).
+Result run_libtorch(const Inputs& x, at::ScalarType dtype, const at::Tensor& positions = {}) {
   const at::Tensor q = x.q.to(dtype).requires_grad_(true), k = x.k.to(dtype).requires_grad_(true),
                    v = x.v.to(dtype).requires_grad_(true);
   const bool gqa = q.size(1) != k.size(1);
+  const int64_t B = q.size(0), T = q.size(2);
+  const at::Tensor allowed = attended(positions, B, T);
   Result r;
-  r.out = at::scaled_dot_product_attention(q, k, v, {}, 0.0, true, std::nullopt, gqa);
+  r.out = positions.defined() ? at::scaled_dot_product_attention(q, k, v, allowed, 0.0, false, std::nullopt, gqa)
+                              : at::scaled_dot_product_attention(q, k, v, {}, 0.0, true, std::nullopt, gqa);
   auto g = torch::autograd::grad({r.out}, {q, k, v}, {x.dout.to(dtype)});
   r.dq = g[0], r.dk = g[1], r.dv = g[2];
   // The log-sum-exp of each row's scaled scores, in float64.
-  const int64_t T = q.size(2);
   const at::Tensor kk = gqa ? x.k.to(at::kDouble).repeat_interleave(q.size(1) / k.size(1), 1) : x.k.to(at::kDouble);
   const at::Tensor s = at::matmul(x.q.to(at::kDouble), kk.transpose(-1, -2)) / std::sqrt(double(q.size(3)));
-  r.lse = s.masked_fill(at::ones({T, T}, at::kBool).triu(1), -INFINITY).logsumexp(-1);
+  r.lse = s.masked_fill(allowed.logical_not(), -INFINITY).logsumexp(-1);
   return r;
 }
 
-void expect_as_close_as_libtorch(const Case& c) {
+void expect_as_close_as_libtorch(const Case& c, const at::Tensor& positions = {}) {
   SCOPED_TRACE("B=" + std::to_string(c.B) + " H=" + std::to_string(c.H) + " H_kv=" + std::to_string(c.H_kv) +
-               " T=" + std::to_string(c.T) + " D=" + std::to_string(c.D));
+               " T=" + std::to_string(c.T) + " D=" + std::to_string(c.D) + (positions.defined() ? " packed" : ""));
   const Inputs x = inputs(c, at::kFloat, 7 + c.T);
-  const Result want = run_libtorch(x, at::kDouble);
-  const Result flash = run_libtorch(x, at::kFloat);
+  const Result want = run_libtorch(x, at::kDouble, positions);
+  const Result flash = run_libtorch(x, at::kFloat, positions);
   // Twice LibTorch's fp32 error, floored at the typical error of an fp32 sum of the n terms each
   // output adds up (sqrt(n) unit roundoffs: keys for out and dq, the group's queries for dk and dv)
   // and at a few roundings: LibTorch's own error depends on the BLAS kernel the CPU runs (2.96e-7 on
@@ -115,7 +139,7 @@ void expect_as_close_as_libtorch(const Case& c) {
   };
   for (CpuKernels kernels : runnable_kernels()) {
     SCOPED_TRACE(to_string(kernels));
-    const Result got = run_kernel(x, kernels);
+    const Result got = run_kernel(x, kernels, positions);
     EXPECT_LE(err(got.out, want.out), bound(flash.out, want.out, keys));
     EXPECT_LE((got.lse.to(at::kDouble) - want.lse).abs().max().item<double>(), 4e-6);
     EXPECT_LE(err(got.dq, want.dq), bound(flash.dq, want.dq, keys));
@@ -144,6 +168,16 @@ TEST(CausalAttention, GroupedQueryHeadsSumIntoTheirKeyValueHead) {
   expect_as_close_as_libtorch({1, 6, 1, 64, 128});
 }
 
+// Packed rows (docs/attention.md, "Packed rows"): each query attends to its own sample's keys only.
+// Samples start inside tiles, on tile boundaries (64, 128) and across them, two keys long and a whole
+// row long, with padding after the last as one more sample; grouped-query heads; three head sizes.
+TEST(CausalAttention, PackedRowsAttendWithinEachSampleAsAMaskedAttention) {
+  expect_as_close_as_libtorch({2, 3, 3, 150, 64}, packed_positions({{40, 30, 70, 10}, {64, 64, 22}}, 150));
+  expect_as_close_as_libtorch({1, 8, 2, 200, 64}, packed_positions({{5, 120, 2, 60}}, 200));
+  expect_as_close_as_libtorch({2, 2, 2, 97, 32}, packed_positions({{97}, {3, 80}}, 97));
+  expect_as_close_as_libtorch({1, 2, 2, 130, 128}, packed_positions({{65, 65}}, 130));
+}
+
 // bf16 and fp16 are computed in fp32 and rounded once: every output is the fp32 kernel's on the
 // same values, rounded to the dtype, bit for bit.
 TEST(CausalAttention, SixteenBitInputsGiveTheFp32KernelsResultRoundedOnce) {
@@ -156,14 +190,14 @@ TEST(CausalAttention, SixteenBitInputsGiveTheFp32KernelsResultRoundedOnce) {
     Result want;
     want.out = at::empty(x.q.sizes(), x.q.options().dtype(at::kFloat));
     want.lse = at::empty(got.lse.sizes(), got.lse.options());
-    causal_attention_forward_cpu(f32(x.q), f32(x.k), f32(x.v), want.out, want.lse);
+    causal_attention_forward_cpu(f32(x.q), f32(x.k), f32(x.v), {}, want.out, want.lse);
     EXPECT_TRUE(at::equal(got.out, want.out.to(dtype)));
     EXPECT_TRUE(at::equal(got.lse, want.lse));
     // Backward from the 16-bit output the forward returned, as autograd hands it over.
     want.dq = at::empty(x.q.sizes(), want.out.options());
     want.dk = at::empty(x.k.sizes(), want.out.options());
     want.dv = at::empty(x.v.sizes(), want.out.options());
-    causal_attention_backward_cpu(f32(x.q), f32(x.k), f32(x.v), f32(got.out), got.lse, f32(x.dout), want.dq,
+    causal_attention_backward_cpu(f32(x.q), f32(x.k), f32(x.v), {}, f32(got.out), got.lse, f32(x.dout), want.dq,
                                   want.dk, want.dv);
     EXPECT_TRUE(at::equal(got.dq, want.dq.to(dtype)));
     EXPECT_TRUE(at::equal(got.dk, want.dk.to(dtype)));
@@ -214,10 +248,72 @@ TEST(CausalAttention, TheOpKeepsWhatLibTorchsKernelKeeps) {
     return std::string("no error");
   };
   const at::Tensor out = at::empty(x.q.sizes());
-  EXPECT_NE(message([&] { causal_attention_forward_cpu(x.q, x.k, x.v, out, at::empty({c.B, c.H, c.T + 1})); })
+  EXPECT_NE(message([&] { causal_attention_forward_cpu(x.q, x.k, x.v, {}, out, at::empty({c.B, c.H, c.T + 1})); })
                 .find("log-sum-exp must be contiguous fp32"), std::string::npos);
-  EXPECT_NE(message([&] { causal_attention_forward_cpu(x.q.narrow(3, 0, 40), x.k, x.v, out, at::empty({c.B, c.H, c.T})); })
+  EXPECT_NE(message([&] { causal_attention_forward_cpu(x.q.narrow(3, 0, 40), x.k, x.v, {}, out, at::empty({c.B, c.H, c.T})); })
                 .find("does not take"), std::string::npos);
+}
+
+// ops::causal_attention on packed rows: each sample's attention as the same op computes it on that
+// sample alone (fp32, 1e-6 of the largest value), forward and backward, through autograd; it keeps
+// exactly what the op keeps for unpacked rows (no output per sample joined into another copy), and
+// 16-bit rows are the fp32 result rounded once. Positions that do not count 0, 1, ... are an error
+// naming the entry.
+TEST(CausalAttention, TheOpOnPackedRowsIsEachSamplesOwnAttentionKeepingNoMore) {
+  memory::install_tracking_allocator();
+  const Case c{2, 4, 2, 96, 64};
+  const std::vector<std::vector<int64_t>> lengths{{30, 50, 16}, {7, 64}};
+  const at::Tensor positions = packed_positions(lengths, c.T);
+  const Inputs x = inputs(c, at::kFloat, 11);
+  auto leaf = [](const at::Tensor& t) { return t.detach().requires_grad_(true); };
+  const at::Tensor q = leaf(x.q), k = leaf(x.k), v = leaf(x.v);
+  int64_t before = memory::allocator_stats().current_bytes;
+  at::Tensor packed = causal_attention(q, k, v, 0.0, positions);
+  const int64_t packed_bytes = memory::allocator_stats().current_bytes - before;
+  const auto packed_grads = torch::autograd::grad({packed}, {q, k, v}, {x.dout});
+  {
+    const at::Tensor q1 = leaf(x.q), k1 = leaf(x.k), v1 = leaf(x.v);
+    before = memory::allocator_stats().current_bytes;
+    const at::Tensor rows = causal_attention(q1, k1, v1, 0.0);
+    EXPECT_EQ(packed_bytes, memory::allocator_stats().current_bytes - before) << "kept as for unpacked rows";
+  }
+  std::vector<at::Tensor> spans_out;
+  std::vector<at::Tensor> want_grads{at::zeros_like(x.q), at::zeros_like(x.k), at::zeros_like(x.v)};
+  for (int64_t b = 0; b < c.B; ++b) {
+    int64_t begin = 0;
+    std::vector<int64_t> spans = lengths[b];
+    int64_t used = 0;
+    for (int64_t n : spans) used += n;
+    if (used < c.T) spans.push_back(c.T - used);  // the padding
+    for (int64_t n : spans) {
+      auto span = [&](const at::Tensor& t) { return leaf(t.narrow(0, b, 1).narrow(2, begin, n)); };
+      const at::Tensor qs = span(x.q), ks = span(x.k), vs = span(x.v);
+      const at::Tensor ys = causal_attention(qs, ks, vs, 0.0);
+      EXPECT_LT(err(packed.narrow(0, b, 1).narrow(2, begin, n), ys.to(at::kDouble)), 1e-6) << b << " " << begin;
+      const auto g = torch::autograd::grad({ys}, {qs, ks, vs}, {x.dout.narrow(0, b, 1).narrow(2, begin, n)});
+      for (int i = 0; i < 3; ++i) want_grads[i].narrow(0, b, 1).narrow(2, begin, n).copy_(g[i]);
+      begin += n;
+    }
+  }
+  for (int i = 0; i < 3; ++i) EXPECT_LT(err(packed_grads[i], want_grads[i].to(at::kDouble)), 1e-6) << i;
+
+  for (at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    const at::Tensor q16 = x.q.to(dtype), k16 = x.k.to(dtype), v16 = x.v.to(dtype);
+    auto f32 = [](const at::Tensor& t) { return t.to(at::kFloat); };
+    EXPECT_TRUE(at::equal(causal_attention(q16, k16, v16, 0.0, positions),
+                          causal_attention(f32(q16), f32(k16), f32(v16), 0.0, positions).to(dtype)));
+  }
+
+  at::Tensor bad = positions.clone();
+  bad[1][20] = 3;  // row 1's second sample (from column 7) has position 13 there
+  try {
+    causal_attention(x.q, x.k, x.v, 0.0, bad);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("positions[1, 20] is 3"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("0 (a sample's first token) or 13"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -137,7 +137,11 @@ struct ActivationEstimate {
   int64_t backward_in_embedding = 0;
   bool embedding_trains = false;
   int64_t backward_peak = 0;  // the one at the step's peak (the host plan decides)
-  int64_t kept() const;       // what forward keeps: blocks, embedding, head
+  // ABI 2.21: kept through the micro-step by a packed layout (RunInfo::sample_packing): a Llama's
+  // rotary tables gathered at the tokens' positions, once for every block (docs/memory.md,
+  // "Packed rows").
+  int64_t layout = 0;
+  int64_t kept() const;       // what forward keeps: blocks, embedding, head, layout
   int64_t total() const;      // kept() + backward_peak: the activations at the step's peak
 };
 
@@ -168,6 +172,11 @@ bool is_last_projection(const std::string& name, const std::string& arch);
 ActivationEstimate activation_estimate(const ModelShape& shape, int64_t micro_batch,
                                        int64_t block_size, at::ScalarType dtype,
                                        const std::vector<ParamEstimate>& params, bool chunked_head = false);
+// ABI 2.21: the same for the run as `run` describes it — its shape, micro-batch, block size, head
+// (chunked_cross_entropy) and packed rows (sample_packing), and its device where that decides which
+// attention kernel runs — in `dtype`. What plugins that re-derive the activations call.
+ActivationEstimate activation_estimate(const RunInfo& run, at::ScalarType dtype,
+                                       const std::vector<ParamEstimate>& params);
 // ABI 2.14: whether that estimate is op by op for this model and dtype (no dropout; GPT-2, or a
 // Llama in fp32) rather than by whole segments. Op by op, the embedding term holds the embedding's
 // output exactly when an op keeps it (activation checkpointing adds it where only a checkpoint

@@ -42,8 +42,12 @@ void linear_into(const at::Tensor& y, const at::Tensor& x, const at::Tensor& wei
 // Causal scaled-dot-product attention with 1/sqrt(head_dim) scaling, as
 // at::scaled_dot_product_attention(q, k, v, {}, dropout_p, /*is_causal=*/true, {}, gqa).
 // q (B, H, T, D); k, v (B, H_kv, T, D) with H a multiple of H_kv (grouped-query attention).
+// ABI 2.21: `positions` (B, T) int64, a packed layout's (docs/attention.md, "Packed rows"): each
+// token's position in its sample, 0 at a sample's first token and one more at each next; token t
+// attends to keys t - positions[b, t] .. t only, as flash-attention's variable-length kernels and
+// transformers' position_ids packing compute it. Undefined: one sample per row.
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            double dropout_p);
+                            double dropout_p, const at::Tensor& positions = {});
 
 // The causal LM's loss summed over tokens without the (N, V) logits ever held whole, as
 // at::cross_entropy_loss(at::linear(x, weight).to(at::kFloat), targets, {}, Sum, ignore_index)

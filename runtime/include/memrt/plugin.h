@@ -112,6 +112,10 @@ struct RunInfo {
   // ABI 2.12: the head computes the loss a chunk of tokens at a time, never holding the logits
   // whole (train.yaml chunked_cross_entropy; ops::linear_cross_entropy_sum).
   bool chunked_cross_entropy = false;
+  // ABI 2.21: micro-batches are packed rows of several samples (train.yaml sample_packing on a
+  // dataset of samples): each brings its tokens' positions, and attention stays inside each sample
+  // (docs/tokenizers.md, "Packing").
+  bool sample_packing = false;
 };
 
 // ---- flow control: a small struct of flags, not a handle on the trainer ------------------------
@@ -477,12 +481,14 @@ class Plugin {
 // release_frozen). 2.18: Communicator::broadcast_async (ZeRO-3's prefetch). 2.19:
 // MemoryEstimate's gradient elements per backward candidate and choose_backward_peak. 2.20:
 // ParamPlanContext::reads_frozen (ZeRO-3 reads the other partitioned frozen weights as slices of a
-// checkpoint), Communicator::reduce_sum (ZeRO's gradient buckets onto their owners). The host
+// checkpoint), Communicator::reduce_sum (ZeRO's gradient buckets onto their owners). 2.21: RunInfo::sample_packing,
+// ActivationEstimate::layout, activation_estimate(run, dtype, params), ops::causal_attention's
+// positions (packed rows). The host
 // refuses a plugin whose ABI major differs, whose ABI minor is newer than the host's, or whose
 // LibTorch version, C++ ABI flag or CUDA flag differ from its own — plugins pass at::Tensor and
 // nn::Module across the boundary, the same contract as PyTorch C++ extensions.
 #define MEMRT_PLUGIN_ABI_MAJOR 2
-#define MEMRT_PLUGIN_ABI_MINOR 20
+#define MEMRT_PLUGIN_ABI_MINOR 21
 #define MEMRT_PLUGIN_ENTRY_SYMBOL "memrt_plugin_entry"
 
 extern "C" {

@@ -279,6 +279,17 @@ std::vector<std::string> first_record_fields(const std::string& path) {
   return fields;
 }
 
+// The record type a .jsonl / .json train file's first record has ("prompt_completion" or
+// "messages", as TRL detects it), or nullptr: not records of those types.
+const char* records_type(const std::string& path) {
+  if (!ends_with(path, ".jsonl") && !ends_with(path, ".json")) return nullptr;
+  const std::vector<std::string> fields = first_record_fields(path);
+  auto has = [&](const char* f) { return std::find(fields.begin(), fields.end(), f) != fields.end(); };
+  if (has("prompt") && has("completion")) return "prompt_completion";
+  if (has("messages") || has("conversations")) return "messages";
+  return nullptr;
+}
+
 int32_t read_i32(const uint8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);  // the files are little-endian, as is every host memrt builds for
@@ -303,15 +314,13 @@ std::shared_ptr<TokenDataset> TokenDataset::open(const DataConfig& cfg) {
     return open_bin(path);
   }
   if (ends_with(path, ".jsonl") || ends_with(path, ".json")) {  // a record's fields say its shape, as in TRL
-    const std::vector<std::string> fields = first_record_fields(path);
-    auto has = [&](const char* f) { return std::find(fields.begin(), fields.end(), f) != fields.end(); };
-    for (const auto& [shape, type] : {std::pair<bool, const char*>{has("prompt") && has("completion"), "prompt_completion"},
-                                      {has("messages") || has("conversations"), "messages"}}) {
-      if (!shape) continue;
+    if (const char* type = records_type(path)) {
       DataConfig records = cfg;
       for (const std::string& file : paths) records.datasets.push_back({file, type});  // each file's records in turn
       return open(records);
     }
+    const std::vector<std::string> fields = first_record_fields(path);
+    auto has = [&](const char* f) { return std::find(fields.begin(), fields.end(), f) != fields.end(); };
     if (has("instruction") && has("output"))
       throw FileError(path, "holds alpaca records (instruction/output): name the file in axolotl's "
                             "datasets: [{path: " + path + ", type: alpaca}] instead of train_file");
@@ -323,6 +332,10 @@ std::shared_ptr<TokenDataset> TokenDataset::open(const DataConfig& cfg) {
   if (paths.empty()) return builtin_corpus();
   if (ends_with(path, ".jsonl")) return open_jsonl(paths, cfg.text_field);
   return open_text(paths);
+}
+
+bool TokenDataset::yields_samples(const DataConfig& cfg) {
+  return !cfg.datasets.empty() || (!cfg.train_files.empty() && records_type(cfg.train_files.front()));
 }
 
 std::shared_ptr<TokenDataset> TokenDataset::builtin_corpus() {
@@ -1011,10 +1024,8 @@ Batch rows_batch(const TokenDataset& data, const std::vector<std::vector<int64_t
   int64_t* pos = layout ? batch.positions.data_ptr<int64_t>() : nullptr;
   for (int64_t b = 0; b < B; ++b) {
     int64_t at = b * T;
-    if (layout) batch.starts.emplace_back();
     for (int64_t k : rows[static_cast<size_t>(b)]) {
       const int64_t begin = data.sample_begin(k), n = data.sample_length(k);
-      if (layout) batch.starts.back().push_back(at - b * T);
       data.copy_tokens(begin, n, in + at);
       batch.tokens += n;
       for (int64_t t = 0; t < n; ++t) {
@@ -1023,7 +1034,8 @@ Batch rows_batch(const TokenDataset& data, const std::vector<std::vector<int64_t
       }
       at += n;
     }
-    if (layout && at < (b + 1) * T) batch.starts.back().push_back(at - b * T);  // the padding, on its own
+    if (layout)  // the padding, a sample of its own
+      for (int64_t t = 0; at + t < (b + 1) * T; ++t) pos[at + t] = t;
   }
   return batch;
 }

@@ -38,6 +38,10 @@ class TokenDataset {
   // records are records. Text, JSONL and the built-in corpus are bytes, or with cfg.tokenizer
   // tokenized as run_clm tokenizes them. Several files are one dataset, each file's documents in turn.
   static std::shared_ptr<TokenDataset> open(const DataConfig& cfg);
+  // Whether open(cfg) gives samples (records) rather than a stream, read from the config and the
+  // first record of a JSONL / JSON train file only: what the memory estimate asks before the data
+  // is opened (RunInfo::sample_packing).
+  static bool yields_samples(const DataConfig& cfg);
 
   static std::shared_ptr<TokenDataset> builtin_corpus();
   // The files' bytes, one after another (one file is read in place).
@@ -127,9 +131,9 @@ struct Batch {
   at::Tensor inputs, targets;
   int64_t tokens = 0;  // the real (not padding) tokens of inputs
   // Packed rows (docs/tokenizers.md, "Packing"): each token's position in its sample (B, T) int64,
-  // and where each row's samples start; undefined / empty when each row is one sample.
+  // 0 where a sample starts (the padding after a row's last sample counts 0, 1, ... as one more);
+  // undefined when each row is one sample.
   at::Tensor positions;
-  std::vector<std::vector<int64_t>> starts;
 };
 
 // Samples `samples` of a dataset with samples, as one batch: (B, T) with T the longest sample's
@@ -137,7 +141,8 @@ struct Batch {
 // attended to by the sample's own causal positions).
 Batch sample_batch(const TokenDataset& data, const std::vector<int64_t>& samples, int64_t pad_to = 0);
 // Packed rows: row r holds samples rows[r] one after another (each sample's last target -100),
-// padded to the longest row, or to `width` when larger; positions restart at each sample.
+// padded to the longest row, or to `width` when larger; positions restart at each sample and at
+// the padding.
 Batch packed_batch(const TokenDataset& data, const std::vector<std::vector<int64_t>>& rows, int64_t width);
 
 // First-fit decreasing: the dataset's samples, longest first (ties in dataset order), each in the

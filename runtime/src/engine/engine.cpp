@@ -198,6 +198,7 @@ RunInfo make_run_info(const TrainConfig& cfg, int rank, int world_size, int loca
   run.model_name_or_path = cfg.model.name_or_path;
   run.zero_stage = cfg.zero_stage;
   run.chunked_cross_entropy = cfg.chunked_cross_entropy;
+  run.sample_packing = cfg.data.pack && TokenDataset::yields_samples(cfg.data);  // as the DataLoader packs
   return run;
 }
 
@@ -633,7 +634,7 @@ double Engine::micro_step(int64_t micro) {
   } packed;
   if (batch.positions.defined()) {
     packed.model = decoder_for("sample_packing");
-    packed.model->set_layout({batch.positions, batch.starts});
+    packed.model->set_layout(batch.positions);
   }
   memory::Scope scope(Category::kActivations);
   PhaseScope forward("memrt::forward", wall_ms(&WallClock::forward));

@@ -8,13 +8,14 @@
 
 #include "memrt/ops.h"
 #include "models/model_factory.h"
+#include "ops/attention_cpu.h"
 #include "store/host_groups.h"
 
 namespace memrt {
 namespace memory {
 
 int64_t ActivationEstimate::kept() const {
-  int64_t sum = embedding + head;
+  int64_t sum = embedding + head + layout;
   for (int64_t b : per_block) sum += b;
   return sum;
 }
@@ -73,25 +74,49 @@ ChunkedHead chunked_head(const ModelShape& s, int64_t BT, int64_t b, bool input_
   return h;
 }
 
+// What a packed layout (RunInfo::sample_packing; docs/memory.md, "Packed rows") changes in the
+// activations: GPT-2's position ids are the batch's positions (counted in `other` with the
+// batch), not a tensor the embedding makes; a Llama's rotary tables are gathered at them once a
+// micro-step (ActivationEstimate::layout); attention that does not run in one pass over a packed
+// row (`joined`: not memrt's CPU kernel, which its dtype, head size, the device or dropout
+// decide) runs sample by sample and joins the outputs, which a kernel that keeps its output (not
+// dropout's math path) then keeps beside the joined copy.
+struct Packing {
+  bool packed = false;
+  bool joined = false;
+};
+
+Packing packing_of(const RunInfo& run, at::ScalarType dtype) {
+  Packing p;
+  p.packed = run.sample_packing;
+  p.joined = p.packed && run.shape.attn_pdrop == 0.0 &&
+             !(run.device.is_cpu() && ops::causal_attention_cpu_takes(dtype, run.shape.head_dim()));
+  return p;
+}
+
+// GPT-2's position ids (T int64) where the embedding makes them: not packed.
+int64_t position_ids(const ModelShape& s, int64_t block_size, const Packing& p) {
+  return s.arch == "gpt2" && !p.packed ? block_size * 8 : 0;
+}
+
 // In the embedding's backward: the gradient of its output, the gradients of the position and
 // token tables being made (dense, whole tables), a tied table's gradient from the head waiting
 // beside them, GPT-2's position ids, and the loss's scalars.
-int64_t at_embedding(const ModelShape& s, int64_t BT, int64_t block_size, int64_t b, bool token, bool position) {
+int64_t at_embedding(const ModelShape& s, int64_t BT, int64_t block_size, int64_t b, bool token, bool position,
+                     const Packing& p) {
   const int64_t d = s.d_model, V = s.vocab_size;
   if (!token && !position) return 0;
   int64_t bytes = BT * d * b + 2 * 4;
   if (token) bytes += (s.tie_embeddings ? 2 : 1) * V * d * b;
-  if (s.arch == "gpt2") bytes += block_size * 8 + (position ? s.n_ctx * d * b : 0);
+  if (s.arch == "gpt2") bytes += position_ids(s, block_size, p) + (position ? s.n_ctx * d * b : 0);
   return bytes;
 }
-
-}  // namespace
 
 // Bytes of what autograd keeps, op by op; docs/memory.md lists the tensors behind each term.
 // b: bytes per element of the compute dtype; f = 4: what LibTorch keeps in fp32 whatever the
 // compute dtype (the attention's log-sum-exp; the loss side, which runs in fp32).
-ActivationEstimate activation_estimate(const ModelShape& s, int64_t micro_batch, int64_t block_size,
-                                       at::ScalarType dtype, bool chunked) {
+ActivationEstimate whole_model(const ModelShape& s, int64_t micro_batch, int64_t block_size, at::ScalarType dtype,
+                               bool chunked, const Packing& packing) {
   const int64_t b = static_cast<int64_t>(c10::elementSize(dtype));
   const int64_t f = 4;
   const int64_t BT = micro_batch * block_size;
@@ -132,7 +157,7 @@ ActivationEstimate activation_estimate(const ModelShape& s, int64_t micro_batch,
     block_backward = block_backward_bytes(s, micro_batch, block_size, dtype);
   } else {
     // sum of the two lookups (with embd_pdrop: the dropout's output and its mask); position ids
-    a.embedding = BT * d * b + block_size * 8 + (s.embd_pdrop > 0.0 ? BT * d : 0);
+    a.embedding = BT * d * b + position_ids(s, block_size, packing) + (s.embd_pdrop > 0.0 ? BT * d : 0);
     //   2 LayerNorms (mean, rstd, output) + qkv + attention output and log-sum-exp + residual
     //   + fc, gelu(fc) + block output; with attention dropout the math attention's tensors and
     //   the attention output's copy replace qkv, the output and the log-sum-exp
@@ -143,7 +168,9 @@ ActivationEstimate activation_estimate(const ModelShape& s, int64_t micro_batch,
     head_kept = chunked ? BT * 2 * b : BT * (b * (2 + d) + f * V);
     block_backward = block_backward_bytes(s, micro_batch, block_size, dtype);
   }
+  if (packing.joined) block += BT * d * b;  // the samples' outputs beside the joined one
   a.per_block.assign(static_cast<size_t>(s.n_layer), block);
+  if (packing.packed && s.arch == "llama") a.layout = 2 * BT * s.head_dim() * b;  // cos and sin
   ChunkedHead chunks;
   if (chunked) {
     chunks = chunked_head(s, BT, b, /*input_grad=*/true, /*weight_grad=*/true);
@@ -162,9 +189,16 @@ ActivationEstimate activation_estimate(const ModelShape& s, int64_t micro_batch,
   const int64_t seed = chunked ? f : 0;
   a.backward_in_last_block = block_backward + tied_grad - head_kept + seed;
   a.embedding_trains = true;
-  a.backward_in_embedding = at_embedding(s, BT, block_size, b, true, true) - a.kept();
+  a.backward_in_embedding = at_embedding(s, BT, block_size, b, true, true, packing) + a.layout - a.kept();
   a.backward_peak = std::max(a.backward_at_loss, a.backward_in_last_block);
   return a;
+}
+
+}  // namespace
+
+ActivationEstimate activation_estimate(const ModelShape& s, int64_t micro_batch, int64_t block_size,
+                                       at::ScalarType dtype, bool chunked) {
+  return whole_model(s, micro_batch, block_size, dtype, chunked, Packing());
 }
 
 namespace {
@@ -263,6 +297,7 @@ struct Trainable {
 struct BlockOps {
   int64_t kept = 0;
   bool out_grad = false;
+  bool attention = false;  // whether attention keeps its inputs and output (a gradient goes through it)
   int64_t backward = 0;
 };
 
@@ -274,6 +309,7 @@ BlockOps gpt2_block(const ModelShape& s, const Trainable& t, int64_t i, bool in_
   o.kept += t.reads_input(i, {"attn.c_attn"}) ? d * b : 0;        // ln_1's output, c_attn's input
   const bool g_qkv = g_ln1 || t.trains_under(i, {"attn.c_attn"});
   o.kept += g_qkv ? 3 * d * b + f * s.n_head : 0;               // q, k, v and the log-sum-exp
+  o.attention = g_qkv;
   o.kept += g_qkv || t.reads_input(i, {"attn.c_proj"}) ? d * b : 0;  // the attention's output
   const bool g_h1 = in_grad || g_qkv || t.trains_under(i, {"attn.c_proj"});
   const bool g_ln2 = g_h1 || t.any(i, {"ln_2.weight", "ln_2.bias"});
@@ -308,6 +344,7 @@ BlockOps llama_block(const ModelShape& s, const Trainable& t, int64_t i, bool in
   o.kept += (in_grad ? f : 0) + (n1 ? d * f : 0) + (qkv_w ? d * b : 0);  // rstd, x * rstd, output
   const bool g_attn = in_grad || n1 || qkv_w;
   o.kept += g_attn ? (d + 2 * kv) * b + f * s.n_head : 0;  // q and k after RoPE, v, log-sum-exp
+  o.attention = g_attn;
   const bool o_w = t.reads_input(i, {"self_attn.o_proj"});
   o.kept += g_attn || o_w ? d * b : 0;                     // the attention's output
   const bool g_h = g_attn || o_w || in_grad;
@@ -387,10 +424,11 @@ bool activations_op_by_op(const ModelShape& s, at::ScalarType dtype) {
   return !dropout && (s.arch != "llama" || dtype == at::kFloat);
 }
 
-ActivationEstimate activation_estimate(const ModelShape& s, int64_t micro_batch, int64_t block_size,
-                                       at::ScalarType dtype, const std::vector<ParamEstimate>& params,
-                                       bool chunked) {
-  ActivationEstimate a = activation_estimate(s, micro_batch, block_size, dtype, chunked);
+namespace {
+
+ActivationEstimate by_params(const ModelShape& s, int64_t micro_batch, int64_t block_size, at::ScalarType dtype,
+                             const std::vector<ParamEstimate>& params, bool chunked, const Packing& packing) {
+  ActivationEstimate a = whole_model(s, micro_batch, block_size, dtype, chunked, packing);
   const int64_t BT = micro_batch * block_size;
   const bool llama = s.arch == "llama";
   if (!activations_op_by_op(s, dtype)) {
@@ -403,7 +441,7 @@ ActivationEstimate activation_estimate(const ModelShape& s, int64_t micro_batch,
     }
     a.embedding_trains = token || position;
     a.backward_in_embedding = at_embedding(s, BT, block_size, static_cast<int64_t>(c10::elementSize(dtype)), token,
-                                           position) - a.kept();
+                                           position, packing) + a.layout - a.kept();
     a.backward_peak = std::max(a.backward_at_loss, a.backward_in_last_block);
     return a;
   }
@@ -420,14 +458,14 @@ ActivationEstimate activation_estimate(const ModelShape& s, int64_t micro_batch,
   // LayerNorm whenever it has a gradient to compute, RMSNorm's x^2 only for its input's.
   auto output_kept = [&](bool grad, bool norm_trains) { return grad || (!llama && norm_trains); };
   bool grad = embedding || position;
-  a.embedding = (position ? block_size * 8 : 0);
+  a.embedding = position ? position_ids(s, block_size, packing) : 0;
   int64_t* previous_output = &a.embedding;  // the term that counts the last segment's output
   BlockOps last;
   for (int64_t i = 0; i < L; ++i) {
     const bool norm = llama ? t.any(i, {"input_layernorm.weight"}) : t.any(i, {"ln_1.weight", "ln_1.bias"});
     *previous_output += output_kept(grad, norm) ? BT * d * b : 0;
     last = llama ? llama_block(s, t, i, grad, BT, b) : gpt2_block(s, t, i, grad, BT, b);
-    a.per_block[static_cast<size_t>(i)] = BT * last.kept;
+    a.per_block[static_cast<size_t>(i)] = BT * (last.kept + (packing.joined && last.attention ? d * b : 0));
     previous_output = &a.per_block[static_cast<size_t>(i)];
     grad = grad || last.out_grad;
   }
@@ -446,9 +484,23 @@ ActivationEstimate activation_estimate(const ModelShape& s, int64_t micro_batch,
   a.head = head_kept + (chunked ? f : 2 * f);
   const int64_t tied_grad = s.tie_embeddings && embedding ? s.vocab_size * d * b : 0;
   a.backward_in_last_block = last.backward + tied_grad - head_kept + (chunked ? f : 0);  // backward's seed
-  a.backward_in_embedding = at_embedding(s, BT, block_size, b, embedding, position) - a.kept();
+  a.backward_in_embedding = at_embedding(s, BT, block_size, b, embedding, position, packing) + a.layout - a.kept();
   a.backward_peak = std::max(a.backward_at_loss, a.backward_in_last_block);
   return a;
+}
+
+}  // namespace
+
+ActivationEstimate activation_estimate(const ModelShape& s, int64_t micro_batch, int64_t block_size,
+                                       at::ScalarType dtype, const std::vector<ParamEstimate>& params,
+                                       bool chunked) {
+  return by_params(s, micro_batch, block_size, dtype, params, chunked, Packing());
+}
+
+ActivationEstimate activation_estimate(const RunInfo& run, at::ScalarType dtype,
+                                       const std::vector<ParamEstimate>& params) {
+  return by_params(run.shape, run.micro_batch_size, run.block_size, dtype, params, run.chunked_cross_entropy,
+                   packing_of(run, dtype));
 }
 
 }  // namespace memory
@@ -488,8 +540,7 @@ memory::MemoryEstimate host_memory_plan(const RunInfo& run, const HostPlanOption
     if (segment < 0) embedding_segment += numel;
     if (segment == L - 1 && memory::is_last_projection(p.name, run.shape.arch)) last_projection += numel;
   }
-  e.activations = memory::activation_estimate(run.shape, run.micro_batch_size, run.block_size,
-                                              e.compute_dtype, e.params, run.chunked_cross_entropy);
+  e.activations = memory::activation_estimate(run, e.compute_dtype, e.params);
   memory::ActivationEstimate& a = e.activations;
   memory::Table& t = e.table;
   StoreOptions store = options.store;
@@ -503,7 +554,8 @@ memory::MemoryEstimate host_memory_plan(const RunInfo& run, const HostPlanOption
     const int64_t buckets = (grads + bucket - 1) / bucket;
     t.at(Category::kCommBuffers) = std::min<int64_t>(2, buckets) * bucket;
   }
-  t.at(Category::kOther) = 2 * run.micro_batch_size * run.block_size * 8;  // input and target ids
+  // input and target ids, and a packed layout's positions
+  t.at(Category::kOther) = (run.sample_packing ? 3 : 2) * run.micro_batch_size * run.block_size * 8;
   if (run.shape.arch == "llama")  // the rotary cos/sin tables
     t.at(Category::kOther) += 2 * run.block_size * run.shape.head_dim() * b;
 

@@ -43,23 +43,18 @@ class RMSNormImpl : public torch::nn::Module {
 TORCH_MODULE(RMSNorm);
 
 // How the rows of a packed micro-batch hold several samples (docs/tokenizers.md, "Packing"): each
-// token's position in its sample and where each row's samples start. Unset (no positions): one
-// sample per row, positions 0, 1, ... Shared by a model and its blocks; the engine sets it for a
-// micro-step (the recompute of activation checkpointing, inside that micro-step's backward, sees
-// the same layout) and clears it after.
+// token's position in its sample, which also says where each sample starts (position 0).
+// Unset (no positions): one sample per row, positions 0, 1, ... Shared by a model and its blocks;
+// the engine sets it for a micro-step (the recompute of activation checkpointing, inside that
+// micro-step's backward, sees the same layout) and clears it after. Attention reads it as
+// ops::causal_attention's `positions`: each token attends to its own sample's tokens only.
 struct SequenceLayout {
-  at::Tensor positions;                      // (B, T) int64
-  std::vector<std::vector<int64_t>> starts;  // per row, ascending, starting with 0
+  at::Tensor positions;  // (B, T) int64
   bool packed() const { return positions.defined(); }
   // The rotary tables at `positions`, gathered by the first block's RopeCache::get and shared by
   // the others (one (B, 1, T, head_dim) pair per micro-step, not one per block).
   mutable at::Tensor rope_cos, rope_sin;
 };
-
-// Causal attention that stays inside each sample of a packed row: causal_attention over each
-// [start, next start) span of each row (q (B, nh, T, hd); k, v (B, nkv, T, hd)).
-at::Tensor packed_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout,
-                                   const SequenceLayout& layout);
 
 // Rotary position embedding tables, shared by every Llama block, computed on the device and dtype
 // of the activations on first use and cached.
@@ -118,8 +113,12 @@ class DecoderLM : public CausalLM {
   virtual std::shared_ptr<Block> new_block(int64_t index) = 0;  // allocated, not yet appended
   void append_block(std::shared_ptr<Block> block);
   virtual void finish() = 0;
-  // The packed layout of the next micro-batch (SequenceLayout), or {} for one sample per row.
-  void set_layout(SequenceLayout layout) { *layout_ = std::move(layout); }
+  // The packed layout of the next micro-batch: its positions (SequenceLayout), or undefined for
+  // one sample per row.
+  void set_layout(at::Tensor positions) {
+    *layout_ = SequenceLayout();
+    layout_->positions = std::move(positions);
+  }
   // Parameters outside the blocks, with HF names: those that exist before the first block
   // (embeddings) and those finish() creates (final norm, untied lm_head).
   NamedTensors embedding_parameters() override = 0;

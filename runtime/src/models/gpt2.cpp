@@ -43,8 +43,8 @@ class Gpt2Block : public DecoderBlock {
       return t.view({B, T, n_head_, hd}).transpose(1, 2);  // (B, nh, T, hd)
     };
     auto parts = qkv.split(C, -1);
-    at::Tensor y = packed_causal_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]),
-                                           is_training() ? attn_pdrop_ : 0.0, *layout_);  // (B, nh, T, hd)
+    at::Tensor y = ops::causal_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]),
+                                         is_training() ? attn_pdrop_ : 0.0, layout_->positions);  // (B, nh, T, hd)
     return attn_proj_->forward(y.transpose(1, 2).reshape({B, T, C}));  // (B, T, C)
   }
 

@@ -51,24 +51,6 @@ std::pair<at::Tensor, at::Tensor> RopeCache::get(int64_t seq_len, const at::Tens
   return {layout.rope_cos, layout.rope_sin};  // (B, 1, T, hd) each
 }
 
-at::Tensor packed_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout,
-                                   const SequenceLayout& layout) {
-  if (!layout.packed()) return ops::causal_attention(q, k, v, dropout);
-  const int64_t B = q.size(0), T = q.size(2);
-  std::vector<at::Tensor> rows;
-  for (int64_t b = 0; b < B; ++b) {
-    const std::vector<int64_t>& starts = layout.starts[static_cast<size_t>(b)];
-    std::vector<at::Tensor> spans;
-    for (size_t i = 0; i < starts.size(); ++i) {
-      const int64_t begin = starts[i], end = i + 1 < starts.size() ? starts[i + 1] : T;
-      auto span = [&](const at::Tensor& x) { return x.narrow(0, b, 1).narrow(2, begin, end - begin); };
-      spans.push_back(ops::causal_attention(span(q), span(k), span(v), dropout));  // (1, nh, len, hd)
-    }
-    rows.push_back(spans.size() == 1 ? spans[0] : at::cat(spans, 2));
-  }
-  return B == 1 ? rows[0] : at::cat(rows, 0);  // (B, nh, T, hd)
-}
-
 // ---- blocks -----------------------------------------------------------------------------------
 
 std::vector<std::string> DecoderBlock::linear_names() const {

@@ -55,7 +55,7 @@ class LlamaBlock : public DecoderBlock {
     auto [cos, sin] = rope_->get(T, q.options(), *layout_);  // (T, hd) each; packed: (B, 1, T, hd)
     q = q * cos + rotate_half(q) * sin;
     k = k * cos + rotate_half(k) * sin;
-    at::Tensor y = packed_causal_attention(q, k, v, is_training() ? attention_dropout_ : 0.0, *layout_);  // (B, nh, T, hd)
+    at::Tensor y = ops::causal_attention(q, k, v, is_training() ? attention_dropout_ : 0.0, layout_->positions);  // (B, nh, T, hd)
     return o_proj_->forward(y.transpose(1, 2).reshape({B, T, C}));  // (B, T, C)
   }
 

@@ -28,10 +28,11 @@ constexpr int64_t kTile = 64;  // query rows and keys per tile: a 64 x 64 fp32 t
 // into each instruction set's loops, which the compiler vectorises.
 inline float softmax_exp(float x) { return x < -87.3365448f ? 0.f : exp_clamped(x); }
 
-using HeadForward = void (*)(const float*, const float*, const float*, int64_t, int64_t, int64_t, float, float*,
-                             float*, float*);
+using HeadForward = void (*)(const float*, const float*, const float*, const int64_t*, int64_t, int64_t, int64_t,
+                             float, float*, float*, float*);
 using HeadBackward = void (*)(const float*, const float*, const float*, const float*, const float*, const float*,
-                              const float*, int64_t, int64_t, int64_t, float, float*, float*, float*, float*, float*);
+                              const float*, const int64_t*, int64_t, int64_t, int64_t, float, float*, float*, float*,
+                              float*, float*);
 struct Kernels {
   HeadForward forward;
   HeadBackward backward;
@@ -128,9 +129,14 @@ Dims dims(const at::Tensor& q, const at::Tensor& k) {
           static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)))};
 }
 
+// Row b of a packed layout's positions (B, T), or nullptr: one sample per row.
+const int64_t* row_positions(const at::Tensor& positions, int64_t b) {
+  return positions.defined() ? positions.data_ptr<int64_t>() + b * positions.size(1) : nullptr;
+}
+
 template <typename T>
-void forward_typed(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-                   const at::Tensor& lse, Kernels kernels) {
+void forward_typed(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
+                   const at::Tensor& out, const at::Tensor& lse, Kernels kernels) {
   const Dims n = dims(q, k);
   const int64_t group = n.H / n.Hkv, rows = n.T * n.D, panel = n.D * n.tp;
   at::parallel_for(0, n.B * n.Hkv, 1, [&](int64_t begin, int64_t end) {
@@ -142,7 +148,8 @@ void forward_typed(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
       gather_rows(head<const T>(v, b, hk), n.T, n.D, vr);
       for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
         gather_rows(head<const T>(q, b, h), n.T, n.D, qr);
-        kernels.forward(qr, kt, vr, n.T, n.tp, n.D, n.scale, o, lse.data_ptr<float>() + (b * n.H + h) * n.T, s);
+        kernels.forward(qr, kt, vr, row_positions(positions, b), n.T, n.tp, n.D, n.scale, o,
+                        lse.data_ptr<float>() + (b * n.H + h) * n.T, s);
         scatter_rows(o, n.T, n.D, head<T>(out, b, h));
       }
     }
@@ -150,9 +157,9 @@ void forward_typed(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
 }
 
 template <typename T>
-void backward_typed(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-                    const at::Tensor& lse, const at::Tensor& dout, const at::Tensor& dq, const at::Tensor& dk,
-                    const at::Tensor& dv, Kernels kernels) {
+void backward_typed(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
+                    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dout, const at::Tensor& dq,
+                    const at::Tensor& dk, const at::Tensor& dv, Kernels kernels) {
   const Dims n = dims(q, k);
   const int64_t group = n.H / n.Hkv, rows = n.T * n.D, panel = n.D * n.tp;
   at::parallel_for(0, n.B * n.Hkv, 1, [&](int64_t begin, int64_t end) {
@@ -175,8 +182,8 @@ void backward_typed(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
           for (int64_t d = 0; d < n.D; ++d) sum += dor[t * n.D + d] * outr[t * n.D + d];
           delta[t] = sum;
         }
-        kernels.backward(qr, kr, kt, vt, dor, delta, lse.data_ptr<float>() + (b * n.H + h) * n.T, n.T, n.tp, n.D,
-                         n.scale, dqr, dkr, dvr, p, ds);
+        kernels.backward(qr, kr, kt, vt, dor, delta, lse.data_ptr<float>() + (b * n.H + h) * n.T,
+                         row_positions(positions, b), n.T, n.tp, n.D, n.scale, dqr, dkr, dvr, p, ds);
         scatter_rows(dqr, n.T, n.D, head<T>(dq, b, h));
       }
       scatter_rows(dkr, n.T, n.D, head<T>(dk, b, hk));
@@ -198,8 +205,9 @@ void by_dtype(at::ScalarType dtype, F&& f) {
 
 // What both directions need of their tensors beyond causal_attention_cpu_takes: `sized` of q's
 // sizes and dtype with a unit last stride, the log-sum-exp (B, H, T) fp32 contiguous.
-void check_operands(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& lse,
-                    std::initializer_list<const at::Tensor*> sized) {
+void check_operands(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
+                    const at::Tensor& lse, std::initializer_list<const at::Tensor*> sized) {
+  check_packed_positions(positions, q.size(0), q.size(2));
   if (!causal_attention_cpu_takes(q, k, v))
     throw Error("causal attention: the CPU kernel does not take q " + c10::str(q.sizes(), " ", q.scalar_type()) +
                 ", k " + c10::str(k.sizes()) + ", v " + c10::str(v.sizes()) +
@@ -215,35 +223,58 @@ void check_operands(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
 
 }  // namespace
 
+void check_packed_positions(const at::Tensor& positions, int64_t B, int64_t T) {
+  if (!positions.defined()) return;
+  if (positions.scalar_type() != at::kLong || !positions.device().is_cpu() || !positions.is_contiguous() ||
+      positions.dim() != 2 || positions.size(0) != B || positions.size(1) != T)
+    throw Error("causal attention: a packed layout's positions must be contiguous int64 (B, T) = (" +
+                std::to_string(B) + ", " + std::to_string(T) + ") on the CPU, got " +
+                c10::str(positions.sizes(), " ", positions.scalar_type(), " on ", positions.device()));
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t p = pos[b * T + t], before = t ? pos[b * T + t - 1] : -1;
+      if (p != 0 && p != before + 1)
+        throw Error("causal attention: packed positions[" + std::to_string(b) + ", " + std::to_string(t) + "] is " +
+                    std::to_string(p) + "; each row's positions count 0, 1, ... within each sample, so it must be 0 " +
+                    "(a sample's first token)" + (t ? " or " + std::to_string(before + 1) : std::string()));
+    }
+}
+
+bool causal_attention_cpu_takes(at::ScalarType dtype, int64_t head_dim) {
+  return (dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf) && head_dim > 0 &&
+         head_dim % 16 == 0 && head_dim <= 256;
+}
+
 bool causal_attention_cpu_takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   const at::ScalarType dtype = q.scalar_type();
-  if (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kHalf) return false;
   for (const at::Tensor* x : {&q, &k, &v})
     if (!x->device().is_cpu() || x->scalar_type() != dtype || x->dim() != 4 || x->stride(3) != 1) return false;
   const int64_t D = q.size(3);
-  return D % 16 == 0 && D <= 256 && k.sizes() == v.sizes() && k.size(0) == q.size(0) && k.size(2) == q.size(2) &&
-         k.size(3) == D && k.size(1) > 0 && q.size(1) % k.size(1) == 0;
+  return causal_attention_cpu_takes(dtype, D) && k.sizes() == v.sizes() && k.size(0) == q.size(0) &&
+         k.size(2) == q.size(2) && k.size(3) == D && k.size(1) > 0 && q.size(1) % k.size(1) == 0;
 }
 
 void causal_attention_forward_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                  const at::Tensor& out, const at::Tensor& lse, CpuKernels kernels) {
-  check_operands(q, k, v, lse, {&out});
+                                  const at::Tensor& positions, const at::Tensor& out, const at::Tensor& lse,
+                                  CpuKernels kernels) {
+  check_operands(q, k, v, positions, lse, {&out});
   const Kernels run = kernels_for(kernels);
-  by_dtype(q.scalar_type(), [&](auto element) { forward_typed<decltype(element)>(q, k, v, out, lse, run); });
+  by_dtype(q.scalar_type(), [&](auto element) { forward_typed<decltype(element)>(q, k, v, positions, out, lse, run); });
 }
 
 void causal_attention_backward_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                   const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dout,
-                                   const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dv,
-                                   CpuKernels kernels) {
-  check_operands(q, k, v, lse, {&out, &dout, &dq});
+                                   const at::Tensor& positions, const at::Tensor& out, const at::Tensor& lse,
+                                   const at::Tensor& dout, const at::Tensor& dq, const at::Tensor& dk,
+                                   const at::Tensor& dv, CpuKernels kernels) {
+  check_operands(q, k, v, positions, lse, {&out, &dout, &dq});
   for (const at::Tensor* t : {&dk, &dv})
     if (t->sizes() != k.sizes() || t->scalar_type() != k.scalar_type() || t->stride(3) != 1)
       throw Error("causal attention: dk and dv must have k's sizes and dtype and a unit last stride, got " +
                   c10::str(t->sizes(), " ", t->scalar_type()));
   const Kernels run = kernels_for(kernels);
   by_dtype(q.scalar_type(), [&](auto element) {
-    backward_typed<decltype(element)>(q, k, v, out, lse, dout, dq, dk, dv, run);
+    backward_typed<decltype(element)>(q, k, v, positions, out, lse, dout, dq, dk, dv, run);
   });
 }
 

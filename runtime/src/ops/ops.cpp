@@ -231,13 +231,16 @@ struct Fp32FlashAttention : torch::autograd::Function<Fp32FlashAttention> {
 // It saves what LibTorch's flash kernel saves (q, k, v, out and the fp32 log-sum-exp) and lays
 // `out` out as (B, T, H, D), so the model's transpose(1, 2).reshape(B, T, C) is a view.
 struct CpuCausalAttention : torch::autograd::Function<CpuCausalAttention> {
+  // `positions`: a packed layout's (check_packed_positions), or none; saved as a reference to the
+  // caller's tensor, no copy.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
-                            const at::Tensor& v) {
+                            const at::Tensor& v, const std::optional<at::Tensor>& positions) {
     RECORD_FUNCTION("memrt::causal_attention", std::vector<c10::IValue>());
     at::Tensor out = at::empty({q.size(0), q.size(2), q.size(1), q.size(3)}, q.options()).transpose(1, 2);
     at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
-    causal_attention_forward_cpu(q, k, v, out, lse);
+    causal_attention_forward_cpu(q, k, v, positions.value_or(at::Tensor()), out, lse);
     ctx->save_for_backward({q, k, v, out, lse});
+    ctx->saved_data["positions"] = positions;
     return out;
   }
 
@@ -245,11 +248,12 @@ struct CpuCausalAttention : torch::autograd::Function<CpuCausalAttention> {
     RECORD_FUNCTION("memrt::causal_attention_backward", std::vector<c10::IValue>());
     const auto s = ctx->get_saved_variables();
     const at::Tensor &q = s[0], &k = s[1], &v = s[2];
+    const at::Tensor positions = ctx->saved_data["positions"].toOptional<at::Tensor>().value_or(at::Tensor());
     const at::Tensor go = grads[0].stride(3) == 1 ? grads[0] : grads[0].contiguous();
     at::Tensor gq = at::empty(q.sizes(), q.options()), gk = at::empty(k.sizes(), k.options()),
                gv = at::empty(v.sizes(), v.options());
-    causal_attention_backward_cpu(q, k, v, s[3], s[4], go.to(q.scalar_type()), gq, gk, gv);
-    return {gq, gk, gv};
+    causal_attention_backward_cpu(q, k, v, positions, s[3], s[4], go.to(q.scalar_type()), gq, gk, gv);
+    return {gq, gk, gv, at::Tensor()};
   }
 };
 
@@ -379,15 +383,43 @@ void linear_into(const at::Tensor& y, const at::Tensor& x, const at::Tensor& wei
   }
 }
 
-at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            double dropout_p) {
-  if (dropout_p == 0.0 && causal_attention_cpu_takes(q, k, v)) return CpuCausalAttention::apply(q, k, v);
+namespace {
+
+// Causal attention over one whole row each: memrt's kernel where it takes the inputs, else LibTorch's.
+at::Tensor causal_attention_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout_p) {
+  if (dropout_p == 0.0 && causal_attention_cpu_takes(q, k, v)) return CpuCausalAttention::apply(q, k, v, std::nullopt);
   // With dropout LibTorch takes its math path, which on the CPU computes 16-bit inputs in fp32.
   if (!fp32_arithmetic(q) || dropout_p > 0.0) {
     return at::scaled_dot_product_attention(q, k, v, {}, dropout_p, /*is_causal=*/true,
                                             std::nullopt, /*enable_gqa=*/k.size(1) != q.size(1));
   }
   return causal_attention_fp32_arithmetic(q, k, v);
+}
+
+}  // namespace
+
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout_p,
+                            const at::Tensor& positions) {
+  if (!positions.defined()) return causal_attention_rows(q, k, v, dropout_p);
+  const int64_t B = q.size(0), T = q.size(2);
+  const at::Tensor pos = positions.device().is_cpu() ? positions : positions.cpu();
+  check_packed_positions(pos, B, T);
+  if (dropout_p == 0.0 && causal_attention_cpu_takes(q, k, v)) return CpuCausalAttention::apply(q, k, v, std::optional<at::Tensor>(pos));
+  // Elsewhere span by span, each sample's attention on its own, the spans' outputs joined.
+  const int64_t* p = pos.data_ptr<int64_t>();
+  std::vector<at::Tensor> rows;
+  for (int64_t b = 0; b < B; ++b) {
+    std::vector<at::Tensor> spans;
+    for (int64_t begin = 0; begin < T;) {
+      int64_t end = begin + 1;
+      while (end < T && p[b * T + end] != 0) ++end;
+      auto span = [&](const at::Tensor& x) { return x.narrow(0, b, 1).narrow(2, begin, end - begin); };
+      spans.push_back(causal_attention_rows(span(q), span(k), span(v), dropout_p));  // (1, H, len, D)
+      begin = end;
+    }
+    rows.push_back(spans.size() == 1 ? spans[0] : at::cat(spans, 2));
+  }
+  return B == 1 ? rows[0] : at::cat(rows, 0);  // (B, H, T, D)
 }
 
 int64_t linear_cross_entropy_chunk_rows(int64_t rows, int64_t vocab) {
