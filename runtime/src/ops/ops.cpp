@@ -403,9 +403,10 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   if (!positions.defined()) return causal_attention_rows(q, k, v, dropout_p);
   const int64_t B = q.size(0), T = q.size(2);
   const at::Tensor pos = positions.device().is_cpu() ? positions : positions.cpu();
-  check_packed_positions(pos, B, T);
+  // The kernel checks the positions itself (check_operands).
   if (dropout_p == 0.0 && causal_attention_cpu_takes(q, k, v)) return CpuCausalAttention::apply(q, k, v, std::optional<at::Tensor>(pos));
   // Elsewhere span by span, each sample's attention on its own, the spans' outputs joined.
+  check_packed_positions(pos, B, T);
   const int64_t* p = pos.data_ptr<int64_t>();
   std::vector<at::Tensor> rows;
   for (int64_t b = 0; b < B; ++b) {
